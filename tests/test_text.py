@@ -1,0 +1,92 @@
+"""In-graph tokenization, detokenization and vocabularies."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import read_multi30k
+from nmt_tf import text
+
+
+def words(sentence, lang):
+    return [w.decode() for w in text.split_words(text.clean(tf.constant([sentence])), lang)[0].numpy()]
+
+
+@pytest.mark.parametrize("lang,sentence,expected", [
+    ("en", "Two young, White males are outside near many bushes.",
+     "Two young , White males are outside near many bushes ."),
+    ("en", "A man (in red) doesn't smile; John's dog: \"Rex\"!",
+     "A man ( in red ) doesn 't smile ; John 's dog : \" Rex \" !"),
+    ("en", "It costs 1,000 dollars, said Mr. Smith of the U.S. team...",
+     "It costs 1,000 dollars , said Mr. Smith of the U.S. team ..."),
+    ("fr", "Un homme en vert tient une guitare tandis qu'un autre homme l'observe.",
+     "Un homme en vert tient une guitare tandis qu' un autre homme l' observe ."),
+    ("fr", "Il dit : \"Bienvenue motards\".", "Il dit : \" Bienvenue motards \" ."),
+    ("de", "Ein Mann, der vor einem „Open“-Schild steht.", "Ein Mann , der vor einem „ Open “ -Schild steht ."),
+])
+def test_moses_like_word_splitting(lang, sentence, expected):
+    assert " ".join(words(sentence, lang)) == expected
+
+
+def test_case_is_kept_and_hyphens_stay_inside_words():
+    assert words("A T-shirt and an X-ray", "en") == ["A", "T-shirt", "and", "an", "X-ray"]
+
+
+@pytest.mark.parametrize("lang,minimum", [("en", 0.997), ("fr", 0.998), ("de", 0.99)])
+def test_detokenize_inverts_tokenize_on_multi30k(lang, minimum):
+    """BLEU is computed on detokenized text against raw references: the round trip must hold."""
+    lines = tf.constant(read_multi30k(f"train.{lang}.gz", 6000))
+    cleaned = text.clean(lines)
+    back = text.join_words(text.split_words(cleaned, lang), lang)
+    rate = float(np.mean((back == cleaned).numpy()))
+    assert rate >= minimum, rate
+
+
+def test_clean_replaces_invalid_utf8_and_whitespace():
+    raw = tf.constant([b"caf\xe9 \t au  lait\n", b"  ", b"ok"])
+    assert text.has_invalid_utf8(raw).numpy().tolist() == [True, False, False]
+    assert text.clean(raw).numpy().tolist() == ["caf\ufffd au lait".encode(), b"", b"ok"]
+
+
+def test_shortlist_keeps_most_frequent_and_is_deterministic():
+    counts = collections.Counter({"a": 5, "b": 5, "c": 3, "d": 1})
+    assert text.shortlist(counts, 6) == list(text.SPECIAL_TOKENS) + ["a", "b"]
+    with pytest.raises(ValueError, match="no room"):
+        text.shortlist(counts, 4)
+
+
+def test_word_tokenizer_encode_decode(tmp_path):
+    vocab = list(text.SPECIAL_TOKENS) + ["Un", "homme", "l'", "observe", "."]
+    path = str(tmp_path / "v.txt")
+    text.write_vocabulary(vocab, path)
+    tok = text.Tokenizer(path, "word", "fr")
+    ids = tok.encode(tf.constant(["Un homme l'observe.", "Un chat"])).to_list()
+    assert ids == [[4, 5, 6, 7, 8], [4, text.UNK_ID]]
+    padded = tf.constant([[4, 5, 6, 7, 8, 3, 0], [2, 4, 1, 3, 5, 5, 0]])
+    assert tok.decode(padded).numpy().tolist() == ["Un homme l'observe.".encode(), b"Un [UNK]"]
+
+
+def test_vocabulary_file_must_start_with_specials(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text("a\nb\n")
+    with pytest.raises(ValueError, match="not an nmt_tf vocabulary"):
+        text.read_vocabulary(str(path))
+
+
+def test_wordpiece_tokenizer_round_trip():
+    lines = read_multi30k("train.fr.gz", 300)
+    batches = tf.data.Dataset.from_tensor_slices(lines).batch(64).map(
+        lambda l: text.split_words(text.clean(l), "fr"))
+    vocab = text.wordpiece_vocabulary(batches, 400)
+    assert vocab[:4] == list(text.SPECIAL_TOKENS) and 200 < len(vocab) <= 400
+    tok = text.Tokenizer(vocab, "wordpiece", "fr")
+    sample = tf.constant(lines[:50])
+    pieces = tok.tokenize(sample)
+    assert any(p.startswith(b"##") for p in pieces.flat_values.numpy())
+    ids = tok.encode(sample)
+    assert int(tf.reduce_sum(tf.cast(ids.flat_values == text.UNK_ID, tf.int32))) == 0
+    padded = ids.to_tensor()
+    back = tok.decode(padded).numpy()
+    assert np.mean(back == text.clean(sample).numpy()) > 0.95
