@@ -1,0 +1,120 @@
+"""The RNNsearch decoder recurrence (paper 000 §3.1, App. A.2.2).
+
+For target position i, with s_{i-1} the previous state and E y_{i-1} the
+embedded previous word:
+
+    e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j + b_a),  alpha_i = softmax_j(e_i)
+    c_i  = sum_j alpha_ij h_j
+    s_i  = GRU(s_{i-1}, E y_{i-1}, c_i)         (c_i enters all three gates)
+
+Only what depends on s_{i-1} runs inside the time loop. Per step that is one
+matmul of s_{i-1} by [W_a | U_r | U_z] (fused), the attention over the
+precomputed keys U_a h_j, one matmul of c_i by [C_r | C_z | C] and one of
+r * s_{i-1} by U. The input projections W E y_{i-1} of all steps are one
+matmul before the loop; the maxout readout and softmax of all steps run after
+it (nmt_tf.layers.readout).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from nmt_tf.layers.attention import AdditiveAttention
+from nmt_tf.layers.gru import ConditionalGRUCell
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class AttentionDecoder(keras.layers.Layer):
+    """GRU decoder with additive attention over the source annotations.
+
+    Args:
+      units: decoder state size n.
+      attention_units: alignment-model size n'.
+      context_dim: size of an annotation h_j (2n for the bidirectional encoder).
+
+    Call arguments (teacher forcing over a whole target batch):
+      target_embeddings: [batch, Ty, m] E y_{i-1} for i = 1..Ty (y_0 = [BOS]).
+      initial_state: [batch, n] s_0.
+      annotations: [batch, Tx, context_dim] encoder annotations h_j.
+      mask: [batch, Tx] bool, True at real source positions.
+      keys: optional [batch, Tx, n'] from `precompute` (computed if absent).
+
+    Returns:
+      (states [batch, Ty, n] s_i, contexts [batch, Ty, context_dim] c_i,
+       alignments [batch, Ty, Tx] float32 alpha_ij).
+    """
+
+    def __init__(self, units: int, attention_units: int, context_dim: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.attention_units = attention_units
+        self.context_dim = context_dim
+        self.cell = ConditionalGRUCell(units, context_dim, name="gru")
+        self.attention = AdditiveAttention(attention_units, name="attention")
+
+    def build(self, target_embeddings_shape, *args, **kwargs):
+        self.cell.build((None, target_embeddings_shape[-1]))
+        self.attention.build_for(self.units, self.context_dim)
+        self.built = True
+
+    def precompute(self, annotations):
+        """Per-sentence work shared by every step: the keys U_a h_j + b_a."""
+        return self.attention.precompute_keys(annotations)
+
+    def _state_kernel(self):
+        """[W_a | U_r | U_z]: everything multiplying s_{i-1} before the reset gate."""
+        n = self.units
+        return tf.cast(tf.concat([self.attention.query_kernel,
+                                  self.cell.recurrent_kernel[:, :2 * n]], axis=1),
+                       self.compute_dtype)
+
+    def _step(self, x_proj, state, state_kernel, keys, annotations, mask):
+        """Shared step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n]."""
+        projected = tf.matmul(state, state_kernel)
+        query_proj, state_rz = projected[:, :self.attention_units], projected[:, self.attention_units:]
+        context, alpha = self.attention.attend(query_proj, keys, annotations, mask)
+        new_state = self.cell.step(x_proj, state, context, state_rz=state_rz)
+        return new_state, context, alpha
+
+    def step(self, previous_embedding, state, keys, annotations, mask):
+        """One decoding step for search.
+
+        Args:
+          previous_embedding: [batch, m] E y_{i-1}.
+          state: [batch, n] s_{i-1}.
+          keys: [batch, Tx, n'] from `precompute`.
+          annotations: [batch, Tx, context_dim].
+          mask: [batch, Tx] bool.
+
+        Returns:
+          (s_i [batch, n], c_i [batch, context_dim], alpha_i [batch, Tx] float32).
+        """
+        dtype = self.compute_dtype
+        return self._step(self.cell.project_inputs(previous_embedding), tf.cast(state, dtype),
+                          self._state_kernel(), keys, tf.cast(annotations, dtype), mask)
+
+    def call(self, target_embeddings, initial_state, annotations, mask, keys=None):
+        dtype = self.compute_dtype
+        annotations = tf.cast(annotations, dtype)
+        if keys is None:
+            keys = self.precompute(annotations)
+        state_kernel = self._state_kernel()
+        # [Ty, B, 3n], time-major for the loop.
+        x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
+
+        def step(carry, x_t):
+            state = carry[0]
+            return self._step(x_t, state, state_kernel, keys, annotations, mask)
+
+        batch = tf.shape(annotations)[0]
+        init = (tf.cast(initial_state, dtype),
+                tf.zeros(tf.stack([batch, self.context_dim]), dtype),
+                tf.zeros(tf.shape(mask), tf.float32))
+        states, contexts, alphas = tf.scan(step, x_proj, initializer=init)
+        to_batch_major = lambda t: tf.transpose(t, [1, 0, 2])
+        return to_batch_major(states), to_batch_major(contexts), to_batch_major(alphas)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units,
+                "attention_units": self.attention_units, "context_dim": self.context_dim}

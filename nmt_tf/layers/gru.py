@@ -1,0 +1,184 @@
+"""The gated recurrent unit of Cho et al. (2014), as RNNsearch uses it.
+
+For input x_t, previous state h_{t-1} and (decoder only) context c:
+
+    r_t = sigmoid(W_r x_t + U_r h_{t-1} + C_r c + b_r)
+    z_t = sigmoid(W_z x_t + U_z h_{t-1} + C_z c + b_z)
+    h~_t = tanh(W x_t + U (r_t * h_{t-1}) + C c + b)
+    h_t = (1 - z_t) * h_{t-1} + z_t * h~_t
+
+The reset gate multiplies h_{t-1} *before* U (Keras' GRU default,
+``reset_after=True``, applies it after). Kernels keep the three gates side by
+side in the order [r, z, candidate]. Everything that does not depend on the
+previous state (W x_t + b for all t) is computed outside the time loop.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
+from nmt_tf.layers.ops import project
+
+
+def gru_update(x_proj, h, h_rz, u_h, extra=None):
+    """One GRU step from precomputed projections.
+
+    Args:
+      x_proj: [..., 3n] W x_t + b, gates in the order [r, z, candidate].
+      h: [..., n] previous state h_{t-1}.
+      h_rz: [..., 2n] U_rz h_{t-1}, the state's contribution to the r and z
+        gates (computed by the caller, possibly fused with another matmul).
+      u_h: [n, n] (or batched [k, n, n]) recurrent kernel U of the candidate.
+      extra: optional [..., 3n] added to all pre-activations (the decoder's
+        context terms C_r c, C_z c, C c).
+
+    Returns:
+      [..., n] the new state h_t.
+    """
+    n = u_h.shape[-1]
+    pre = x_proj if extra is None else x_proj + extra
+    rz = tf.sigmoid(pre[..., :2 * n] + h_rz)
+    r, z = rz[..., :n], rz[..., n:]
+    candidate = tf.tanh(pre[..., 2 * n:] + tf.matmul(r * h, u_h))
+    return h + z * (candidate - h)
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class BidirectionalGRU(keras.layers.Layer):
+    """A forward and a backward GRU over a right-padded batch (paper 000 §3.2).
+
+    Both directions advance in the same time loop (one batched matmul per
+    gate group and step), which halves the loop's length compared with two
+    separate RNNs. Padded positions never change a state: the backward GRU
+    starts at each sentence's own last word, and the forward states past the
+    end are copies of the last real one.
+
+    Call arguments:
+      inputs: [batch, time, input_dim] embedded source words.
+      mask: [batch, time] bool, True at real (unpadded) positions.
+
+    Returns:
+      [batch, time, 2 * units] annotations h_j = [->h_j ; <-h_j].
+    """
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        d, n = input_shape[-1], self.units
+        # Plain attributes (not lists): TensorFlow checkpoints follow attributes
+        # only, and a weights-only checkpoint must hold every weight.
+        for direction in ("forward", "backward"):
+            setattr(self, f"{direction}_kernel", self.add_weight(
+                name=f"{direction}_kernel", shape=(d, 3 * n), initializer=weight_init()))
+            setattr(self, f"{direction}_recurrent_kernel", self.add_weight(
+                name=f"{direction}_recurrent_kernel", shape=(n, 3 * n), initializer=BlockOrthogonal()))
+            setattr(self, f"{direction}_bias", self.add_weight(
+                name=f"{direction}_bias", shape=(3 * n,), initializer="zeros"))
+
+    @property
+    def kernels(self):
+        """[W_forward, W_backward], each [input_dim, 3n]."""
+        return [self.forward_kernel, self.backward_kernel]
+
+    @property
+    def recurrent_kernels(self):
+        """[U_forward, U_backward], each [n, 3n]."""
+        return [self.forward_recurrent_kernel, self.backward_recurrent_kernel]
+
+    @property
+    def biases(self):
+        return [self.forward_bias, self.backward_bias]
+
+    def call(self, inputs, mask):
+        n = self.units
+        dtype = self.compute_dtype
+        inputs = tf.cast(inputs, dtype)
+        kernel = tf.concat(self.kernels, axis=1)                           # [d, 6n]
+        bias = tf.concat(self.biases, axis=0)                              # [6n]
+        x_proj = project(tf.transpose(inputs, [1, 0, 2]), kernel, bias)    # [T, B, 6n]
+        # [T, 2, B, 3n]: row 0 read left to right, row 1 right to left.
+        x_proj = tf.stack([x_proj[..., :3 * n], tf.reverse(x_proj[..., 3 * n:], [0])], axis=1)
+        m = tf.cast(tf.transpose(mask), dtype)[:, None, :, None]          # [T, 1, B, 1]
+        m = tf.concat([m, tf.reverse(m, [0])], axis=1)                    # [T, 2, B, 1]
+        u = tf.cast(tf.stack([tf.convert_to_tensor(k) for k in self.recurrent_kernels]), dtype)  # [2, n, 3n]
+        u_rz, u_h = u[..., :2 * n], u[..., 2 * n:]
+
+        def step(h, elems):
+            xp, mt = elems
+            h_new = gru_update(xp, h, tf.matmul(h, u_rz), u_h)
+            return h + mt * (h_new - h)
+
+        batch = tf.shape(inputs)[0]
+        h0 = tf.zeros(tf.stack([2, batch, n]), dtype)
+        states = tf.scan(step, (x_proj, m), initializer=h0)               # [T, 2, B, n]
+        forward, backward = states[:, 0], tf.reverse(states[:, 1], [0])
+        return tf.transpose(tf.concat([forward, backward], axis=-1), [1, 0, 2])
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (2 * self.units,)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class ConditionalGRUCell(keras.layers.Layer):
+    """The decoder's GRU: the context c_i enters all three gates (C_r, C_z, C).
+
+    Holds W [input_dim, 3n], U [n, 3n] (block-orthogonal), C [context_dim, 3n]
+    and b [3n]. The time loop lives in the decoder, which fuses these
+    matrices with the attention's; this layer owns the weights and the math.
+
+    Call arguments (one step):
+      inputs: [batch, input_dim] embedded previous word E y_{i-1}.
+      state: [batch, n] previous state s_{i-1}.
+      context: [batch, context_dim] context vector c_i.
+
+    Returns:
+      [batch, n] new state s_i.
+    """
+
+    def __init__(self, units: int, context_dim: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.context_dim = context_dim
+
+    def build(self, input_shape):
+        n = self.units
+        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], 3 * n),
+                                      initializer=weight_init())
+        self.recurrent_kernel = self.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
+                                                initializer=BlockOrthogonal())
+        self.context_kernel = self.add_weight(name="context_kernel",
+                                              shape=(self.context_dim, 3 * n),
+                                              initializer=weight_init())
+        self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
+
+    def project_inputs(self, inputs):
+        """W x + b for inputs [..., input_dim] -> [..., 3n] (outside the loop)."""
+        return project(tf.cast(inputs, self.compute_dtype), self.kernel, self.bias)
+
+    def step(self, x_proj, state, context, state_rz=None):
+        """One step from x_proj = W x + b.
+
+        `state_rz` is U_rz s_{i-1} when the caller computed it already (the
+        decoder fuses it with the attention's W_a s_{i-1}).
+        """
+        n = self.units
+        dtype = self.compute_dtype
+        u = tf.cast(self.recurrent_kernel, dtype)
+        if state_rz is None:
+            state_rz = tf.matmul(state, u[:, :2 * n])
+        context_proj = tf.matmul(context, tf.cast(self.context_kernel, dtype))
+        return gru_update(x_proj, state, state_rz, u[:, 2 * n:], extra=context_proj)
+
+    def call(self, inputs, state, context):
+        dtype = self.compute_dtype
+        return self.step(self.project_inputs(inputs), tf.cast(state, dtype), tf.cast(context, dtype))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "context_dim": self.context_dim}

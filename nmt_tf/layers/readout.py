@@ -1,0 +1,70 @@
+"""The deep output of RNNsearch: a maxout layer (paper 000 App. A.2.2).
+
+    t~_i = U_o s_i + V_o E y_{i-1} + C_o c_i + b_o        size 2l
+    t_i  = [max(t~_{i,2k-1}, t~_{i,2k})]_{k=1..l}          size l
+    p(y_i | y_<i, x) = softmax(W_o t_i)
+
+The appendix writes s_{i-1} in t~_i while eq. (4) conditions on s_i; like the
+reference implementation (GroundHog) we use the new state s_i. Because none
+of these terms feeds back into the recurrence, the decoder applies this layer
+to all target positions at once, after its time loop.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from nmt_tf.layers.initializers import weight_init
+from nmt_tf.layers.ops import project
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class MaxoutReadout(keras.layers.Layer):
+    """Maxout over pairs of the combined readout t~ (pool size 2).
+
+    Call arguments:
+      state: [..., n] decoder state s_i.
+      previous_embedding: [..., m] E y_{i-1}.
+      context: [..., 2n] context vector c_i.
+
+    Returns:
+      [..., units] the maxout features t_i.
+    """
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, state_shape, previous_embedding_shape=None, context_shape=None):
+        self.build_for(state_shape[-1], previous_embedding_shape[-1], context_shape[-1])
+
+    def build_for(self, state_dim: int, embedding_dim: int, context_dim: int):
+        if self.built:
+            return
+        width = 2 * self.units
+        self.state_kernel = self.add_weight(name="state_kernel", shape=(state_dim, width),
+                                            initializer=weight_init())
+        self.embedding_kernel = self.add_weight(name="embedding_kernel",
+                                                shape=(embedding_dim, width),
+                                                initializer=weight_init())
+        self.context_kernel = self.add_weight(name="context_kernel", shape=(context_dim, width),
+                                              initializer=weight_init())
+        self.bias = self.add_weight(name="bias", shape=(width,), initializer="zeros")
+        self.built = True
+
+    def call(self, state, previous_embedding, context):
+        dtype = self.compute_dtype
+        # One matmul over the concatenation [s; E y; c] instead of three.
+        features = tf.concat([tf.cast(state, dtype), tf.cast(previous_embedding, dtype),
+                              tf.cast(context, dtype)], axis=-1)
+        kernel = tf.concat([self.state_kernel, self.embedding_kernel, self.context_kernel], 0)
+        pre = project(features, kernel, self.bias)
+        pairs = tf.reshape(pre, tf.concat([tf.shape(pre)[:-1], [self.units, 2]], 0))
+        return tf.reduce_max(pairs, axis=-1)
+
+    def compute_output_shape(self, state_shape, previous_embedding_shape=None, context_shape=None):
+        return tuple(state_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}

@@ -1,0 +1,142 @@
+"""RNNsearch (Bahdanau, Cho & Bengio 2015): the attention-based translator.
+
+    encoder:  h_j = [->h_j ; <-h_j], a bidirectional GRU over E_x x_j
+    s_0     = tanh(W_s <-h_1 + b_s)
+    decoder:  see nmt_tf.layers.decoder (attention, then GRU with context)
+    readout:  t_i = maxout(U_o s_i + V_o E_y y_{i-1} + C_o c_i + b_o)
+    output:   p(y_i | y_<i, x) = softmax(W_o t_i + b_o')
+
+With the paper's sizes (m=620, n=1000, n'=1000, l=500, 30k vocabularies)
+this model has 80.4 million parameters (SPEC §2; `--dry_run` prints it).
+
+Dropout (`dropout > 0`, not in the paper, useful on small corpora) is applied
+to both embeddings and to the maxout features t_i during training.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from nmt_tf.layers import AttentionDecoder, BidirectionalGRU, MaxoutReadout
+from nmt_tf.layers.initializers import weight_init
+from nmt_tf.models.base import Seq2SeqModel
+from nmt_tf.text import PAD_ID
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class RNNSearch(Seq2SeqModel):
+    """The RNNsearch encoder-decoder.
+
+    Args:
+      source_vocab_size: K_x, rows of the source embedding (specials included).
+      target_vocab_size: K_y, rows of the target embedding and outputs.
+      embedding_size: m.
+      hidden_size: n (per encoder direction, and the decoder state).
+      attention_size: n', the alignment model's hidden size.
+      maxout_size: l, the number of maxout units (the readout has 2l).
+      dropout: dropout rate on embeddings and maxout features (training only).
+
+    Inputs: {"source_ids": [batch, Tx] int, "target_ids": [batch, Ty] int},
+    right-padded with 0.
+    Output: logits [batch, Ty, K_y] float32; with `return_alignment=True`
+    also the attention weights alpha [batch, Ty, Tx].
+    """
+
+    def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int = 620,
+                 hidden_size: int = 1000, attention_size: int = 1000, maxout_size: int = 500,
+                 dropout: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.source_vocab_size = source_vocab_size
+        self.target_vocab_size = target_vocab_size
+        self.embedding_size = embedding_size
+        self.hidden_size = hidden_size
+        self.attention_size = attention_size
+        self.maxout_size = maxout_size
+        self.dropout = dropout
+        self.source_embedding = keras.layers.Embedding(
+            source_vocab_size, embedding_size, embeddings_initializer=weight_init(),
+            name="source_embedding")
+        self.target_embedding = keras.layers.Embedding(
+            target_vocab_size, embedding_size, embeddings_initializer=weight_init(),
+            name="target_embedding")
+        self.encoder = BidirectionalGRU(hidden_size, name="encoder")
+        self.initial_state = keras.layers.Dense(
+            hidden_size, activation="tanh", kernel_initializer=weight_init(), name="initial_state")
+        self.decoder = AttentionDecoder(hidden_size, attention_size, 2 * hidden_size, name="decoder")
+        self.readout = MaxoutReadout(maxout_size, name="readout")
+        self.output_projection = keras.layers.Dense(
+            target_vocab_size, kernel_initializer=weight_init(), name="output_projection")
+        self.embedding_dropout = keras.layers.Dropout(dropout, name="embedding_dropout")
+        self.readout_dropout = keras.layers.Dropout(dropout, name="readout_dropout")
+
+    def build(self, input_shape=None):
+        """Creates every weight from the sizes alone (no data needed)."""
+        m, n = self.embedding_size, self.hidden_size
+        self.source_embedding.build((None, None))
+        self.target_embedding.build((None, None))
+        self.encoder.build((None, None, m))
+        self.initial_state.build((None, n))
+        self.decoder.build((None, None, m))
+        self.readout.build_for(n, m, 2 * n)
+        self.output_projection.build((None, self.maxout_size))
+        self.built = True
+
+    def encode(self, source_ids, training=False):
+        """Runs the encoder.
+
+        Args:
+          source_ids: [batch, Tx] int, right-padded with 0.
+
+        Returns:
+          dict with "annotations" [batch, Tx, 2n], "mask" [batch, Tx] bool,
+          "state" s_0 [batch, n] and "keys" U_a h_j + b_a [batch, Tx, n'].
+        """
+        mask = tf.not_equal(source_ids, PAD_ID)
+        embedded = self.embedding_dropout(self.source_embedding(source_ids), training=training)
+        annotations = self.encoder(embedded, mask)
+        state = self.initial_state(annotations[:, 0, self.hidden_size:])   # tanh(W_s <-h_1)
+        return {"annotations": annotations, "mask": mask, "state": state,
+                "keys": self.decoder.precompute(annotations)}
+
+    def logits(self, states, previous_embeddings, contexts, training=False):
+        """Maxout readout and output layer: [..., n], [..., m], [..., 2n] -> [..., K_y] float32."""
+        features = self.readout(states, previous_embeddings, contexts)
+        features = self.readout_dropout(features, training=training)
+        return tf.cast(self.output_projection(features), tf.float32)
+
+    def call(self, inputs, training=False, return_alignment=False):
+        source_ids = tf.cast(inputs["source_ids"], tf.int32)
+        target_ids = tf.cast(inputs["target_ids"], tf.int32)
+        encoded = self.encode(source_ids, training=training)
+        previous = self.embedding_dropout(self.target_embedding(target_ids), training=training)
+        states, contexts, alignments = self.decoder(
+            previous, encoded["state"], encoded["annotations"], encoded["mask"], keys=encoded["keys"])
+        logits = self.logits(states, previous, contexts, training=training)
+        if return_alignment:
+            return logits, alignments
+        return logits
+
+    def parameter_groups(self) -> dict:
+        """Parameter counts by part of the model, in the order of SPEC §2."""
+        count = lambda *ws: sum(int(w.numpy().size) for w in ws)
+        enc = self.encoder
+        return {
+            "source embedding": count(*self.source_embedding.weights),
+            "target embedding": count(*self.target_embedding.weights),
+            "encoder forward GRU": count(enc.kernels[0], enc.recurrent_kernels[0], enc.biases[0]),
+            "encoder backward GRU": count(enc.kernels[1], enc.recurrent_kernels[1], enc.biases[1]),
+            "decoder GRU": count(*self.decoder.cell.weights),
+            "initial state s_0": count(*self.initial_state.weights),
+            "attention": count(*self.decoder.attention.weights),
+            "maxout readout": count(*self.readout.weights),
+            "output layer": count(*self.output_projection.weights),
+        }
+
+    def get_config(self):
+        return {**super().get_config(),
+                "source_vocab_size": self.source_vocab_size,
+                "target_vocab_size": self.target_vocab_size,
+                "embedding_size": self.embedding_size, "hidden_size": self.hidden_size,
+                "attention_size": self.attention_size, "maxout_size": self.maxout_size,
+                "dropout": self.dropout}

@@ -1,0 +1,78 @@
+"""Shared fixtures: tiny corpora, tiny configs, one trained tiny model."""
+
+import gzip
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTI30K = os.path.join(REPO, "data", "multi30k")
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_multi30k(name: str, n: int | None = None) -> list[str]:
+    with gzip.open(os.path.join(MULTI30K, name), "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[:n] if n else lines
+
+
+def write_lines(path, lines, gz=False, encoding="utf-8"):
+    data = "".join(l + "\n" for l in lines)
+    raw = data.encode(encoding) if isinstance(data, str) else data
+    with (gzip.open(path, "wb") if gz else open(path, "wb")) as f:
+        f.write(raw)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """40 training and 12 dev pairs of Multi30k En-Fr (train gzipped, dev plain)."""
+    d = tmp_path_factory.mktemp("corpus")
+    en, fr = read_multi30k("train.en.gz", 52), read_multi30k("train.fr.gz", 52)
+    return {
+        "train_src": write_lines(d / "train.en.gz", en[:40], gz=True),
+        "train_tgt": write_lines(d / "train.fr.gz", fr[:40], gz=True),
+        "dev_src": write_lines(d / "dev.en", en[40:]),
+        "dev_tgt": write_lines(d / "dev.fr", fr[40:]),
+        "pairs": list(zip(en[:40], fr[:40])),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tiny_corpus):
+    """The smoke-sized model on the tiny corpus (a function of overrides)."""
+    from nmt_tf import flags
+
+    def make(**overrides):
+        base = dict(
+            train_src=tiny_corpus["train_src"], train_tgt=tiny_corpus["train_tgt"],
+            dev_src=tiny_corpus["dev_src"], dev_tgt=tiny_corpus["dev_tgt"],
+            src_vocab_size=200, tgt_vocab_size=200, embedding_size=16, hidden_size=16,
+            attention_size=16, maxout_size=8, batch_size=8, optimizer="adam",
+            learning_rate=0.01, max_epochs=1, checkpoint_every_steps=3, log_every_steps=1,
+            patience=0, shuffle_buffer=1000, bucket_width=100)   # one bucket: 5 batches of 8
+        base.update(overrides)
+        return flags.default_config(**base)
+    return make
+
+
+@pytest.fixture(scope="session")
+def trained_model_dir(tiny_config, tmp_path_factory):
+    """A tiny model trained for 2 epochs (shared by tests that only read it)."""
+    from nmt_tf import train
+
+    model_dir = str(tmp_path_factory.mktemp("trained") / "model")
+    summary = train.train(tiny_config(model_dir=model_dir, max_epochs=2), log=lambda *a: None)
+    return model_dir, summary
+
+
+def run_cli(*args, timeout=300, env=None):
+    """Runs `python -m ...` in a fresh process; returns CompletedProcess."""
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, **(env or {})}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout, env=full_env)

@@ -1,0 +1,97 @@
+"""NumPy implementations of the SPEC equations, written from the paper's
+formulas one sentence at a time (no batching, no padding), to check the
+TensorFlow layers against."""
+
+import numpy as np
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def gru_step(x, h, W, U, b, C=None, c=None):
+    """SPEC §1: W [d, 3n], U [n, 3n], b [3n], gates [r, z, candidate]."""
+    n = h.shape[-1]
+    Wr, Wz, Wh = W[:, :n], W[:, n:2 * n], W[:, 2 * n:]
+    Ur, Uz, Uh = U[:, :n], U[:, n:2 * n], U[:, 2 * n:]
+    br, bz, bh = b[:n], b[n:2 * n], b[2 * n:]
+    cr = cz = ch = 0.0
+    if C is not None:
+        cr, cz, ch = c @ C[:, :n], c @ C[:, n:2 * n], c @ C[:, 2 * n:]
+    r = sigmoid(x @ Wr + h @ Ur + cr + br)
+    z = sigmoid(x @ Wz + h @ Uz + cz + bz)
+    h_tilde = np.tanh(x @ Wh + (r * h) @ Uh + ch + bh)
+    return (1.0 - z) * h + z * h_tilde
+
+
+def bidirectional_gru(xs, fw, bw):
+    """xs [T, d] of ONE sentence (no padding); fw / bw = (W, U, b). Returns [T, 2n]."""
+    n = fw[1].shape[0]
+    h, forward = np.zeros(n), []
+    for x in xs:
+        h = gru_step(x, h, *fw)
+        forward.append(h)
+    h, backward = np.zeros(n), []
+    for x in xs[::-1]:
+        h = gru_step(x, h, *bw)
+        backward.append(h)
+    return np.concatenate([np.array(forward), np.array(backward[::-1])], axis=-1)
+
+
+def attention(s_prev, H, Wa, Ua, ba, va):
+    """e_j = v_a^T tanh(W_a s + U_a h_j + b_a); returns (c, alpha) for ONE sentence H [T, 2n]."""
+    e = np.tanh(s_prev @ Wa + H @ Ua + ba) @ va
+    alpha = np.exp(e - e.max())
+    alpha /= alpha.sum()
+    return alpha @ H, alpha
+
+
+def maxout(s, y_emb, c, Uo, Vo, Co, bo):
+    t_tilde = s @ Uo + y_emb @ Vo + c @ Co + bo
+    return np.maximum(t_tilde[..., 0::2], t_tilde[..., 1::2])
+
+
+def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def rnnsearch_forward(w, source, target_in):
+    """Teacher-forced RNNsearch for ONE sentence pair with weights `w` (dict).
+
+    Returns (logits [Ty, K], alignments [Ty, Tx]).
+    """
+    n = w["enc_fw"][1].shape[0]
+    H = bidirectional_gru(w["src_emb"][source], w["enc_fw"], w["enc_bw"])
+    s = np.tanh(H[0, n:] @ w["Ws"] + w["bs"])
+    logits, alphas = [], []
+    for y_prev in target_in:
+        e_y = w["tgt_emb"][y_prev]
+        c, alpha = attention(s, H, *w["att"])
+        s = gru_step(e_y, s, *w["dec"], c=c)
+        t = maxout(s, e_y, c, *w["readout"])
+        logits.append(t @ w["Wo"] + w["bo"])
+        alphas.append(alpha)
+    return np.array(logits), np.array(alphas)
+
+
+def rnnsearch_weights(model):
+    """Pulls the weights of an `nmt_tf.models.rnnsearch.RNNSearch` into the dict above."""
+    g = lambda v: np.asarray(v.numpy(), dtype=np.float64)
+    enc, dec = model.encoder, model.decoder
+    l = model.maxout_size
+    n, m = model.hidden_size, model.embedding_size
+    ro = model.readout
+    return {
+        "src_emb": g(model.source_embedding.embeddings),
+        "tgt_emb": g(model.target_embedding.embeddings),
+        "enc_fw": (g(enc.kernels[0]), g(enc.recurrent_kernels[0]), g(enc.biases[0])),
+        "enc_bw": (g(enc.kernels[1]), g(enc.recurrent_kernels[1]), g(enc.biases[1])),
+        "Ws": g(model.initial_state.kernel), "bs": g(model.initial_state.bias),
+        "att": (g(dec.attention.query_kernel), g(dec.attention.key_kernel),
+                g(dec.attention.bias), g(dec.attention.score_vector)),
+        "dec": (g(dec.cell.kernel), g(dec.cell.recurrent_kernel), g(dec.cell.bias),
+                g(dec.cell.context_kernel)),
+        "readout": (g(ro.state_kernel), g(ro.embedding_kernel), g(ro.context_kernel), g(ro.bias)),
+        "Wo": g(model.output_projection.kernel), "bo": g(model.output_projection.bias),
+    }

@@ -1,0 +1,157 @@
+"""Layers against NumPy implementations of the SPEC equations, and masking."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import reference as ref
+from nmt_tf.layers import (AdditiveAttention, AttentionDecoder, BidirectionalGRU, BlockOrthogonal,
+                           ConditionalGRUCell, MaxoutReadout, gru_update, masked_softmax)
+
+RNG = np.random.default_rng(7)
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def randomize(layer, scale=0.5):
+    """Replaces every weight by N(0, scale^2) so that all terms matter in the comparison."""
+    for w in layer.weights:
+        w.assign(RNG.normal(0, scale, size=w.shape).astype("float32"))
+
+
+def test_gru_update_matches_spec_equations():
+    n, d, b = 5, 3, 4
+    W, U, bias = RNG.normal(size=(d, 3 * n)), RNG.normal(size=(n, 3 * n)), RNG.normal(size=3 * n)
+    x, h = RNG.normal(size=(b, d)), RNG.normal(size=(b, n))
+    got = gru_update(tf.constant(x @ W + bias), tf.constant(h), tf.constant(h @ U[:, :2 * n]),
+                     tf.constant(U[:, 2 * n:]))
+    want = np.stack([ref.gru_step(x[i], h[i], W, U, bias) for i in range(b)])
+    np.testing.assert_allclose(got.numpy(), want, **TOL)
+
+
+def test_reset_gate_applies_before_U():
+    """With U = I on the candidate, h~ = tanh(r*h); Keras' reset_after variant would give r*tanh(h)."""
+    n = 3
+    h = np.array([[0.9, -0.7, 0.5]])
+    x_proj = np.zeros((1, 3 * n))
+    x_proj[0, :n] = -1.0                      # r = sigmoid(-1)
+    x_proj[0, n:2 * n] = 50.0                 # z = 1: h_t = h~
+    got = gru_update(tf.constant(x_proj), tf.constant(h), tf.zeros((1, 2 * n), tf.float64),
+                     tf.constant(np.eye(n)))
+    r = 1 / (1 + np.exp(1.0))
+    np.testing.assert_allclose(got.numpy(), np.tanh(r * h), rtol=1e-6)
+
+
+def test_conditional_gru_cell_matches_spec():
+    n, m, k, b = 4, 3, 6, 2
+    cell = ConditionalGRUCell(n, k)
+    cell.build((None, m))
+    randomize(cell)
+    x, s, c = (RNG.normal(size=(b, dim)).astype("float32") for dim in (m, n, k))
+    got = cell(x, s, c).numpy()
+    W, U, C, bias = (w.numpy() for w in (cell.kernel, cell.recurrent_kernel, cell.context_kernel, cell.bias))
+    want = np.stack([ref.gru_step(x[i], s[i], W, U, bias, C, c[i]) for i in range(b)])
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+def _padded(lengths, d):
+    xs = [RNG.normal(size=(t, d)).astype("float32") for t in lengths]
+    batch = np.zeros((len(lengths), max(lengths), d), "float32")
+    mask = np.zeros((len(lengths), max(lengths)), bool)
+    for i, x in enumerate(xs):
+        batch[i, :len(x)] = x
+        mask[i, :len(x)] = True
+    return xs, batch, mask
+
+
+def test_bidirectional_gru_matches_reference_per_sentence_with_padding():
+    """A padded batch gives, at real positions, exactly each sentence's own unpadded result."""
+    n, d = 4, 3
+    layer = BidirectionalGRU(n)
+    xs, batch, mask = _padded([5, 2, 7, 1], d)
+    layer.build(batch.shape)
+    randomize(layer)
+    got = layer(batch, mask).numpy()
+    fw = tuple(w.numpy() for w in (layer.kernels[0], layer.recurrent_kernels[0], layer.biases[0]))
+    bw = tuple(w.numpy() for w in (layer.kernels[1], layer.recurrent_kernels[1], layer.biases[1]))
+    for i, x in enumerate(xs):
+        np.testing.assert_allclose(got[i, :len(x)], ref.bidirectional_gru(x, fw, bw), **TOL)
+
+
+def test_bidirectional_gru_padding_values_are_irrelevant():
+    layer = BidirectionalGRU(3)
+    _, batch, mask = _padded([4, 2], 2)
+    layer.build(batch.shape)
+    randomize(layer)
+    noisy = batch.copy()
+    noisy[~mask] = 100.0
+    np.testing.assert_allclose(layer(batch, mask).numpy()[mask], layer(noisy, mask).numpy()[mask], **TOL)
+
+
+def test_attention_matches_reference_and_ignores_padding():
+    n, k, units = 4, 6, 5
+    att = AdditiveAttention(units)
+    Hs, H, mask = _padded([3, 6, 1], k)
+    att.build((None, n), H.shape)
+    randomize(att)
+    s = RNG.normal(size=(3, n)).astype("float32")
+    context, alpha = (t.numpy() for t in att(s, H, mask))
+    weights = [w.numpy() for w in (att.query_kernel, att.key_kernel, att.bias, att.score_vector)]
+    for i, h in enumerate(Hs):
+        c_ref, a_ref = ref.attention(s[i], h, *weights)
+        np.testing.assert_allclose(context[i], c_ref, **TOL)
+        np.testing.assert_allclose(alpha[i, :len(h)], a_ref, **TOL)
+        assert np.all(alpha[i, len(h):] == 0.0)
+    # Garbage in padded annotations changes nothing.
+    H2 = H.copy()
+    H2[~mask] = 50.0
+    np.testing.assert_allclose(att(s, H2, mask)[0].numpy(), context, **TOL)
+
+
+def test_masked_softmax_fully_masked_row_is_finite():
+    out = masked_softmax(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([[True, False], [False, False]]))
+    np.testing.assert_allclose(out.numpy(), [[1.0, 0.0], [0.0, 0.0]])
+
+
+def test_maxout_matches_reference():
+    n, m, k, l = 4, 3, 6, 5
+    layer = MaxoutReadout(l)
+    layer.build_for(n, m, k)
+    randomize(layer)
+    s, e, c = (RNG.normal(size=(2, 3, dim)).astype("float32") for dim in (n, m, k))
+    got = layer(s, e, c).numpy()
+    assert got.shape == (2, 3, l)
+    weights = [w.numpy() for w in (layer.state_kernel, layer.embedding_kernel, layer.context_kernel, layer.bias)]
+    np.testing.assert_allclose(got, ref.maxout(s, e, c, *weights), **TOL)
+
+
+def test_decoder_step_equals_teacher_forced_loop():
+    """The search's single step and the training loop compute the same states."""
+    n, m, k, units = 4, 3, 6, 5
+    dec = AttentionDecoder(n, units, k)
+    _, H, mask = _padded([3, 5], k)
+    emb = RNG.normal(size=(2, 4, m)).astype("float32")
+    dec.build(emb.shape)
+    randomize(dec)
+    s0 = RNG.normal(size=(2, n)).astype("float32")
+    states, contexts, alphas = (t.numpy() for t in dec(emb, s0, H, mask))
+    keys = dec.precompute(tf.constant(H))
+    s = tf.constant(s0)
+    for i in range(4):
+        s, c, a = dec.step(emb[:, i], s, keys, H, mask)
+        np.testing.assert_allclose(s.numpy(), states[:, i], **TOL)
+        np.testing.assert_allclose(c.numpy(), contexts[:, i], **TOL)
+        np.testing.assert_allclose(a.numpy(), alphas[:, i], **TOL)
+
+
+def test_block_orthogonal_blocks_are_orthogonal():
+    w = BlockOrthogonal()((6, 18)).numpy()
+    for k in range(3):
+        block = w[:, 6 * k:6 * (k + 1)]
+        np.testing.assert_allclose(block.T @ block, np.eye(6), atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", [BidirectionalGRU(3), ConditionalGRUCell(3, 4), AdditiveAttention(5),
+                                   MaxoutReadout(2), AttentionDecoder(3, 4, 6)])
+def test_get_config_round_trip(layer):
+    clone = type(layer).from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()

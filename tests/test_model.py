@@ -1,0 +1,141 @@
+"""The RNNsearch model: equations end to end, masking, size, and learning."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import reference as ref
+from nmt_tf import flags, train
+from nmt_tf.models.rnnsearch import RNNSearch
+
+RNG = np.random.default_rng(3)
+
+
+def tiny_model(**kw):
+    sizes = dict(embedding_size=5, hidden_size=4, attention_size=6, maxout_size=3)
+    sizes.update(kw)
+    model = RNNSearch(13, 11, **sizes)
+    model.build()
+    for w in model.weights:   # large random weights so that every term matters
+        w.assign(RNG.normal(0, 0.5, size=w.shape).astype("float32"))
+    return model
+
+
+def padded(rows):
+    out = np.zeros((len(rows), max(map(len, rows))), "int32")
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+SOURCES = [[5, 6, 7, 3], [8, 3], [4, 9, 10, 11, 12, 3]]
+TARGETS = [[2, 5, 6], [2, 7, 8, 9, 10], [2, 4]]
+
+
+def test_rnnsearch_matches_numpy_reference_per_sentence():
+    model = tiny_model()
+    logits, alignment = model({"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)},
+                              return_alignment=True)
+    w = ref.rnnsearch_weights(model)
+    for i, (src, tgt) in enumerate(zip(SOURCES, TARGETS)):
+        want_logits, want_alpha = ref.rnnsearch_forward(w, np.array(src), np.array(tgt))
+        np.testing.assert_allclose(logits[i, :len(tgt)].numpy(), want_logits, rtol=2e-4, atol=2e-4)
+        np.testing.assert_allclose(alignment[i, :len(tgt), :len(src)].numpy(), want_alpha,
+                                   rtol=2e-4, atol=1e-5)
+        assert np.all(alignment[i, :, len(src):].numpy() == 0.0)
+
+
+def test_padding_never_changes_a_result():
+    """Each sentence alone gives the same logits as inside a padded batch."""
+    model = tiny_model()
+    batch = model({"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}).numpy()
+    for i, (src, tgt) in enumerate(zip(SOURCES, TARGETS)):
+        alone = model({"source_ids": np.array([src], "int32"), "target_ids": np.array([tgt], "int32")})
+        np.testing.assert_allclose(batch[i, :len(tgt)], alone[0].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_loss_ignores_padding_labels():
+    model = tiny_model()
+    x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
+    labels = padded([t[1:] + [3] for t in TARGETS])
+    nll, tokens, sentences = (float(v) for v in model.batch_nll(x, labels))
+    assert tokens == sum(len(t) for t in TARGETS) and sentences == 3
+    total = 0.0
+    for i, (src, tgt) in enumerate(zip(SOURCES, TARGETS)):
+        one = {"source_ids": np.array([src], "int32"), "target_ids": np.array([tgt], "int32")}
+        total += float(model.batch_nll(one, np.array([tgt[1:] + [3]], "int32"))[0])
+    np.testing.assert_allclose(nll, total, rtol=1e-5)
+
+
+def test_weights_only_checkpoint_holds_every_weight(tmp_path):
+    """Export and the best-checkpoint copy save the model alone: nothing may be left out."""
+    model = tiny_model()
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "w"))
+    saved = [k for k in tf.train.list_variables(path) if k[0].startswith("model/")]
+    assert len(saved) == len(model.weights)
+    fresh = RNNSearch.from_config(model.get_config())
+    fresh.build()
+    tf.train.Checkpoint(model=fresh).read(path).assert_consumed()
+    for a, b in zip(model.weights, fresh.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+
+def test_paper_sized_model_has_80_4_million_parameters():
+    config = flags.default_config(src_vocab_size=30000, tgt_vocab_size=30000)
+    lines = []
+    total = train.dry_run(config, log=lines.append)
+    assert 80.3e6 < total < 80.5e6, total
+    text = "\n".join(lines)
+    for part, count in [("source embedding", "18,600,000"), ("encoder forward GRU", "4,863,000"),
+                        ("decoder GRU", "10,863,000"), ("attention", "3,002,000"),
+                        ("maxout readout", "3,621,000"), ("output layer", "15,030,000")]:
+        assert any(part in l and count in l for l in lines), (part, text)
+
+
+def test_initialisation_follows_appendix_b1():
+    keras.utils.set_random_seed(0)
+    model = RNNSearch(500, 500, embedding_size=64, hidden_size=64, attention_size=64, maxout_size=32)
+    model.build()
+    std = lambda w: float(np.std(w.numpy()))
+    assert abs(std(model.source_embedding.embeddings) - 0.01) < 0.001
+    assert abs(std(model.decoder.attention.key_kernel) - 0.001) < 0.0002
+    assert abs(std(model.decoder.attention.query_kernel) - 0.001) < 0.0002
+    assert not np.any(model.decoder.attention.score_vector.numpy())
+    assert not np.any(model.decoder.cell.bias.numpy())
+    u = model.encoder.recurrent_kernels[0].numpy()[:, :64]
+    np.testing.assert_allclose(u.T @ u, np.eye(64), atol=1e-4)
+
+
+def test_tiny_model_overfits_20_pairs():
+    """20 random pairs, memorized: the per-token NLL falls close to zero."""
+    keras.utils.set_random_seed(1)
+    src = [list(RNG.integers(4, 30, size=RNG.integers(3, 8))) + [3] for _ in range(20)]
+    tgt = [list(RNG.integers(4, 30, size=RNG.integers(3, 8))) for _ in range(20)]
+    x = {"source_ids": padded(src), "target_ids": padded([[2] + t for t in tgt])}
+    y = padded([t + [3] for t in tgt])
+    model = RNNSearch(30, 30, embedding_size=32, hidden_size=48, attention_size=32, maxout_size=32)
+    model.build()
+    model.compile(optimizer=keras.optimizers.Adam(0.01, global_clipnorm=1.0))
+    model.fit(tf.data.Dataset.from_tensors((x, y)).repeat(300), epochs=1, verbose=0, shuffle=False)
+    nll, tokens, _ = model.batch_nll(x, y)
+    assert float(nll / tokens) < 0.05, float(nll / tokens)
+    # Every real target token is the model's first choice given the reference prefix.
+    predicted = np.argmax(model(x).numpy(), axis=-1)
+    np.testing.assert_array_equal(predicted[y > 0], y[y > 0])
+
+
+def test_mixed_bfloat16_forward_close_to_float32():
+    model = tiny_model()
+    x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
+    want = model(x).numpy()
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        bf16 = RNNSearch.from_config(model.get_config())
+        bf16.build()
+        bf16.set_weights(model.get_weights())
+        got = bf16(x)
+        assert got.dtype == tf.float32
+        assert bf16.encoder.compute_dtype == "bfloat16"
+        np.testing.assert_allclose(got.numpy(), want, rtol=0.1, atol=0.15)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
