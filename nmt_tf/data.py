@@ -1,0 +1,390 @@
+"""Parallel corpora: validation, statistics, vocabularies and tf.data pipelines.
+
+A corpus is two line-aligned text files (plain or gzip; gzip is recognized by
+its magic bytes, not its name). Nothing here loads a corpus into memory: line
+counts stream through fixed-size chunks, statistics and vocabularies stream
+through tf.data, and training reads the files with `TextLineDataset` behind a
+bounded shuffle buffer.
+
+What happens to imperfect input (counted in `CorpusStats`, printed before
+training and written to `<model_dir>/corpus_stats.json`):
+
+* files missing, unreadable or of different line counts: `CorpusError`,
+  naming both files and both counts;
+* a pair empty on either side (after whitespace clean-up): skipped;
+* a pair longer than `--max_len` tokens on either side: skipped;
+* bytes that are not valid UTF-8: each invalid sequence becomes U+FFFD and
+  the pair is kept (usually the damaged word becomes [UNK]);
+* a corpus with no usable pair left: `CorpusError`.
+
+Pipeline stage order (as in OpenNMT-tf): shard -> shuffle -> tokenize (in
+batches of lines) -> filter -> bucket by length and batch -> prefetch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gzip
+import hashlib
+import json
+import math
+import os
+import zlib
+
+import tensorflow as tf
+
+from nmt_tf import text
+from nmt_tf.text import BOS_ID, EOS_ID
+
+_TOKENIZE_BATCH = 1024          # lines tokenized together (vectorized TF string ops)
+_SCAN_BATCH = 8192
+
+
+class CorpusError(ValueError):
+    """A problem with the user's corpus, stated in one sentence."""
+
+
+# --------------------------------------------------------------------------
+# Files
+
+
+def is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _require_file(path: str | None, flag: str) -> str:
+    if not path:
+        raise CorpusError(f"--{flag} is required.")
+    if not os.path.exists(path):
+        raise CorpusError(f"{path} does not exist (--{flag}).")
+    if not os.path.isfile(path):
+        raise CorpusError(f"{path} is not a file (--{flag}).")
+    return path
+
+
+def count_lines(path: str) -> int:
+    """Number of lines (a last line without newline counts), streaming."""
+    opener = gzip.open if is_gzip(path) else open
+    lines, last = 0, b"\n"
+    try:
+        with opener(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+    except (OSError, EOFError, zlib.error) as e:
+        raise CorpusError(f"{path} could not be read: {e}.") from e
+    return lines + (last != b"\n")
+
+
+def check_parallel(src: str | None, tgt: str | None, src_flag: str, tgt_flag: str) -> int:
+    """Both files exist and have the same number of lines; returns it."""
+    _require_file(src, src_flag)
+    _require_file(tgt, tgt_flag)
+    n_src, n_tgt = count_lines(src), count_lines(tgt)
+    if n_src != n_tgt:
+        raise CorpusError(
+            f"The corpus is not parallel: {src} (--{src_flag}) has {n_src:,} lines but "
+            f"{tgt} (--{tgt_flag}) has {n_tgt:,} lines.")
+    if n_src == 0:
+        raise CorpusError(f"The corpus {src} / {tgt} is empty.")
+    return n_src
+
+
+def text_lines(path: str) -> tf.data.Dataset:
+    """Lines of a plain or gzip text file, streamed."""
+    return tf.data.TextLineDataset(path, compression_type="GZIP" if is_gzip(path) else "",
+                                   buffer_size=1 << 20)
+
+
+def parallel_lines(src: str, tgt: str) -> tf.data.Dataset:
+    """(source line, target line) pairs, streamed."""
+    return tf.data.Dataset.zip((text_lines(src), text_lines(tgt)))
+
+
+def fingerprint(*paths: str) -> str:
+    """Identity of files for caching statistics: path, size, mtime."""
+    h = hashlib.sha1()
+    for p in paths:
+        st = os.stat(p)
+        h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns};".encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------
+# Statistics
+
+
+@dataclasses.dataclass
+class CorpusStats:
+    """What a pass over a parallel corpus found (see the module docstring)."""
+
+    source: str
+    target: str
+    lines: int = 0
+    pairs: int = 0                    # pairs used for training
+    skipped_empty: int = 0
+    skipped_too_long: int = 0
+    invalid_utf8_lines: int = 0       # lines (either side) with bytes replaced by U+FFFD
+    source_tokens: int = 0            # in used pairs, without EOS
+    target_tokens: int = 0
+    max_len: int = 0
+    # length_histogram[k]: used pairs whose longer side has k tokens with EOS
+    # (= max(source, target) + 1); decides the bucket of a pair.
+    length_histogram: list = dataclasses.field(default_factory=list)
+
+    def describe(self, name: str) -> str:
+        return (
+            f"{name} corpus {self.source} | {self.target}\n"
+            f"  {self.lines:,} lines; {self.pairs:,} pairs used; skipped {self.skipped_empty:,} "
+            f"empty and {self.skipped_too_long:,} longer than {self.max_len} tokens; "
+            f"{self.invalid_utf8_lines:,} lines with invalid UTF-8 (bytes replaced by U+FFFD, pair kept)\n"
+            f"  {self.source_tokens:,} source and {self.target_tokens:,} target tokens "
+            f"({self.target_tokens + self.pairs:,} target tokens per epoch with [EOS])")
+
+
+def _classify(src_tokens, tgt_tokens, max_len):
+    src_len = tf.cast(src_tokens.row_lengths(), tf.int32)
+    tgt_len = tf.cast(tgt_tokens.row_lengths(), tf.int32)
+    empty = (src_len == 0) | (tgt_len == 0)
+    too_long = ~empty & ((src_len > max_len) | (tgt_len > max_len))
+    return src_len, tgt_len, ~empty & ~too_long, empty, too_long
+
+
+def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
+                count_tokens: bool = False):
+    """One streaming pass: statistics, and optionally token counts of used pairs.
+
+    Args:
+      src, tgt: corpus files.
+      src_tokenize, tgt_tokenize: [batch] raw string -> [batch, (tokens)] string.
+      max_len: pairs longer than this on either side are skipped.
+      count_tokens: also count every token of the used pairs.
+
+    Returns:
+      (CorpusStats, source Counter, target Counter); the counters are empty
+      unless `count_tokens`.
+    """
+    stats = CorpusStats(source=src, target=tgt, max_len=max_len)
+    histogram = collections.Counter()
+    src_counts, tgt_counts = collections.Counter(), collections.Counter()
+
+    def analyse(src_lines, tgt_lines):
+        invalid = tf.reduce_sum(tf.cast(text.has_invalid_utf8(src_lines), tf.int64)
+                                + tf.cast(text.has_invalid_utf8(tgt_lines), tf.int64))
+        s, t = src_tokenize(src_lines), tgt_tokenize(tgt_lines)
+        src_len, tgt_len, valid, empty, too_long = _classify(s, t, max_len)
+        out = {
+            "lines": tf.size(src_lines, tf.int64),
+            "invalid": invalid,
+            "empty": tf.reduce_sum(tf.cast(empty, tf.int64)),
+            "too_long": tf.reduce_sum(tf.cast(too_long, tf.int64)),
+            "bucket_len": tf.boolean_mask(tf.maximum(src_len, tgt_len) + 1, valid),
+            "src_tokens": tf.reduce_sum(tf.boolean_mask(tf.cast(src_len, tf.int64), valid)),
+            "tgt_tokens": tf.reduce_sum(tf.boolean_mask(tf.cast(tgt_len, tf.int64), valid)),
+        }
+        if count_tokens:
+            for side, tokens in (("src", s), ("tgt", t)):
+                flat = tf.ragged.boolean_mask(tokens, valid).flat_values
+                unique, _, counts = tf.unique_with_counts(flat)
+                out[f"{side}_unique"], out[f"{side}_counts"] = unique, counts
+        return out
+
+    ds = (parallel_lines(src, tgt).batch(_SCAN_BATCH)
+          .map(analyse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2))
+    try:
+        for batch in ds.as_numpy_iterator():
+            stats.lines += int(batch["lines"])
+            stats.invalid_utf8_lines += int(batch["invalid"])
+            stats.skipped_empty += int(batch["empty"])
+            stats.skipped_too_long += int(batch["too_long"])
+            stats.source_tokens += int(batch["src_tokens"])
+            stats.target_tokens += int(batch["tgt_tokens"])
+            histogram.update(batch["bucket_len"].tolist())
+            if count_tokens:
+                src_counts.update(dict(zip(batch["src_unique"], batch["src_counts"].tolist())))
+                tgt_counts.update(dict(zip(batch["tgt_unique"], batch["tgt_counts"].tolist())))
+    except tf.errors.DataLossError as e:
+        raise CorpusError(f"{src} or {tgt} is damaged (gzip data error): {e.message}") from e
+    stats.pairs = sum(histogram.values())
+    stats.length_histogram = [histogram.get(k, 0) for k in range(max(histogram, default=0) + 1)]
+    decode = lambda c: collections.Counter({k.decode("utf-8"): v for k, v in c.items()})
+    return stats, decode(src_counts), decode(tgt_counts)
+
+
+# --------------------------------------------------------------------------
+# Vocabularies and tokenizers
+
+
+def vocabulary_paths(model_dir: str) -> tuple[str, str]:
+    return os.path.join(model_dir, "vocab.src.txt"), os.path.join(model_dir, "vocab.tgt.txt")
+
+
+def word_splitter(lang: str):
+    return lambda lines: text.split_words(text.clean(lines), lang)
+
+
+def _wordpiece_from_corpus(src, tgt, side, lang, other_lang, size, max_len):
+    """Learns WordPiece on the words of one side of the used pairs."""
+    split_this, split_other = word_splitter(lang), word_splitter(other_lang)
+
+    def words(src_lines, tgt_lines):
+        s, t = (split_this(src_lines), split_other(tgt_lines)) if side == "src" else \
+               (split_other(src_lines), split_this(tgt_lines))
+        valid = _classify(s, t, max_len)[2]
+        return tf.ragged.boolean_mask(s if side == "src" else t, valid)
+
+    return text.wordpiece_vocabulary(parallel_lines(src, tgt).batch(_SCAN_BATCH).map(words), size)
+
+
+def build_vocabularies(config, model_dir: str, log=print):
+    """Vocabularies of the training data, built once and stored in model_dir.
+
+    Returns (source Tokenizer, target Tokenizer, stats or None). The stats
+    come back when the vocabulary pass could also serve as the statistics
+    pass (word tokenizer), so that callers need not scan again.
+    """
+    src_path, tgt_path = vocabulary_paths(model_dir)
+    stats = None
+    if not (os.path.exists(src_path) and os.path.exists(tgt_path)):
+        log(f"Building vocabularies from {config.train_src} and {config.train_tgt} ...")
+        stats, src_counts, tgt_counts = scan_corpus(
+            config.train_src, config.train_tgt, word_splitter(config.src_lang),
+            word_splitter(config.tgt_lang), config.max_len, count_tokens=True)
+        if stats.pairs == 0:
+            raise CorpusError(_no_pairs_message(stats))
+        if config.tokenizer == "word":
+            src_vocab = text.shortlist(src_counts, config.src_vocab_size)
+            tgt_vocab = text.shortlist(tgt_counts, config.tgt_vocab_size)
+            for side, counts, vocab in (("source", src_counts, src_vocab), ("target", tgt_counts, tgt_vocab)):
+                covered = sum(counts[t] for t in vocab[len(text.SPECIAL_TOKENS):])
+                log(f"  {side}: {len(counts):,} word types; the {len(vocab):,}-entry shortlist "
+                    f"covers {covered / max(1, sum(counts.values())):.2%} of the words")
+        else:
+            stats = None   # sub-word lengths differ from word lengths: scan again later
+            src_vocab = _wordpiece_from_corpus(config.train_src, config.train_tgt, "src", config.src_lang,
+                                               config.tgt_lang, config.src_vocab_size, config.max_len)
+            tgt_vocab = _wordpiece_from_corpus(config.train_src, config.train_tgt, "tgt", config.tgt_lang,
+                                               config.src_lang, config.tgt_vocab_size, config.max_len)
+            log(f"  WordPiece vocabularies: {len(src_vocab):,} source and {len(tgt_vocab):,} target entries")
+        text.write_vocabulary(src_vocab, src_path)
+        text.write_vocabulary(tgt_vocab, tgt_path)
+    return (text.Tokenizer(src_path, config.tokenizer, config.src_lang, name="source_tokenizer"),
+            text.Tokenizer(tgt_path, config.tokenizer, config.tgt_lang, name="target_tokenizer"),
+            stats)
+
+
+def _no_pairs_message(stats: CorpusStats) -> str:
+    return (f"No usable sentence pair in {stats.source} / {stats.target}: of {stats.lines:,} lines, "
+            f"{stats.skipped_empty:,} are empty on a side and {stats.skipped_too_long:,} are longer "
+            f"than --max_len={stats.max_len} tokens.")
+
+
+def corpus_stats(src: str, tgt: str, src_tokenizer, tgt_tokenizer, max_len: int,
+                 cache_path: str | None = None, known: CorpusStats | None = None) -> CorpusStats:
+    """Statistics of a corpus under the model's tokenizers, cached by file identity."""
+    key = {"fingerprint": fingerprint(src, tgt), "max_len": max_len,
+           "tokenizer": src_tokenizer.kind,
+           "vocab": hashlib.sha1("\n".join(src_tokenizer.vocabulary + ["|"] + tgt_tokenizer.vocabulary)
+                                 .encode()).hexdigest()}
+    if cache_path and os.path.exists(cache_path):
+        with open(cache_path, encoding="utf-8") as f:
+            cached = json.load(f)
+        if cached.get("key") == key:
+            return CorpusStats(**cached["stats"])
+    stats = known or scan_corpus(src, tgt, src_tokenizer.tokenize, tgt_tokenizer.tokenize, max_len)[0]
+    if cache_path:
+        with open(cache_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({"key": key, "stats": dataclasses.asdict(stats)}, f, indent=1)
+        os.replace(cache_path + ".tmp", cache_path)
+    return stats
+
+
+# --------------------------------------------------------------------------
+# Batching
+
+
+def bucket_boundaries(max_len: int, width: int) -> list[int]:
+    """Upper bounds (exclusive) of the length buckets; lengths count [EOS]."""
+    return list(range(1 + width, max_len + 2, width))
+
+
+def bucket_batch_sizes(boundaries: list[int], max_len: int, batch_size: int, batch_type: str) -> list[int]:
+    """Batch size of each bucket (one more bucket than boundaries)."""
+    if batch_type == "sentences":
+        return [batch_size] * (len(boundaries) + 1)
+    longest = [b - 1 for b in boundaries] + [max_len + 1]
+    return [max(1, batch_size // length) for length in longest]
+
+
+def batches_per_epoch(stats: CorpusStats, batch_size: int, batch_type: str, bucket_width: int) -> int:
+    """Exact number of batches in one epoch (single input pipeline)."""
+    boundaries = bucket_boundaries(stats.max_len, bucket_width)
+    sizes = bucket_batch_sizes(boundaries, stats.max_len, batch_size, batch_type)
+    per_bucket = collections.Counter()
+    for length, count in enumerate(stats.length_histogram):
+        per_bucket[sum(length >= b for b in boundaries)] += count
+    return sum(math.ceil(n / sizes[b]) for b, n in per_bucket.items())
+
+
+def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: int,
+                 batch_size: int, batch_type: str = "sentences", bucket_width: int = 1,
+                 shuffle: bool = False, shuffle_buffer: int = 100_000, seed: int = 0,
+                 epoch: int = 0, skip_batches: int = 0,
+                 input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """Batches of one epoch of a parallel corpus, ready for `model.fit`.
+
+    Each element is ``({"source_ids": [B, Tx], "target_ids": [B, Ty]}, labels [B, Ty])``
+    (int32, right-padded with 0): source = x_1..x_n [EOS], target_ids =
+    [BOS] y_1..y_m, labels = y_1..y_m [EOS].
+
+    Args:
+      src, tgt: corpus files (plain or gzip).
+      src_tokenizer, tgt_tokenizer: `nmt_tf.text.Tokenizer`s.
+      max_len: longer pairs are dropped (as counted by `scan_corpus`).
+      batch_size, batch_type: sentences per batch, or padded tokens of the
+        longer side per batch.
+      bucket_width: width of the length buckets.
+      shuffle, shuffle_buffer, seed, epoch: the order of an epoch depends
+        only on (seed, epoch), so a resumed run sees the same order.
+      skip_batches: batches of this epoch already trained on (resume).
+      input_context: from `tf.distribute`; each input pipeline reads a
+        disjoint shard of the lines and builds per-replica batches.
+    """
+    ds = parallel_lines(src, tgt)
+    if input_context is not None:
+        if input_context.num_input_pipelines > 1:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        batch_size = max(1, input_context.get_per_replica_batch_size(batch_size))
+    if shuffle:
+        ds = ds.shuffle(shuffle_buffer, seed=(seed * 1_000_003 + epoch) % (2 ** 31 - 1),
+                        reshuffle_each_iteration=False)
+
+    def encode(src_lines, tgt_lines):
+        s, t = src_tokenizer.tokenize(src_lines), tgt_tokenizer.tokenize(tgt_lines)
+        valid = _classify(s, t, max_len)[2]
+        s, t = src_tokenizer.lookup(s), tgt_tokenizer.lookup(t)
+        rows = tf.shape(src_lines)[:1]
+        eos = tf.fill(tf.concat([rows, [1]], 0), EOS_ID)
+        bos = tf.fill(tf.concat([rows, [1]], 0), BOS_ID)
+        return {"source_ids": tf.concat([s, eos], axis=1),
+                "target_ids": tf.concat([bos, t], axis=1),
+                "labels": tf.concat([t, eos], axis=1),
+                "valid": valid}
+
+    ds = (ds.batch(_TOKENIZE_BATCH)
+          .map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+          .unbatch()
+          .filter(lambda e: e["valid"])
+          .map(lambda e: {k: v for k, v in e.items() if k != "valid"}))
+    boundaries = bucket_boundaries(max_len, bucket_width)
+    ds = ds.bucket_by_sequence_length(
+        element_length_func=lambda e: tf.maximum(tf.shape(e["source_ids"])[0],
+                                                  tf.shape(e["target_ids"])[0]),
+        bucket_boundaries=boundaries,
+        bucket_batch_sizes=bucket_batch_sizes(boundaries, max_len, batch_size, batch_type))
+    ds = ds.map(lambda e: ({"source_ids": e["source_ids"], "target_ids": e["target_ids"]}, e["labels"]))
+    if skip_batches:
+        ds = ds.skip(skip_batches)
+    return ds.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,202 @@
+"""Corpus validation, statistics and the tf.data pipeline's invariants."""
+
+import collections
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import read_multi30k, write_lines
+from nmt_tf import data, flags, text
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tiny_corpus, tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("vocab"))
+    config = flags.default_config(train_src=tiny_corpus["train_src"], train_tgt=tiny_corpus["train_tgt"],
+                                  src_vocab_size=60, tgt_vocab_size=60)
+    src_tok, tgt_tok, stats = data.build_vocabularies(config, model_dir, log=lambda *a: None)
+    return src_tok, tgt_tok, stats
+
+
+def pair_key(src_tok, tgt_tok, source_ids, labels):
+    """A hashable identity of a (source, target) pair from its ids."""
+    s = tuple(int(i) for i in source_ids if i)
+    t = tuple(int(i) for i in labels if i)
+    return s, t
+
+
+def epoch_pairs(ds):
+    pairs, batches = [], []
+    for x, y in ds:
+        src, lab = x["source_ids"].numpy(), y.numpy()
+        batches.append((src, x["target_ids"].numpy(), lab))
+        pairs += [pair_key(None, None, s, l) for s, l in zip(src, lab)]
+    return pairs, batches
+
+
+def expected_pairs(corpus, src_tok, tgt_tok, max_len=50):
+    out = []
+    for s, t in corpus["pairs"]:
+        si, ti = src_tok.encode(tf.constant([s])).to_list()[0], tgt_tok.encode(tf.constant([t])).to_list()[0]
+        if 0 < len(si) <= max_len and 0 < len(ti) <= max_len:
+            out.append((tuple(si + [text.EOS_ID]), tuple(ti + [text.EOS_ID])))
+    return out
+
+
+# ------------------------------------------------------------------ validation
+
+def test_missing_file_is_one_clear_error(tmp_path, tiny_corpus):
+    missing = str(tmp_path / "nope.en")
+    with pytest.raises(data.CorpusError, match=r"nope\.en does not exist \(--train_src\)"):
+        data.check_parallel(missing, tiny_corpus["train_tgt"], "train_src", "train_tgt")
+
+
+def test_unequal_line_counts_name_both_files_and_counts(tmp_path):
+    a = write_lines(tmp_path / "a.en", ["one", "two", "three"])
+    b = write_lines(tmp_path / "b.fr.gz", ["un", "deux"], gz=True)
+    with pytest.raises(data.CorpusError) as e:
+        data.check_parallel(a, b, "train_src", "train_tgt")
+    msg = str(e.value)
+    assert "a.en" in msg and "3 lines" in msg and "b.fr.gz" in msg and "2 lines" in msg
+
+
+def test_line_count_handles_missing_final_newline_and_gzip(tmp_path):
+    p = tmp_path / "x.txt"
+    p.write_bytes(b"a\nb\nc")
+    assert data.count_lines(str(p)) == 3
+    g = write_lines(tmp_path / "x.gz", ["a", "b"], gz=True)
+    assert data.is_gzip(g) and data.count_lines(g) == 2
+
+
+def test_damaged_gzip_is_a_corpus_error(tmp_path):
+    g = write_lines(tmp_path / "x.gz", ["a"] * 1000, gz=True)
+    raw = open(g, "rb").read()
+    with open(g, "wb") as f:
+        f.write(raw[:len(raw) // 2])
+    with pytest.raises(data.CorpusError, match="could not be read"):
+        data.count_lines(g)
+
+
+def test_scan_counts_skipped_and_repaired_lines(tmp_path):
+    src = [b"A good line .", b"", b"   ", b"caf\xe9 ok", b"one two three four five six", b"fine"]
+    tgt = [b"Une bonne ligne .", b"vide", b"x", b"ok", b"un", b"   "]
+    s = write_lines(tmp_path / "s.txt", [l.decode("latin-1") for l in src], encoding="latin-1")
+    t = write_lines(tmp_path / "t.txt", [l.decode() for l in tgt])
+    stats, src_counts, _ = data.scan_corpus(s, t, data.word_splitter("en"), data.word_splitter("fr"),
+                                            max_len=5, count_tokens=True)
+    # "A good line ." is Latin-1 ASCII; "café" was written in Latin-1: invalid UTF-8.
+    assert stats.lines == 6
+    assert stats.skipped_empty == 3            # src empty (2x), tgt whitespace-only (1x)
+    assert stats.skipped_too_long == 1         # six source words > 5
+    assert stats.invalid_utf8_lines == 1
+    assert stats.pairs == 2
+    # U+FFFD is a symbol, so the word splitter cuts it off as its own token.
+    assert src_counts["caf"] == 1 and src_counts["\ufffd"] == 1 and "six" not in src_counts
+
+
+def test_empty_after_filtering_is_an_error(tmp_path, tiny_config):
+    s = write_lines(tmp_path / "s.txt", ["a b c d e f g h", ""])
+    t = write_lines(tmp_path / "t.txt", ["x", "y"])
+    config = tiny_config(train_src=s, train_tgt=t, max_len=3)
+    with pytest.raises(data.CorpusError, match="No usable sentence pair"):
+        data.build_vocabularies(config, str(tmp_path), log=lambda *a: None)
+
+
+# ------------------------------------------------------------------ pipeline
+
+def test_every_valid_pair_appears_exactly_once_per_epoch(tiny_corpus, tokenizers):
+    src_tok, tgt_tok, stats = tokenizers
+    ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
+                           max_len=50, batch_size=6, shuffle=True, shuffle_buffer=7, seed=3)
+    got, batches = epoch_pairs(ds)
+    assert collections.Counter(got) == collections.Counter(expected_pairs(tiny_corpus, src_tok, tgt_tok))
+    assert len(batches) == data.batches_per_epoch(stats, 6, "sentences", 1)
+
+
+def test_batches_are_shifted_targets_and_padded(tiny_corpus, tokenizers):
+    src_tok, tgt_tok, _ = tokenizers
+    ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
+                           max_len=50, batch_size=5)
+    for x, y in ds:
+        tin, lab = x["target_ids"].numpy(), y.numpy()
+        assert np.all(tin[:, 0] == text.BOS_ID)
+        for row_in, row_out in zip(tin, lab):
+            n = int(np.sum(row_out > 0))
+            assert row_out[n - 1] == text.EOS_ID
+            np.testing.assert_array_equal(row_in[1:n], row_out[:n - 1])
+        assert x["source_ids"].dtype == tf.int32
+
+
+def test_buckets_hold_similar_lengths(tiny_corpus, tokenizers):
+    src_tok, tgt_tok, _ = tokenizers
+    ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
+                           max_len=50, batch_size=4, bucket_width=2, shuffle=True, seed=1)
+    for x, y in ds:
+        lengths = np.maximum((x["source_ids"].numpy() > 0).sum(1), (x["target_ids"].numpy() > 0).sum(1))
+        # One bucket [1 + 2k, 3 + 2k): lengths differ by at most width - 1.
+        assert lengths.max() - lengths.min() <= 1, lengths
+
+
+def test_token_batches_stay_under_the_budget(tiny_corpus, tokenizers):
+    src_tok, tgt_tok, stats = tokenizers
+    ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
+                           max_len=50, batch_size=60, batch_type="tokens")
+    n = 0
+    for x, y in ds:
+        n += 1
+        longest = max(x["source_ids"].shape[1], x["target_ids"].shape[1])
+        assert x["source_ids"].shape[0] * longest <= 60 or x["source_ids"].shape[0] == 1
+    assert n == data.batches_per_epoch(stats, 60, "tokens", 1)
+
+
+def test_order_depends_only_on_seed_and_epoch_and_skip_resumes_it(tiny_corpus, tokenizers):
+    src_tok, tgt_tok, _ = tokenizers
+
+    def order(epoch, skip=0, seed=5):
+        ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
+                               max_len=50, batch_size=4, shuffle=True, shuffle_buffer=10, seed=seed,
+                               epoch=epoch, skip_batches=skip)
+        return [b[0].tolist() for b in epoch_pairs(ds)[1]]
+
+    assert order(0) == order(0)
+    assert order(0) != order(1)
+    assert order(0, skip=3) == order(0)[3:]
+
+
+def test_input_context_shards_are_disjoint_and_complete(tiny_corpus, tokenizers):
+    src_tok, tgt_tok, _ = tokenizers
+    shards = []
+    for i in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2)
+        ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
+                               max_len=50, batch_size=8, input_context=ctx)
+        pairs, batches = epoch_pairs(ds)
+        assert max(b[0].shape[0] for b in batches) <= 4      # per-replica batch
+        shards.append(pairs)
+    assert not set(shards[0]) & set(shards[1])
+    assert collections.Counter(shards[0] + shards[1]) == collections.Counter(
+        expected_pairs(tiny_corpus, src_tok, tgt_tok))
+
+
+def test_length_filter_matches_statistics(tmp_path, tokenizers):
+    src_tok, tgt_tok, _ = tokenizers
+    en, fr = read_multi30k("val.en.gz", 200), read_multi30k("val.fr.gz", 200)
+    s, t = write_lines(tmp_path / "s", en), write_lines(tmp_path / "t", fr)
+    stats = data.corpus_stats(s, t, src_tok, tgt_tok, max_len=12)
+    assert stats.skipped_too_long > 0
+    n = sum(int(x["source_ids"].shape[0]) for x, _ in data.make_dataset(
+        s, t, src_tok, tgt_tok, max_len=12, batch_size=16))
+    assert n == stats.pairs == 200 - stats.skipped_too_long - stats.skipped_empty
+
+
+def test_corpus_stats_are_cached_by_file_identity(tmp_path, tiny_corpus, tokenizers):
+    src_tok, tgt_tok, _ = tokenizers
+    cache = str(tmp_path / "stats.json")
+    first = data.corpus_stats(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, 50, cache)
+    assert os.path.exists(cache)
+    again = data.corpus_stats(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, 50, cache)
+    assert again == first
+    other = data.corpus_stats(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, 5, cache)
+    assert other.max_len == 5 and other.pairs < first.pairs
