@@ -1,0 +1,275 @@
+"""Keras callbacks that run a training job: progress, TensorBoard, checkpoints,
+dev evaluation, early stopping, budgets and the NaN guard.
+
+All mutable training state that must survive a restart lives in
+`TrainingState` (tf.Variables saved in the same checkpoint as the weights and
+the optimizer), so a checkpoint is always self-consistent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+class TrainingState(tf.Module):
+    """Counters of a training job, checkpointed with the weights."""
+
+    def __init__(self):
+        super().__init__(name="training_state")
+        i64 = lambda v: tf.Variable(v, dtype=tf.int64, trainable=False)
+        f64 = lambda v: tf.Variable(v, dtype=tf.float64, trainable=False)
+        self.epoch = i64(0)                  # epochs completed
+        self.epoch_batches = i64(0)          # batches done in the current epoch
+        self.train_seconds = f64(0.0)        # summed over resumed runs
+        self.target_tokens = i64(0)          # target tokens trained on, summed
+        self.best_dev = f64(math.inf)
+        self.best_step = i64(-1)
+        self.bad_evals = i64(0)              # evaluations since the best one
+        self.last_eval_step = i64(-1)
+
+
+class DevEvaluator:
+    """Negative log-likelihood of a dev set, with one traced function."""
+
+    def __init__(self, model, dataset):
+        self.dataset = dataset
+        spec = tf.TensorSpec([None, None], tf.int32)
+        self._batch = tf.function(
+            lambda x, y: model.batch_nll(x, y, training=False),
+            input_signature=[{"source_ids": spec, "target_ids": spec}, spec])
+
+    def __call__(self) -> dict:
+        nll = tokens = sentences = 0.0
+        for x, y in self.dataset:
+            n, t, s = self._batch(x, y)
+            nll, tokens, sentences = nll + float(n), tokens + float(t), sentences + float(s)
+        per_token = nll / max(tokens, 1.0)
+        return {"nll_per_token": per_token, "nll_per_sentence": nll / max(sentences, 1.0),
+                "perplexity": math.exp(min(per_token, 700.0)), "tokens": int(tokens),
+                "sentences": int(sentences)}
+
+
+class TrainingProgbar(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar, showing only the numbers a user reads."""
+
+    SHOWN = ("loss", "perplexity", "tok/s")
+
+    def _shown(self, logs):
+        return {k: logs[k] for k in self.SHOWN if logs and k in logs}
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, self._shown(logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, self._shown(logs))
+
+
+class TrainingController(keras.callbacks.Callback):
+    """Runs everything between two updates of a training job.
+
+    Every update: counts tokens and time (tokens/s), checks the loss is
+    finite, applies the budgets (--max_steps, --max_hours) and SIGINT/SIGTERM.
+    Every --log_every_steps: TensorBoard scalars (and a log line when stdout
+    is not a terminal). Every --checkpoint_every_steps and at epoch ends:
+    a checkpoint. Every --eval_every_steps or at epoch ends: the dev loss,
+    the best checkpoint and early stopping.
+    """
+
+    def __init__(self, config, state: TrainingState, manager: tf.train.CheckpointManager,
+                 best_manager: tf.train.CheckpointManager | None, evaluator: DevEvaluator | None,
+                 log_dir: str, batches_per_epoch: int | None, log=print, print_lines=False):
+        super().__init__()
+        self.config = config
+        self.state = state
+        self.manager = manager
+        self.best_manager = best_manager
+        self.evaluator = evaluator
+        self.batches_per_epoch = batches_per_epoch
+        self.log = log
+        self.print_lines = print_lines
+        self.train_writer = tf.summary.create_file_writer(os.path.join(log_dir, "train"))
+        self.dev_writer = tf.summary.create_file_writer(os.path.join(log_dir, "dev"))
+        self.stop_reason = None          # why training stopped early, if it did
+        self.nan_step = None
+        self.last_dev = None
+        self.run_tokens = 0
+        self.run_seconds = 0.0
+        self._interrupted = False
+        self._reset_interval()
+        self._reset_epoch()
+
+    # ---------------------------------------------------------- bookkeeping
+    def _reset_interval(self):
+        self._iv = {"nll": 0.0, "tokens": 0.0, "seconds": 0.0, "grad_norm": 0.0, "steps": 0}
+
+    def _reset_epoch(self):
+        self._ep = {"nll": 0.0, "tokens": 0.0, "sentences": 0.0}
+
+    @property
+    def step(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
+
+    def epoch_train_nll(self) -> dict | None:
+        """NLL of the updates of the current (or last finished) epoch in this run."""
+        if not self._ep["tokens"]:
+            return None
+        per_token = self._ep["nll"] / self._ep["tokens"]
+        return {"nll_per_token": per_token, "nll_per_sentence": self._ep["nll"] / self._ep["sentences"],
+                "perplexity": math.exp(min(per_token, 700.0))}
+
+    def install_signal_handlers(self):
+        """SIGINT / SIGTERM stop after the current update, with a checkpoint."""
+        def handler(signum, frame):
+            if self._interrupted:            # a second signal: stop at once
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            self._interrupted = True
+            self.log(f"\nReceived {signal.Signals(signum).name}: stopping after this update "
+                     "(signal again to stop at once, without a checkpoint).")
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+    def check_budgets(self):
+        """Stops on --max_steps, --max_hours or a signal."""
+        if self.config.max_steps and self.step >= self.config.max_steps:
+            self._stop("max_steps")
+        elif self.config.max_hours and self.state.train_seconds.numpy() >= self.config.max_hours * 3600:
+            self._stop("max_hours")
+        elif self._interrupted:
+            self._stop("interrupted")
+
+    def _stop(self, reason: str):
+        self.stop_reason = self.stop_reason or reason
+        if self.model is not None:
+            self.model.stop_training = True
+
+    # ---------------------------------------------------------- hooks
+    def on_epoch_begin(self, epoch, logs=None):
+        if int(self.state.epoch_batches.numpy()) == 0:
+            self._reset_epoch()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        seconds = time.perf_counter() - self._t0
+        loss = float(logs["batch_loss"])
+        step = self.step
+        if not np.isfinite(loss):
+            self.nan_step = step
+            self._stop("nan")
+            return
+        tokens, sentences = float(logs["batch_tokens"]), float(logs["batch_sentences"])
+        self.state.epoch_batches.assign_add(1)
+        self.state.train_seconds.assign_add(seconds)
+        self.state.target_tokens.assign_add(int(tokens))
+        self.run_tokens += tokens
+        self.run_seconds += seconds
+        for acc, values in ((self._iv, {"nll": loss * tokens, "tokens": tokens, "seconds": seconds,
+                                        "grad_norm": float(logs["grad_norm"]), "steps": 1}),
+                            (self._ep, {"nll": loss * tokens, "tokens": tokens, "sentences": sentences})):
+            for k, v in values.items():
+                acc[k] += v
+        logs["tok/s"] = self._iv["tokens"] / max(self._iv["seconds"], 1e-9)
+
+        if step % self.config.log_every_steps == 0:
+            self._write_train_scalars(step)
+        if self.config.eval_every_steps and step % self.config.eval_every_steps == 0:
+            self.evaluate(step)
+        if step % self.config.checkpoint_every_steps == 0:
+            self.save(step)
+        self.check_budgets()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.nan_step is not None:
+            return
+        done = int(self.state.epoch_batches.numpy())
+        complete = (done >= self.batches_per_epoch if self.batches_per_epoch
+                    else not self.model.stop_training)
+        if not complete:
+            return
+        self.state.epoch.assign_add(1)
+        self.state.epoch_batches.assign(0)
+        step = self.step
+        train = self.epoch_train_nll()
+        if train:
+            with self.train_writer.as_default(step=step):
+                tf.summary.scalar("epoch_loss", train["nll_per_token"])
+        if not self.config.eval_every_steps:
+            self.evaluate(step)
+        self.save(step)
+
+    # ---------------------------------------------------------- actions
+    def _write_train_scalars(self, step):
+        iv = self._iv
+        if not iv["tokens"]:
+            return
+        loss = iv["nll"] / iv["tokens"]
+        tok_s = iv["tokens"] / max(iv["seconds"], 1e-9)
+        epoch = float(self.state.epoch.numpy()) + (
+            self.state.epoch_batches.numpy() / self.batches_per_epoch if self.batches_per_epoch else 0.0)
+        lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        with self.train_writer.as_default(step=step):
+            tf.summary.scalar("loss", loss, description="NLL per target token")
+            tf.summary.scalar("perplexity", math.exp(min(loss, 700.0)))
+            tf.summary.scalar("learning_rate", lr)
+            tf.summary.scalar("tokens_per_sec", tok_s, description="target tokens per second")
+            tf.summary.scalar("grad_norm", iv["grad_norm"] / iv["steps"],
+                              description="global gradient norm before clipping")
+            tf.summary.scalar("epoch", epoch)
+        if self.print_lines:
+            self.log(f"step {step:,} | epoch {epoch:.2f} | loss {loss:.3f} | "
+                     f"ppl {math.exp(min(loss, 700.0)):.2f} | {tok_s:,.0f} tok/s")
+        self._reset_interval()
+
+    def evaluate(self, step):
+        """Dev loss, TensorBoard, best checkpoint and early stopping."""
+        if self.evaluator is None or int(self.state.last_eval_step.numpy()) == step:
+            return
+        t0 = time.perf_counter()
+        dev = self.evaluator()
+        self.last_dev = {**dev, "step": step}
+        self.state.last_eval_step.assign(step)
+        improved = dev["nll_per_token"] < float(self.state.best_dev.numpy())
+        if improved:
+            self.state.best_dev.assign(dev["nll_per_token"])
+            self.state.best_step.assign(step)
+            self.state.bad_evals.assign(0)
+            if self.best_manager is not None:
+                self.best_manager.save(checkpoint_number=step)
+        else:
+            self.state.bad_evals.assign_add(1)
+        with self.dev_writer.as_default(step=step):
+            tf.summary.scalar("loss", dev["nll_per_token"], description="dev NLL per target token")
+            tf.summary.scalar("perplexity", dev["perplexity"])
+            tf.summary.scalar("nll_per_sentence", dev["nll_per_sentence"])
+            tf.summary.scalar("best_loss", float(self.state.best_dev.numpy()))
+        self.dev_writer.flush()
+        self.log(f"  dev at step {step:,}: NLL/token {dev['nll_per_token']:.4f} "
+                 f"(ppl {dev['perplexity']:.2f}), NLL/sentence {dev['nll_per_sentence']:.2f}"
+                 f"{' (best)' if improved else f' (best {float(self.state.best_dev.numpy()):.4f} at step {int(self.state.best_step.numpy()):,})'}"
+                 f" [{time.perf_counter() - t0:.1f}s]")
+        if self.config.patience and int(self.state.bad_evals.numpy()) >= self.config.patience:
+            self.log(f"  early stopping: no dev improvement in {self.config.patience} evaluations")
+            self._stop("early_stopping")
+
+    def save(self, step):
+        if self.nan_step is None:
+            self.manager.save(checkpoint_number=step)
+            self.train_writer.flush()
+
+    def flush(self):
+        self.train_writer.flush()
+        self.dev_writer.flush()
+
+
+def is_terminal() -> bool:
+    return sys.stdout.isatty()

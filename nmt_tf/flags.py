@@ -1,0 +1,151 @@
+"""Command-line flags of the nmt_tf tools, each defined once.
+
+Every CLI is ``python -m nmt_tf.<tool> [--flagfile=FILE] [--flag=value ...]``.
+Flags are read left to right, so flags given after ``--flagfile`` override
+the file's values. An unknown flag is an error (absl).
+
+The training tool writes the resolved values of all flags below into
+``<model_dir>/flags.json``; the other tools read them back from there, so
+they need only ``--model_dir``. `Config` is that set of values as an object:
+`default_config()` gives the defaults of the definitions below, which is also
+what tests use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+# ---------------------------------------------------------------- data
+flags.DEFINE_string("train_src", None, "Training source text: one sentence per line, plain or gzip.")
+flags.DEFINE_string("train_tgt", None, "Training target text, line-aligned with --train_src.")
+flags.DEFINE_string("dev_src", None, "Development (validation) source text, for dev loss and early stopping.")
+flags.DEFINE_string("dev_tgt", None, "Development target text, line-aligned with --dev_src.")
+flags.DEFINE_string("src_lang", "en", "Source language code; selects the tokenizer's apostrophe and abbreviation rules (en, fr, de; others get generic rules).")
+flags.DEFINE_string("tgt_lang", "fr", "Target language code (see --src_lang).")
+flags.DEFINE_enum("tokenizer", "word", ["word", "wordpiece"],
+                  "word: the paper's Moses-like words with a shortlist of the most frequent words plus [UNK]. "
+                  "wordpiece: the same words cut into WordPiece sub-words (tensorflow-text FastWordpieceTokenizer, "
+                  "vocabulary learned by keras-hub compute_word_piece_vocabulary).")
+flags.DEFINE_integer("src_vocab_size", 30000, "Source vocabulary size, the special tokens [PAD] [UNK] [BOS] [EOS] included (paper: 30,000).", lower_bound=5)
+flags.DEFINE_integer("tgt_vocab_size", 30000, "Target vocabulary size, special tokens included (paper: 30,000).", lower_bound=5)
+flags.DEFINE_integer("max_len", 50, "Training pairs with more tokens than this on either side are skipped and counted (paper: 30 or 50 words). Tokens are words, or sub-words with --tokenizer=wordpiece.", lower_bound=1)
+flags.DEFINE_integer("batch_size", 80, "Batch size, in sentence pairs (--batch_type=sentences; paper: 80) or in padded tokens of the longer side (--batch_type=tokens).", lower_bound=1)
+flags.DEFINE_enum("batch_type", "sentences", ["sentences", "tokens"], "Unit of --batch_size.")
+flags.DEFINE_integer("bucket_width", 1, "Pairs are grouped into batches of similar length (max of source and target length, in steps of this many tokens).", lower_bound=1)
+flags.DEFINE_integer("shuffle_buffer", 200000, "Number of sentence pairs held in memory for shuffling the training stream; memory use does not grow with the corpus.", lower_bound=1)
+
+# ---------------------------------------------------------------- model
+flags.DEFINE_enum("model", "rnnsearch", ["rnnsearch"], "Model architecture: rnnsearch (Bahdanau et al. 2015).")
+flags.DEFINE_integer("embedding_size", 620, "Word embedding size m (paper: 620).", lower_bound=1)
+flags.DEFINE_integer("hidden_size", 1000, "GRU state size n, per encoder direction and in the decoder (paper: 1000).", lower_bound=1)
+flags.DEFINE_integer("attention_size", 1000, "Hidden size n' of the alignment model (paper: 1000).", lower_bound=1)
+flags.DEFINE_integer("maxout_size", 500, "Number of maxout units l of the deep output (paper: 500).", lower_bound=1)
+flags.DEFINE_float("dropout", 0.0, "Dropout rate on embeddings and maxout features during training (paper: none).", lower_bound=0.0, upper_bound=0.95)
+
+# ---------------------------------------------------------------- training
+flags.DEFINE_string("model_dir", None, "Directory for vocabularies, resolved flags, checkpoints, TensorBoard logs and the training summary. Rerunning with the same directory resumes.")
+flags.DEFINE_enum("optimizer", "adadelta", ["adadelta", "adam", "sgd", "rmsprop"], "Optimizer (paper: Adadelta).")
+flags.DEFINE_float("learning_rate", None, "Learning rate; default per optimizer: adadelta 1.0 (paper), adam 0.001, rmsprop 0.001, sgd 0.1.", lower_bound=0.0)
+flags.DEFINE_float("adadelta_rho", 0.95, "Adadelta decay rate rho (paper: 0.95).")
+flags.DEFINE_float("adadelta_epsilon", 1e-6, "Adadelta epsilon (paper: 1e-6).")
+flags.DEFINE_float("clip_norm", 1.0, "Rescale the gradient when its global L2 norm exceeds this (paper: 1). 0 disables.", lower_bound=0.0)
+flags.DEFINE_integer("max_epochs", 10, "Stop after this many passes over the training data.", lower_bound=1)
+flags.DEFINE_integer("max_steps", 0, "Stop after this many updates in total (0: no limit).", lower_bound=0)
+flags.DEFINE_float("max_hours", 0.0, "Stop after this many hours of training, summed over resumed runs (0: no limit).", lower_bound=0.0)
+flags.DEFINE_integer("checkpoint_every_steps", 500, "Save a checkpoint every this many updates (and at the end of every epoch and of the run). A killed run loses at most this many updates.", lower_bound=1)
+flags.DEFINE_integer("keep_checkpoints", 3, "Number of recent checkpoints kept (the best one by dev score is kept apart).", lower_bound=1)
+flags.DEFINE_integer("eval_every_steps", 0, "Compute the dev loss every this many updates (0: at the end of every epoch).", lower_bound=0)
+flags.DEFINE_enum("early_stopping_metric", "loss", ["loss"], "Dev metric that selects the best checkpoint and stops training early.")
+flags.DEFINE_integer("patience", 10, "Stop after this many dev evaluations without improvement (0: never stop early).", lower_bound=0)
+flags.DEFINE_integer("log_every_steps", 50, "Write training scalars to TensorBoard every this many updates.", lower_bound=1)
+flags.DEFINE_enum("mixed_precision", "none", ["none", "mixed_bfloat16", "mixed_float16"],
+                  "Keras dtype policy: compute in bfloat16 / float16 with float32 weights (mixed_float16 adds loss scaling; use it on GPUs without bf16).")
+flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA. Measured slower on CPU (see BUILD_NOTES.md); worth trying on GPU.")
+flags.DEFINE_integer("seed", 1234, "Random seed for initialization, dropout and data order.")
+flags.DEFINE_boolean("dry_run", False, "Build the model from the flags alone (vocabulary sizes from --src_vocab_size / --tgt_vocab_size; no data read), print its summary and parameter count, and exit.")
+
+# Flags whose values define the model or its vocabularies: a run resumed in
+# an existing --model_dir must keep them.
+FROZEN_FLAGS = (
+    "tokenizer", "src_lang", "tgt_lang", "src_vocab_size", "tgt_vocab_size", "model",
+    "embedding_size", "hidden_size", "attention_size", "maxout_size", "optimizer",
+)
+# Flags that are stored in flags.json (everything above but the per-run ones).
+_NOT_STORED = ("dry_run",)
+
+
+def nmt_flag_names() -> list[str]:
+    """Names of the flags defined in this module."""
+    return sorted(f.name for f in FLAGS.get_flags_for_module(__name__))
+
+
+class Config(dict):
+    """Flag values by name, readable as attributes (``config.batch_size``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no flag named {name!r}") from None
+
+    def replace(self, **overrides) -> "Config":
+        unknown = sorted(set(overrides) - set(self))
+        if unknown:
+            raise ValueError(f"unknown flag(s): {', '.join(unknown)}")
+        return Config({**self, **overrides})
+
+
+def default_config(**overrides) -> Config:
+    """The flag defaults of this module, with `overrides` applied."""
+    return Config({name: FLAGS[name].default for name in nmt_flag_names()}).replace(**overrides)
+
+
+def config_from_flags() -> Config:
+    """The parsed command-line values of this module's flags."""
+    return Config({name: FLAGS[name].value for name in nmt_flag_names()})
+
+
+def explicitly_set() -> set[str]:
+    """Names of this module's flags given on the command line or in a flagfile."""
+    return {name for name in nmt_flag_names() if FLAGS[name].present}
+
+
+def flags_path(model_dir: str) -> str:
+    return os.path.join(model_dir, "flags.json")
+
+
+def save_config(config: Config, model_dir: str) -> None:
+    """Writes flags.json (for the tools) and flags.txt (a flagfile to rerun with)."""
+    stored = {k: v for k, v in sorted(config.items()) if k not in _NOT_STORED}
+    path = flags_path(model_dir)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(stored, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    with open(os.path.join(model_dir, "flags.txt"), "w", encoding="utf-8") as f:
+        for name, value in stored.items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                f.write(f"--{name}\n" if value else f"--no{name}\n")
+            else:
+                f.write(f"--{name}={value}\n")
+
+
+def load_config(model_dir: str) -> Config:
+    """Reads `<model_dir>/flags.json` (written by nmt_tf.train) over the defaults."""
+    path = flags_path(model_dir)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path} not found: --model_dir must be a directory written by nmt_tf.train")
+    with open(path, encoding="utf-8") as f:
+        stored = json.load(f)
+    config = default_config()
+    config.update({k: v for k, v in stored.items() if k in config})
+    return config

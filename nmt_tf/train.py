@@ -1,0 +1,294 @@
+r"""Trains a translation model with Keras `model.fit`.
+
+Usage:
+  python -m nmt_tf.train --flagfile=pipelines/multi30k_en_fr/rnnsearch.flags [--flag=value ...]
+  python -m nmt_tf.train --model_dir=DIR          # resume with the flags stored in DIR
+  python -m nmt_tf.train --flagfile=F --dry_run   # model summary and parameter count only
+
+Flags after --flagfile override the file. Rerunning with an existing
+--model_dir resumes from its last checkpoint with the same vocabularies and
+flags (flags not given on the command line are taken from DIR/flags.json;
+flags that define the model cannot change). A run killed at any moment loses
+at most --checkpoint_every_steps updates; SIGINT / SIGTERM stop after the
+current update and save a checkpoint.
+
+Outputs in --model_dir:
+  flags.json, flags.txt     resolved flags (flags.txt is a flagfile)
+  model_config.json         the model's Keras config (sizes, vocabularies)
+  vocab.src.txt, vocab.tgt.txt
+  corpus_stats.json         what validation found (counts of skipped lines)
+  checkpoints/              the last --keep_checkpoints checkpoints
+  best/                     the weights with the best dev loss
+  logs/train, logs/dev      TensorBoard
+  train_summary.json        steps, epochs, time, train / dev NLL, tokens/s
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from absl import app
+
+from nmt_tf import flags as nmt_flags
+from nmt_tf.flags import FLAGS
+
+DEFAULT_LEARNING_RATES = {"adadelta": 1.0, "adam": 1e-3, "rmsprop": 1e-3, "sgd": 0.1}
+EXIT_NAN = 3
+
+
+class TrainingError(RuntimeError):
+    """A user-caused problem that stops training, in one sentence."""
+
+
+class NaNLossError(TrainingError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+def build_model(config, source_vocab_size: int, target_vocab_size: int):
+    """The model named by --model, built (all weights created)."""
+    from nmt_tf.models.rnnsearch import RNNSearch
+
+    if config.model != "rnnsearch":
+        raise TrainingError(f"unknown --model={config.model}")
+    model = RNNSearch(source_vocab_size, target_vocab_size, embedding_size=config.embedding_size,
+                      hidden_size=config.hidden_size, attention_size=config.attention_size,
+                      maxout_size=config.maxout_size, dropout=config.dropout, name=config.model)
+    model.build()
+    return model
+
+
+def make_optimizer(config):
+    import keras
+
+    lr = config.learning_rate if config.learning_rate is not None else DEFAULT_LEARNING_RATES[config.optimizer]
+    clip = config.clip_norm or None
+    if config.optimizer == "adadelta":
+        return keras.optimizers.Adadelta(learning_rate=lr, rho=config.adadelta_rho,
+                                         epsilon=config.adadelta_epsilon, global_clipnorm=clip)
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(learning_rate=lr, global_clipnorm=clip)
+    if config.optimizer == "rmsprop":
+        return keras.optimizers.RMSprop(learning_rate=lr, global_clipnorm=clip)
+    return keras.optimizers.SGD(learning_rate=lr, global_clipnorm=clip)
+
+
+def set_precision(config):
+    import keras
+
+    keras.mixed_precision.set_dtype_policy(
+        "float32" if config.mixed_precision == "none" else config.mixed_precision)
+
+
+def dry_run(config, log=print) -> int:
+    """Builds the model from the flags alone and prints its summary; returns its size."""
+    set_precision(config)
+    model = build_model(config, config.src_vocab_size, config.tgt_vocab_size)
+    model.summary(print_fn=lambda line, *a, **k: log(line))
+    log("Parameters by part of the model:")
+    for name, count in model.parameter_groups().items():
+        log(f"  {name:<28} {count:>14,}")
+    total = model.count_params()
+    log(f"Total parameters: {total:,} ({total / 1e6:.2f} million)")
+    return total
+
+
+def _check_resume(config, model_dir, explicit, log):
+    """Merges stored flags into `config` for a resumed run; rejects model changes."""
+    stored = nmt_flags.load_config(model_dir)
+    merged = dict(config)
+    for name, value in stored.items():
+        if name not in explicit and name in merged:
+            merged[name] = value
+    changed = [f"--{n} (was {stored[n]!r}, now {merged[n]!r})"
+               for n in nmt_flags.FROZEN_FLAGS if merged[n] != stored[n]]
+    if changed:
+        raise TrainingError(
+            f"{model_dir} holds a model trained with other settings: {', '.join(changed)}. "
+            "Use a new --model_dir, or the stored values.")
+    log(f"Resuming in {model_dir} (flags not given now are taken from {nmt_flags.flags_path(model_dir)}).")
+    return nmt_flags.Config(merged)
+
+
+def train(config, explicit: set[str] | None = None, log=print) -> dict:
+    """Runs (or resumes) a training job; returns the training summary.
+
+    Args:
+      config: a `nmt_tf.flags.Config` (the resolved flags).
+      explicit: names of the flags the user gave; on resume, the others are
+        taken from `<model_dir>/flags.json`. None means all of them.
+      log: where progress lines go.
+    """
+    import keras
+    import tensorflow as tf
+
+    from nmt_tf import callbacks as cb
+    from nmt_tf import data
+
+    if not config.model_dir:
+        raise TrainingError("--model_dir is required.")
+    model_dir = config.model_dir
+    if os.path.exists(nmt_flags.flags_path(model_dir)):
+        config = _check_resume(config, model_dir, set(config) if explicit is None else explicit, log)
+    os.makedirs(model_dir, exist_ok=True)
+
+    # Corpus checks before anything expensive.
+    data.check_parallel(config.train_src, config.train_tgt, "train_src", "train_tgt")
+    has_dev = bool(config.dev_src or config.dev_tgt)
+    if has_dev:
+        data.check_parallel(config.dev_src, config.dev_tgt, "dev_src", "dev_tgt")
+    nmt_flags.save_config(config, model_dir)
+
+    keras.utils.set_random_seed(config.seed)
+    set_precision(config)
+    src_tok, tgt_tok, known = data.build_vocabularies(config, model_dir, log=log)
+    stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
+                              cache_path=os.path.join(model_dir, "corpus_stats.json"), known=known)
+    log(stats.describe("Training"))
+    if stats.pairs == 0:
+        raise data.CorpusError(data._no_pairs_message(stats))
+    dev_stats = None
+    if has_dev:
+        dev_stats = data.corpus_stats(config.dev_src, config.dev_tgt, src_tok, tgt_tok, config.max_len,
+                                      cache_path=os.path.join(model_dir, "corpus_stats.dev.json"))
+        log(dev_stats.describe("Dev"))
+        if dev_stats.pairs == 0:
+            raise data.CorpusError(data._no_pairs_message(dev_stats))
+    n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.bucket_width)
+
+    model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
+    with open(os.path.join(model_dir, "model_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"class_name": type(model).__name__, "config": model.get_config()}, f, indent=2)
+    optimizer = make_optimizer(config)
+    model.compile(optimizer=optimizer, jit_compile=config.jit_compile)
+    optimizer.build(model.trainable_variables)
+
+    state = cb.TrainingState()
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, state=state)
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(model_dir, "checkpoints"),
+                                         max_to_keep=config.keep_checkpoints, checkpoint_name="ckpt")
+    best_manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
+                                              os.path.join(model_dir, "best"), max_to_keep=1,
+                                              checkpoint_name="best") if has_dev else None
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log(f"Restored {manager.latest_checkpoint}: step {int(optimizer.iterations.numpy()):,}, "
+            f"epoch {int(state.epoch.numpy()) + 1}, batch {int(state.epoch_batches.numpy()):,} "
+            f"of {n_batches:,}.")
+    log(f"Model {config.model}: {model.count_params():,} parameters; "
+        f"{n_batches:,} batches per epoch; precision {keras.mixed_precision.dtype_policy().name}.")
+
+    def dataset(path_src, path_tgt, **kw):
+        return data.make_dataset(path_src, path_tgt, src_tok, tgt_tok, max_len=config.max_len,
+                                 batch_size=config.batch_size, batch_type=config.batch_type,
+                                 bucket_width=config.bucket_width, **kw)
+
+    evaluator = cb.DevEvaluator(model, dataset(config.dev_src, config.dev_tgt)) if has_dev else None
+    print_lines = not cb.is_terminal()
+    controller = cb.TrainingController(config, state, manager, best_manager, evaluator,
+                                       os.path.join(model_dir, "logs"), n_batches, log=log,
+                                       print_lines=print_lines)
+    controller.set_model(model)
+    callbacks = [controller]
+    if not print_lines:
+        callbacks.append(cb.TrainingProgbar())
+    controller.install_signal_handlers()
+
+    started = time.time()
+    start_step = int(optimizer.iterations.numpy())
+    controller.check_budgets()
+    while not controller.stop_reason and int(state.epoch.numpy()) < config.max_epochs:
+        epoch, skip = int(state.epoch.numpy()), int(state.epoch_batches.numpy())
+        ds = dataset(config.train_src, config.train_tgt, shuffle=True,
+                     shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
+                     skip_batches=skip)
+        if not print_lines:
+            log(f"Epoch {epoch + 1}/{config.max_epochs}")
+        model.fit(ds, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=n_batches - skip,
+                  callbacks=callbacks, verbose=0 if print_lines else 1, shuffle=False)
+    step = int(optimizer.iterations.numpy())
+    if controller.nan_step is not None:
+        controller.flush()
+        last = manager.latest_checkpoint or "none"
+        raise NaNLossError(
+            f"The training loss became NaN or infinite at step {controller.nan_step:,}; training "
+            f"stopped. The last good checkpoint is {last}. Lower --learning_rate or --clip_norm, "
+            "or use --mixed_precision=none.")
+    if step > start_step or not manager.latest_checkpoint:
+        controller.evaluate(step)
+        manager.save(checkpoint_number=step)
+    controller.flush()
+
+    status = controller.stop_reason or "max_epochs"
+    summary = {
+        "status": status,
+        "model_dir": os.path.abspath(model_dir),
+        "steps": step,
+        "epochs": int(state.epoch.numpy()) + int(state.epoch_batches.numpy()) / n_batches,
+        "completed_epochs": int(state.epoch.numpy()),
+        "train_seconds": float(state.train_seconds.numpy()),
+        "wall_seconds_this_run": time.time() - started,
+        "target_tokens": int(state.target_tokens.numpy()),
+        "target_tokens_per_sec": int(state.target_tokens.numpy()) / max(float(state.train_seconds.numpy()), 1e-9),
+        "target_tokens_per_sec_this_run": controller.run_tokens / max(controller.run_seconds, 1e-9),
+        "parameters": model.count_params(),
+        "train": controller.epoch_train_nll(),
+        "dev": controller.last_dev,
+        "best_dev": ({"nll_per_token": float(state.best_dev.numpy()), "step": int(state.best_step.numpy()),
+                      "perplexity": math.exp(min(float(state.best_dev.numpy()), 700.0))}
+                     if int(state.best_step.numpy()) >= 0 else None),
+        "checkpoint": manager.latest_checkpoint,
+        "best_checkpoint": best_manager.latest_checkpoint if best_manager else None,
+        "corpus": {"train": _stats_dict(stats), "dev": _stats_dict(dev_stats) if dev_stats else None},
+    }
+    path = os.path.join(model_dir, "train_summary.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    os.replace(path + ".tmp", path)
+    log(f"Training stopped ({status}) at step {step:,}, epoch {summary['epochs']:.2f}, after "
+        f"{summary['train_seconds'] / 60:.1f} min of training "
+        f"({summary['target_tokens_per_sec']:,.0f} target tokens/s).")
+    log(f"Outputs in {os.path.abspath(model_dir)}:\n"
+        f"  checkpoints/ (last: {os.path.basename(manager.latest_checkpoint or '-')}), "
+        f"best/ (best dev loss), vocab.src.txt, vocab.tgt.txt, flags.json\n"
+        f"  train_summary.json; TensorBoard: tensorboard --logdir {os.path.join(model_dir, 'logs')}")
+    return summary
+
+
+def _stats_dict(stats):
+    import dataclasses
+
+    d = dataclasses.asdict(stats)
+    d.pop("length_histogram")
+    return d
+
+
+def main(argv):
+    from absl import logging
+
+    from nmt_tf.data import CorpusError
+
+    logging.set_verbosity(logging.WARNING)   # TensorFlow's INFO lines (checkpoint saver ...)
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = nmt_flags.config_from_flags()
+    try:
+        if config.dry_run:
+            dry_run(config)
+            return 0
+        train(config, explicit=nmt_flags.explicitly_set())
+    except NaNLossError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NAN
+    except (TrainingError, CorpusError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

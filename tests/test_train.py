@@ -1,0 +1,178 @@
+"""Training jobs: outputs, TensorBoard, resuming, budgets, errors, the CLI."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, run_cli
+from nmt_tf import flags, train
+
+QUIET = dict(log=lambda *a: None)
+
+
+def checkpoint_weights(path):
+    reader = tf.train.load_checkpoint(path)
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+            if k.startswith("model/") and "OPTIMIZER" not in k}
+
+
+def test_training_writes_every_output(trained_model_dir):
+    model_dir, summary = trained_model_dir
+    for name in ("flags.json", "flags.txt", "model_config.json", "vocab.src.txt", "vocab.tgt.txt",
+                 "corpus_stats.json", "train_summary.json"):
+        assert os.path.exists(os.path.join(model_dir, name)), name
+    stored = json.load(open(os.path.join(model_dir, "train_summary.json")))
+    assert stored["steps"] == summary["steps"] == 10           # 2 epochs x 5 batches of 8
+    assert stored["completed_epochs"] == 2 and stored["status"] == "max_epochs"
+    for side in ("train", "dev"):
+        assert stored[side]["nll_per_token"] > 0 and stored[side]["nll_per_sentence"] > stored[side]["nll_per_token"]
+    assert stored["target_tokens_per_sec"] > 0 and stored["train_seconds"] > 0
+    assert stored["corpus"]["train"]["pairs"] == 40
+    assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith("ckpt-10")
+    assert tf.train.latest_checkpoint(os.path.join(model_dir, "best"))
+    assert flags.load_config(model_dir).hidden_size == 16
+
+
+def read_scalars(log_dir):
+    """{tag: [(step, value)]} from the event files, decoded from the tensor protos."""
+    out = {}
+    for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((event.step, float(tf.make_ndarray(v.tensor))))
+    return out
+
+
+def test_tensorboard_event_files_hold_the_scalars(trained_model_dir):
+    """Catches a missing `tensorboard` package: tf.summary then writes empty event files."""
+    model_dir, summary = trained_model_dir
+    train_scalars = read_scalars(os.path.join(model_dir, "logs", "train"))
+    for tag in ("loss", "perplexity", "learning_rate", "tokens_per_sec", "grad_norm"):
+        assert len(train_scalars.get(tag, [])) == 10, (tag, sorted(train_scalars))
+    np.testing.assert_allclose([v for _, v in train_scalars["learning_rate"]], 0.01, rtol=1e-6)
+    dev = read_scalars(os.path.join(model_dir, "logs", "dev"))
+    assert [s for s, _ in dev["loss"]] == [5, 10]
+    assert dev["loss"][-1][1] == pytest.approx(summary["dev"]["nll_per_token"], rel=1e-5)
+
+
+def test_interrupted_run_resumes_to_the_same_weights(tiny_config, tmp_path):
+    """8 updates in one go == 4 updates, stop, resume for 4 more (mid-epoch)."""
+    straight = tiny_config(model_dir=str(tmp_path / "a"), max_steps=8, max_epochs=5, seed=11)
+    train.train(straight, **QUIET)
+    split = straight.replace(model_dir=str(tmp_path / "b"), max_steps=4)
+    first = train.train(split, **QUIET)
+    assert first["status"] == "max_steps" and first["steps"] == 4
+    resumed = train.train(split.replace(max_steps=8), **QUIET)
+    assert resumed["steps"] == 8 and resumed["epochs"] == pytest.approx(1.6)
+    a = checkpoint_weights(str(tmp_path / "a" / "checkpoints" / "ckpt-8"))
+    b = checkpoint_weights(str(tmp_path / "b" / "checkpoints" / "ckpt-8"))
+    assert a.keys() == b.keys() and len(a) > 10
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_sigkill_at_any_moment_loses_at_most_one_checkpoint_interval(tiny_corpus, tmp_path):
+    model_dir = str(tmp_path / "killed")
+    args = ["-m", "nmt_tf.train", f"--flagfile={REPO}/pipelines/smoke.flags",
+            f"--train_src={tiny_corpus['train_src']}", f"--train_tgt={tiny_corpus['train_tgt']}",
+            f"--dev_src={tiny_corpus['dev_src']}", f"--dev_tgt={tiny_corpus['dev_tgt']}",
+            "--batch_size=4", "--bucket_width=100", "--max_epochs=40", "--checkpoint_every_steps=2",
+            f"--model_dir={model_dir}"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ckpt_dir = os.path.join(model_dir, "checkpoints")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        latest = tf.train.latest_checkpoint(ckpt_dir)
+        if latest and int(latest.rsplit("-", 1)[1]) >= 14:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = int(tf.train.latest_checkpoint(ckpt_dir).rsplit("-", 1)[1])
+    # The same command continues from the last checkpoint.
+    done = run_cli(*args[:-2], "--max_epochs=3", f"--model_dir={model_dir}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"Restored {os.path.join(ckpt_dir, f'ckpt-{killed_at}')}" in done.stdout
+    summary = json.load(open(os.path.join(model_dir, "train_summary.json")))
+    assert summary["steps"] == 30 and summary["completed_epochs"] == 3   # 10 batches of 4 per epoch
+
+
+def test_resume_rejects_a_different_model(tiny_config, tmp_path):
+    config = tiny_config(model_dir=str(tmp_path / "m"), max_steps=2)
+    train.train(config, **QUIET)
+    with pytest.raises(train.TrainingError, match=r"--hidden_size \(was 16, now 32\)"):
+        train.train(config.replace(hidden_size=32), explicit={"hidden_size"}, **QUIET)
+
+
+def test_resume_takes_unspecified_flags_from_the_model_dir(tiny_config, tmp_path):
+    model_dir = str(tmp_path / "m")
+    train.train(tiny_config(model_dir=model_dir, max_steps=2, batch_size=4), **QUIET)
+    summary = train.train(flags.default_config(model_dir=model_dir, max_steps=4),
+                          explicit={"model_dir", "max_steps"}, **QUIET)
+    assert summary["steps"] == 4
+    assert flags.load_config(model_dir).batch_size == 4
+
+
+def test_budget_max_steps_and_early_stopping(tiny_config, tmp_path):
+    summary = train.train(tiny_config(model_dir=str(tmp_path / "a"), max_steps=3), **QUIET)
+    assert summary["status"] == "max_steps" and summary["steps"] == 3
+    # A learning rate of 0 never improves the dev loss: patience 2 stops after 3 evaluations.
+    summary = train.train(tiny_config(model_dir=str(tmp_path / "b"), learning_rate=0.0, max_epochs=50,
+                                      eval_every_steps=2, patience=2), **QUIET)
+    assert summary["status"] == "early_stopping" and summary["steps"] == 6
+    assert summary["best_dev"]["step"] == 2
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):
+    model_dir = str(tmp_path / "nan")
+    config = tiny_config(model_dir=model_dir, optimizer="sgd", learning_rate=1e30, clip_norm=0.0,
+                         max_epochs=20, checkpoint_every_steps=1)
+    with pytest.raises(train.NaNLossError, match="NaN or infinite at step") as e:
+        train.train(config, **QUIET)
+    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    assert latest and latest in str(e.value)
+    for value in checkpoint_weights(latest).values():
+        assert np.all(np.isfinite(value))
+
+
+def test_flags_after_the_flagfile_override_it():
+    smoke = os.path.join(REPO, "pipelines", "smoke.flags")
+    try:
+        flags.FLAGS(["train", f"--flagfile={smoke}", "--batch_size=7"])
+        assert flags.config_from_flags().batch_size == 7
+        assert flags.config_from_flags().hidden_size == 16
+        assert "batch_size" in flags.explicitly_set()
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(["train", "--batch_size=7", f"--flagfile={smoke}"])
+        assert flags.config_from_flags().batch_size == 32
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+def test_cli_errors_are_one_clear_line(tmp_path):
+    unknown = run_cli("-m", "nmt_tf.train", "--no_such_flag=1")
+    assert unknown.returncode != 0 and "no_such_flag" in unknown.stderr
+    a = tmp_path / "a.en"
+    a.write_text("x\ny\n")
+    b = tmp_path / "b.fr"
+    b.write_text("x\n")
+    unequal = run_cli("-m", "nmt_tf.train", f"--train_src={a}", f"--train_tgt={b}",
+                      f"--model_dir={tmp_path / 'm'}")
+    assert unequal.returncode == 1
+    assert unequal.stderr.strip().splitlines()[-1] == (
+        f"error: The corpus is not parallel: {a} (--train_src) has 2 lines but {b} (--train_tgt) has 1 lines.")
+    assert "Traceback" not in unequal.stderr
+    missing = run_cli("-m", "nmt_tf.train", "--train_src=/nonexistent.en", f"--train_tgt={b}",
+                      f"--model_dir={tmp_path / 'm'}")
+    assert missing.returncode == 1
+    assert "error: /nonexistent.en does not exist (--train_src)." in missing.stderr
