@@ -247,6 +247,7 @@ class TrainingController(keras.callbacks.Callback):
                 self.best_manager.save(checkpoint_number=step)
         else:
             self.state.bad_evals.assign_add(1)
+            self._maybe_decay_learning_rate()
         with self.dev_writer.as_default(step=step):
             tf.summary.scalar("loss", dev["nll_per_token"], description="dev NLL per target token")
             tf.summary.scalar("perplexity", dev["perplexity"])
@@ -260,6 +261,15 @@ class TrainingController(keras.callbacks.Callback):
         if self.config.patience and int(self.state.bad_evals.numpy()) >= self.config.patience:
             self.log(f"  early stopping: no dev improvement in {self.config.patience} evaluations")
             self._stop("early_stopping")
+
+    def _maybe_decay_learning_rate(self):
+        """--decay_factor after every --decay_patience evaluations without improvement."""
+        bad = int(self.state.bad_evals.numpy())
+        if self.config.decay_factor < 1.0 and bad % self.config.decay_patience == 0:
+            optimizer = self.model.optimizer
+            old = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+            optimizer.learning_rate.assign(old * self.config.decay_factor)
+            self.log(f"  learning rate {old:.3g} -> {old * self.config.decay_factor:.3g}")
 
     def save(self, step):
         if self.nan_step is None:

@@ -40,6 +40,11 @@ DEFAULT_LEARNING_RATES = {"adadelta": 1.0, "adam": 1e-3, "rmsprop": 1e-3, "sgd":
 EXIT_NAN = 3
 
 
+def log_line(message: str) -> None:
+    """Progress output, flushed at once (stdout is block-buffered when redirected)."""
+    print(message, flush=True)
+
+
 class TrainingError(RuntimeError):
     """A user-caused problem that stops training, in one sentence."""
 
@@ -83,7 +88,7 @@ def set_precision(config):
         "float32" if config.mixed_precision == "none" else config.mixed_precision)
 
 
-def dry_run(config, log=print) -> int:
+def dry_run(config, log=log_line) -> int:
     """Builds the model from the flags alone and prints its summary; returns its size."""
     set_precision(config)
     model = build_model(config, config.src_vocab_size, config.tgt_vocab_size)
@@ -113,7 +118,7 @@ def _check_resume(config, model_dir, explicit, log):
     return nmt_flags.Config(merged)
 
 
-def train(config, explicit: set[str] | None = None, log=print) -> dict:
+def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     """Runs (or resumes) a training job; returns the training summary.
 
     Args:

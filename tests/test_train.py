@@ -176,3 +176,41 @@ def test_cli_errors_are_one_clear_line(tmp_path):
                       f"--model_dir={tmp_path / 'm'}")
     assert missing.returncode == 1
     assert "error: /nonexistent.en does not exist (--train_src)." in missing.stderr
+
+
+class ScriptedDevLoss:
+    """Stands in for the dev evaluator: returns the given losses in turn."""
+
+    def __init__(self, losses):
+        self.losses = iter(losses)
+
+    def __call__(self):
+        loss = next(self.losses)
+        return {"nll_per_token": loss, "nll_per_sentence": 10 * loss, "perplexity": float(np.exp(loss)),
+                "tokens": 10, "sentences": 1}
+
+
+def test_learning_rate_halves_on_plateaus_and_patience_stops(tiny_config, tmp_path):
+    import keras
+
+    from nmt_tf import callbacks
+    from nmt_tf.models.rnnsearch import RNNSearch
+
+    model = RNNSearch(10, 10, 4, 4, 4, 2)
+    model.build()
+    model.compile(optimizer=keras.optimizers.Adam(0.4))
+    state = callbacks.TrainingState()
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(state=state), str(tmp_path / "c"), 1)
+    losses = [3.0, 2.0, 2.5, 2.1, 2.2, 2.0, 1.9, 2.0, 2.0, 2.0, 2.0, 2.0]
+    controller = callbacks.TrainingController(
+        tiny_config(decay_factor=0.5, decay_patience=2, patience=5), state, manager, None,
+        ScriptedDevLoss(losses), str(tmp_path / "logs"), 10, log=lambda *a: None)
+    controller.set_model(model)
+    rates = []
+    for step in range(1, len(losses) + 1):
+        controller.evaluate(step)
+        rates.append(round(float(model.optimizer.learning_rate.numpy()), 6))
+    # bad evaluations: -, -, 1, 2*, 3, 4* (2.0 is not better than 2.0), -, 1, 2*, 3, 4*, 5 -> stop
+    assert rates == [0.4, 0.4, 0.4, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+    assert controller.stop_reason == "early_stopping"
+    assert float(state.best_dev.numpy()) == 1.9 and int(state.best_step.numpy()) == 7
