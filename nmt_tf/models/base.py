@@ -55,6 +55,15 @@ class Seq2SeqModel(keras.Model):
         nll, weights = token_nll(y, self(x, training=training))
         return tf.reduce_sum(nll), tf.reduce_sum(weights), tf.cast(tf.shape(y)[0], tf.float32)
 
+    def target_log_probs(self, x, y):
+        """Forced decoding: log p(y_i | y_<i, x) of each target token.
+
+        Returns [batch, Ty] float32, zero at padding; summing over the last
+        axis gives log p(y | x) of each sentence.
+        """
+        nll, _ = token_nll(y, self(x, training=False))
+        return -nll
+
     def _epoch_logs(self):
         loss = self.nll_sum.result() / tf.maximum(self.target_token_count.result(), 1.0)
         return {"loss": loss, "perplexity": tf.exp(loss)}

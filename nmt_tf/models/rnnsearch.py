@@ -99,6 +99,24 @@ class RNNSearch(Seq2SeqModel):
         return {"annotations": annotations, "mask": mask, "state": state,
                 "keys": self.decoder.precompute(annotations)}
 
+    def decode_step(self, previous_ids, state, encoded):
+        """One step of search.
+
+        Args:
+          previous_ids: [N] int, y_{i-1} ([BOS] at the first step).
+          state: [N, n] s_{i-1}.
+          encoded: `encode`'s dict, rows aligned with `previous_ids` (tiled
+            for a beam).
+
+        Returns:
+          (log p(y_i | y_<i, x) [N, K_y] float32, s_i [N, n], alpha_i [N, Tx] float32).
+        """
+        previous = self.target_embedding(tf.cast(previous_ids, tf.int32))
+        new_state, context, alpha = self.decoder.step(
+            previous, state, encoded["keys"], encoded["annotations"], encoded["mask"])
+        log_probs = tf.nn.log_softmax(self.logits(new_state, previous, context))
+        return log_probs, new_state, alpha
+
     def logits(self, states, previous_embeddings, contexts, training=False):
         """Maxout readout and output layer: [..., n], [..., m], [..., 2n] -> [..., K_y] float32."""
         features = self.readout(states, previous_embeddings, contexts)

@@ -1,0 +1,238 @@
+"""Greedy and beam search in TensorFlow ops, batched over sentences.
+
+Both run a `tf.while_loop` over output positions and work eagerly or inside
+a `tf.function` (the exported SavedModel runs them in its graph; only core
+TensorFlow ops are used). A model provides
+
+    encode(source_ids) -> dict with "state" [B, n] and per-sentence tensors
+    decode_step(previous_ids [N], state [N, n], encoded) -> (log-probs [N, V], state, alpha [N, Tx])
+
+Beam search follows the RNNsearch papers (SPEC §6; paper 000 §4.2): a
+hypothesis that ends with [EOS] leaves the beam and the beam shrinks by one,
+until `beam_size` hypotheses have finished (or the length limit is reached,
+where every live hypothesis is closed with [EOS]). Live hypotheses compete on
+their log-probability; finished ones are ranked by log-probability divided by
+a length penalty (the papers divide by the length). This is batched by keeping
+`beam_size` slots per sentence, of which `beam_size - finished` may be live.
+
+Options (`SearchOptions`):
+  beam_size         width (paper: 10); 1 gives greedy search's result.
+  n_best            hypotheses returned per sentence (<= beam_size).
+  length_penalty    "average": log p / length^alpha (alpha=1: the papers);
+                    "gnmt": log p / ((5 + length) / 6)^alpha (Wu et al. 2016).
+  length_alpha      the alpha above; 0 ranks by raw log-probability.
+  max_length_ratio  output length (with [EOS]) <= ratio x source length (with
+                    [EOS]); the reference implementation uses 3.
+  min_length_ratio  [EOS] forbidden before ratio x source length (reference
+                    implementation: 0.5 of the source length).
+  max_length        absolute cap on output tokens.
+  suppress_unk      never generate [UNK] (the "no UNK" decoding of Table 1).
+
+Results are dense, batch-major tensors; lengths count [EOS]; tokens past a
+hypothesis' end are [PAD] (0); its alignment rows past the end are zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+NEG = -1e9   # a finite "minus infinity": no inf - inf = nan anywhere
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    beam_size: int = 10
+    n_best: int = 1
+    length_penalty: str = "average"
+    length_alpha: float = 1.0
+    max_length_ratio: float = 3.0
+    min_length_ratio: float = 0.5
+    max_length: int = 256
+    suppress_unk: bool = False
+
+    def __post_init__(self):
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
+        if self.length_penalty not in ("average", "gnmt"):
+            raise ValueError(f"length_penalty must be 'average' or 'gnmt', got {self.length_penalty!r}")
+        if self.max_length_ratio <= 0 or self.max_length < 1:
+            raise ValueError("max_length_ratio and max_length must be positive")
+
+
+def length_penalty(lengths, options: SearchOptions):
+    """The divisor of a finished hypothesis' log-probability."""
+    lengths = tf.cast(lengths, tf.float32)
+    if options.length_penalty == "gnmt":
+        return tf.pow((5.0 + lengths) / 6.0, options.length_alpha)
+    return tf.pow(tf.maximum(lengths, 1.0), options.length_alpha)
+
+
+def _length_limits(source_ids, options: SearchOptions):
+    """Per-sentence (min, max) output lengths, [EOS] included, and the batch maximum."""
+    src_len = tf.cast(tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1), tf.float32)
+    max_len = tf.cast(tf.math.ceil(options.max_length_ratio * src_len), tf.int32)
+    max_len = tf.clip_by_value(max_len, 1, options.max_length)
+    min_len = tf.minimum(tf.cast(tf.floor(options.min_length_ratio * src_len), tf.int32), max_len - 1)
+    return min_len, max_len, tf.reduce_max(tf.concat([max_len, [0]], 0))
+
+
+def _token_penalty(t, min_len, max_len, vocab_size, options: SearchOptions):
+    """Additive [B, V] mask for output position t: forbidden tokens get NEG.
+
+    [PAD] and [BOS] are never generated; [UNK] optionally; [EOS] not before
+    min_len; at the last allowed position only [EOS].
+    """
+    ids = tf.range(vocab_size)[None, :]
+    forbidden = (ids == PAD_ID) | (ids == BOS_ID)
+    if options.suppress_unk:
+        forbidden |= ids == UNK_ID
+    too_short = (t + 1 <= min_len)[:, None]
+    last = (t + 1 >= max_len)[:, None]
+    forbidden = forbidden | (too_short & (ids == EOS_ID)) | (last & (ids != EOS_ID))
+    return tf.where(forbidden, NEG, 0.0)
+
+
+def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam_size=1)):
+    """The most probable next word at every step.
+
+    Args:
+      model: see the module docstring.
+      source_ids: [B, Tx] int32, right-padded with 0, each ending with [EOS].
+      options: only the length limits and suppress_unk matter.
+
+    Returns:
+      dict with tokens [B, T] int32, log_probs [B] (sum over the output),
+      scores [B] (log_probs / length penalty), lengths [B] int32 and
+      alignments [B, T, Tx] float32.
+    """
+    source_ids = tf.cast(source_ids, tf.int32)
+    batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+    min_len, max_len, steps = _length_limits(source_ids, options)
+    encoded = model.encode(source_ids)
+    vocab_size = model.target_vocab_size
+    positions = tf.range(steps)
+
+    def body(t, previous, state, done, log_prob, length, tokens, alignments):
+        log_probs, state, alpha = model.decode_step(previous, state, encoded)
+        log_probs = log_probs + _token_penalty(t, min_len, max_len, vocab_size, options)
+        token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+        live = ~done
+        log_prob += tf.where(live, tf.reduce_max(log_probs, axis=-1), 0.0)
+        length += tf.cast(live, tf.int32)
+        at_t = tf.equal(positions, t)[None, :]
+        tokens = tf.where(at_t, tf.where(live, token, PAD_ID)[:, None], tokens)
+        alignments = tf.where(at_t[:, :, None], (alpha * tf.cast(live, alpha.dtype)[:, None])[:, None, :],
+                              alignments)
+        done = done | (token == EOS_ID) | (t + 1 >= max_len)
+        return t + 1, token, state, done, log_prob, length, tokens, alignments
+
+    init = (tf.constant(0), tf.fill([batch], BOS_ID), encoded["state"], tf.zeros([batch], tf.bool),
+            tf.zeros([batch], tf.float32), tf.zeros([batch], tf.int32),
+            tf.zeros([batch, steps], tf.int32), tf.zeros([batch, steps, src_len], tf.float32))
+    t, _, _, _, log_prob, length, tokens, alignments = tf.while_loop(
+        lambda t, previous, state, done, *_: (t < steps) & ~tf.reduce_all(done), body, init)
+    return {"tokens": tokens[:, :t], "log_probs": log_prob, "lengths": length,
+            "scores": log_prob / length_penalty(length, options), "alignments": alignments[:, :t]}
+
+
+def _gather(x, index):
+    """x [B, K, ...] gathered along K by index [B, K'] -> [B, K', ...]."""
+    return tf.gather(x, index, batch_dims=1)
+
+
+def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
+    """Beam search as in the RNNsearch papers (see the module docstring).
+
+    Args:
+      model: see the module docstring.
+      source_ids: [B, Tx] int32, right-padded with 0, each ending with [EOS].
+      options: `SearchOptions`.
+
+    Returns:
+      dict, hypotheses best first (N = options.n_best, T = longest output):
+        tokens [B, N, T] int32 ([EOS] included, [PAD] after it),
+        scores [B, N] float32 (log_probs / length penalty; NEG if a sentence
+          has fewer than N finished hypotheses),
+        log_probs [B, N], lengths [B, N] int32,
+        alignments [B, N, T, Tx] float32.
+    """
+    k = options.beam_size
+    source_ids = tf.cast(source_ids, tf.int32)
+    batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+    min_len, max_len, steps = _length_limits(source_ids, options)
+    vocab_size = model.target_vocab_size
+    encoded = model.encode(source_ids)
+    state = tf.repeat(encoded["state"], k, axis=0)                       # [B*K, n]
+    width = encoded["state"].shape[-1]                                    # static n
+    encoded = {key: tf.repeat(v, k, axis=0) for key, v in encoded.items() if key != "state"}
+    positions = tf.range(steps)
+
+    def body(t, previous, state, alive_score, alive_tokens, alive_align, fin_norm, fin_logp,
+             fin_len, fin_tokens, fin_align, fin_count, done):
+        log_probs, new_state, alpha = model.decode_step(previous, state, encoded)
+        log_probs = tf.reshape(log_probs, [batch, k, vocab_size])
+        log_probs += _token_penalty(t, min_len, max_len, vocab_size, options)[:, None, :]
+        candidates = tf.reshape(alive_score[:, :, None] + log_probs, [batch, k * vocab_size])
+        top_score, top_index = tf.math.top_k(candidates, k=k)              # [B, K], best first
+        parent, token = top_index // vocab_size, top_index % vocab_size
+        # The beam shrinks by one for every finished hypothesis (SPEC §6).
+        rank = tf.range(k)[None, :]
+        valid = (rank < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
+        is_eos = token == EOS_ID
+
+        at_t = tf.equal(positions, t)
+        tokens = tf.where(at_t[None, None, :], token[:, :, None], _gather(alive_tokens, parent))
+        alpha = _gather(tf.reshape(alpha, [batch, k, src_len]), parent)
+        align = tf.where(at_t[None, None, :, None], alpha[:, :, None, :], _gather(alive_align, parent))
+
+        finished_now = valid & is_eos
+        length = tf.fill([batch, k], t + 1)
+        pool_norm = tf.concat([fin_norm, tf.where(finished_now, top_score / length_penalty(length, options), NEG)], 1)
+        fin_norm, pick = tf.math.top_k(pool_norm, k=k)                    # at most K valid: none lost
+        fin_logp = _gather(tf.concat([fin_logp, top_score], 1), pick)
+        fin_len = _gather(tf.concat([fin_len, length], 1), pick)
+        fin_tokens = _gather(tf.concat([fin_tokens, tokens], 1), pick)
+        fin_align = _gather(tf.concat([fin_align, align], 1), pick)
+        fin_count += tf.reduce_sum(tf.cast(finished_now, tf.int32), axis=1)
+
+        alive = valid & ~is_eos
+        alive_score = tf.where(alive, top_score, NEG)
+        state = tf.reshape(_gather(tf.reshape(new_state, [batch, k, width]), parent), [batch * k, width])
+        done = done | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
+        return (t + 1, tf.reshape(token, [-1]), state, alive_score, tokens, align, fin_norm, fin_logp,
+                fin_len, fin_tokens, fin_align, fin_count, done)
+
+    first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)
+    zeros_tokens = tf.zeros([batch, k, steps], tf.int32)
+    zeros_align = tf.zeros([batch, k, steps, src_len], tf.float32)
+    init = (tf.constant(0), tf.fill([batch * k], BOS_ID), state, first_live, zeros_tokens, zeros_align,
+            tf.fill([batch, k], NEG), tf.fill([batch, k], NEG), tf.zeros([batch, k], tf.int32),
+            zeros_tokens, zeros_align, tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool))
+    out = tf.while_loop(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[-1]), body, init)
+    t, fin_norm, fin_logp, fin_len, fin_tokens, fin_align = out[0], *out[6:11]
+    n = options.n_best
+    found = fin_norm[:, :n] > NEG / 2
+    return {
+        "tokens": tf.where(found[:, :, None], fin_tokens[:, :n, :t], PAD_ID),
+        "scores": fin_norm[:, :n],
+        "log_probs": tf.where(found, fin_logp[:, :n], NEG),
+        "lengths": tf.where(found, fin_len[:, :n], 0),
+        "alignments": fin_align[:, :n, :t] * tf.cast(found, tf.float32)[:, :, None, None],
+    }
+
+
+def search(model, source_ids, options: SearchOptions = SearchOptions()):
+    """Greedy search for beam_size 1, beam search otherwise; beam-shaped results.
+
+    Returns the dict of `beam_search` ([B, N, ...] tensors) in both cases.
+    """
+    if options.beam_size > 1:
+        return beam_search(model, source_ids, options)
+    out = greedy_search(model, source_ids, options)
+    return {key: v[:, None] for key, v in out.items()}

@@ -1,0 +1,161 @@
+"""Greedy and beam search: agreement with each other, with exhaustive search,
+and with forced decoding; length limits, [UNK] suppression, alignments."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nmt_tf.models.rnnsearch import RNNSearch
+from nmt_tf.search import NEG, SearchOptions, beam_search, greedy_search, search
+from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+RNG = np.random.default_rng(11)
+
+
+def model_with_random_weights(target_vocab=12, scale=0.8, seed=0):
+    rng = np.random.default_rng(seed)
+    model = RNNSearch(10, target_vocab, embedding_size=6, hidden_size=5, attention_size=7, maxout_size=4)
+    model.build()
+    for w in model.weights:
+        w.assign(rng.normal(0, scale, size=w.shape).astype("float32"))
+    return model
+
+
+SOURCES = np.array([[5, 6, 7, 3, 0], [8, 3, 0, 0, 0], [4, 9, 5, 6, 3]], "int32")
+
+
+def forced_log_prob(model, source, tokens):
+    """log p(tokens | source) by teacher forcing (tokens end with [EOS])."""
+    x = {"source_ids": np.array([source], "int32"), "target_ids": np.array([[BOS_ID] + tokens[:-1]], "int32")}
+    return float(tf.reduce_sum(model.target_log_probs(x, np.array([tokens], "int32"))))
+
+
+def strip(tokens):
+    return [int(t) for t in tokens if t != PAD_ID]
+
+
+def test_beam_of_one_equals_greedy():
+    model = model_with_random_weights()
+    options = SearchOptions(beam_size=1, min_length_ratio=0.0)
+    greedy = greedy_search(model, SOURCES, options)
+    beam = beam_search(model, SOURCES, options)
+    for i in range(len(SOURCES)):
+        assert strip(beam["tokens"][i, 0].numpy()) == strip(greedy["tokens"][i].numpy())
+    np.testing.assert_allclose(beam["log_probs"][:, 0].numpy(), greedy["log_probs"].numpy(), rtol=1e-5)
+    np.testing.assert_array_equal(beam["lengths"][:, 0].numpy(), greedy["lengths"].numpy())
+    np.testing.assert_allclose(beam["alignments"][:, 0].numpy(), greedy["alignments"].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("suppress_unk", [False, True])
+def test_wide_beam_finds_the_exhaustive_best(suppress_unk):
+    """Tiny vocabulary, length <= 4: a beam wider than every hypothesis set is exact."""
+    model = model_with_random_weights(target_vocab=6, scale=1.5, seed=4)   # words: [UNK], 4, 5
+    words = [4, 5] if suppress_unk else [UNK_ID, 4, 5]
+    options = SearchOptions(beam_size=64, n_best=5, max_length=4, min_length_ratio=0.0,
+                            suppress_unk=suppress_unk)
+    out = beam_search(model, SOURCES, options)
+    for i, source in enumerate(SOURCES):
+        candidates = []
+        for n in range(0, 4):      # n words, then [EOS]; the 4th position can only be [EOS]
+            for seq in itertools.product(words, repeat=n):
+                tokens = list(seq) + [EOS_ID]
+                lp = forced_log_prob(model, source, tokens)
+                candidates.append((lp / len(tokens), lp, tokens))
+        candidates.sort(key=lambda c: -c[0])
+        for rank in range(5):
+            assert strip(out["tokens"][i, rank].numpy()) == candidates[rank][2], (i, rank)
+            assert out["scores"][i, rank].numpy() == pytest.approx(candidates[rank][0], rel=1e-4, abs=1e-5)
+            assert out["log_probs"][i, rank].numpy() == pytest.approx(candidates[rank][1], rel=1e-4, abs=1e-5)
+
+
+def test_paper_beam_of_10_scores_match_forced_decoding_and_are_sorted():
+    model = model_with_random_weights()
+    out = beam_search(model, SOURCES, SearchOptions(beam_size=10, n_best=10))
+    scores = out["scores"].numpy()
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)                      # best first
+    for i, source in enumerate(SOURCES):
+        for rank in range(10):
+            if scores[i, rank] <= NEG / 2:
+                continue
+            tokens = strip(out["tokens"][i, rank].numpy())
+            assert tokens[-1] == EOS_ID and EOS_ID not in tokens[:-1]
+            assert len(tokens) == out["lengths"][i, rank]
+            lp = forced_log_prob(model, source, tokens)
+            assert out["log_probs"][i, rank].numpy() == pytest.approx(lp, rel=1e-4, abs=1e-4)
+            assert scores[i, rank] == pytest.approx(lp / len(tokens), rel=1e-4, abs=1e-4)
+
+
+def test_length_limits_and_unk_suppression():
+    model = model_with_random_weights()
+    src_len = (SOURCES != PAD_ID).sum(1)
+    options = SearchOptions(beam_size=5, n_best=5, max_length_ratio=1.5, min_length_ratio=1.0,
+                            suppress_unk=True)
+    out = beam_search(model, SOURCES, options)
+    lengths, tokens = out["lengths"].numpy(), out["tokens"].numpy()
+    for i in range(len(SOURCES)):
+        found = lengths[i] > 0
+        assert np.all(lengths[i][found] <= np.ceil(1.5 * src_len[i]))
+        assert np.all(lengths[i][found] > src_len[i])                     # EOS not before the source length
+        assert UNK_ID not in tokens[i]
+        assert BOS_ID not in tokens[i]
+
+
+def test_gnmt_length_penalty_and_raw_log_probability():
+    model = model_with_random_weights()
+    out = beam_search(model, SOURCES, SearchOptions(beam_size=4, n_best=4, length_penalty="gnmt", length_alpha=0.6))
+    lengths = out["lengths"].numpy().astype("float32")
+    found = lengths > 0
+    np.testing.assert_allclose(out["scores"].numpy()[found],
+                               (out["log_probs"].numpy() / ((5 + lengths) / 6) ** 0.6)[found], rtol=1e-5)
+    raw = beam_search(model, SOURCES, SearchOptions(beam_size=4, n_best=4, length_alpha=0.0))
+    np.testing.assert_allclose(raw["scores"].numpy(), raw["log_probs"].numpy(), rtol=1e-6)
+
+
+def test_alignments_are_distributions_over_the_real_source():
+    model = model_with_random_weights()
+    out = beam_search(model, SOURCES, SearchOptions(beam_size=3, n_best=3))
+    align, lengths = out["alignments"].numpy(), out["lengths"].numpy()
+    src_len = (SOURCES != PAD_ID).sum(1)
+    for i in range(len(SOURCES)):
+        for r in range(3):
+            n = lengths[i, r]
+            np.testing.assert_allclose(align[i, r, :n].sum(-1), 1.0, rtol=1e-5)
+            assert np.all(align[i, r, :n, src_len[i]:] == 0.0)
+            assert np.all(align[i, r, n:] == 0.0)
+
+
+def test_graph_mode_equals_eager_and_empty_batch_works():
+    model = model_with_random_weights()
+    options = SearchOptions(beam_size=4, n_best=2)
+    compiled = tf.function(lambda s: search(model, s, options),
+                           input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    eager = search(model, SOURCES, options)
+    graph = compiled(tf.constant(SOURCES))
+    for key in ("tokens", "lengths"):
+        np.testing.assert_array_equal(eager[key].numpy(), graph[key].numpy())
+    np.testing.assert_allclose(eager["scores"].numpy(), graph["scores"].numpy(), rtol=1e-5)
+    empty = compiled(tf.zeros([0, 1], tf.int32))
+    assert empty["tokens"].shape[:2] == (0, 2) and empty["scores"].shape == (0, 2)
+    greedy_empty = tf.function(lambda s: search(model, s, SearchOptions(beam_size=1)))(tf.zeros([0, 1], tf.int32))
+    assert greedy_empty["tokens"].shape[0] == 0
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="n_best"):
+        SearchOptions(beam_size=2, n_best=3)
+    with pytest.raises(ValueError, match="length_penalty"):
+        SearchOptions(length_penalty="none")
+
+
+def test_search_defaults_equal_the_flag_defaults():
+    from nmt_tf import flags
+
+    f = flags.FLAGS
+    d = SearchOptions()
+    assert (d.beam_size, d.n_best, d.length_penalty, d.length_alpha, d.max_length_ratio, d.min_length_ratio,
+            d.max_length, d.suppress_unk) == (
+        f["beam_size"].default, f["n_best"].default, f["length_penalty"].default, f["length_alpha"].default,
+        f["max_length_ratio"].default, f["min_length_ratio"].default, f["max_output_length"].default,
+        f["suppress_unk"].default)
