@@ -62,6 +62,8 @@ flags.DEFINE_integer("checkpoint_every_steps", 500, "Save a checkpoint every thi
 flags.DEFINE_integer("keep_checkpoints", 3, "Number of recent checkpoints kept (the best one by dev score is kept apart).", lower_bound=1)
 flags.DEFINE_integer("eval_every_steps", 0, "Compute the dev loss every this many updates (0: at the end of every epoch).", lower_bound=0)
 flags.DEFINE_enum("early_stopping_metric", "loss", ["loss"], "Dev metric that selects the best checkpoint and stops training early.")
+flags.DEFINE_float("decay_factor", 1.0, "Multiply the learning rate by this after --decay_patience dev evaluations without improvement (1: constant learning rate, as in the paper).", lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_integer("decay_patience", 2, "Dev evaluations without improvement before each learning-rate decay.", lower_bound=1)
 flags.DEFINE_integer("patience", 10, "Stop after this many dev evaluations without improvement (0: never stop early).", lower_bound=0)
 flags.DEFINE_integer("log_every_steps", 50, "Write training scalars to TensorBoard every this many updates.", lower_bound=1)
 flags.DEFINE_enum("mixed_precision", "none", ["none", "mixed_bfloat16", "mixed_float16"],
@@ -69,6 +71,26 @@ flags.DEFINE_enum("mixed_precision", "none", ["none", "mixed_bfloat16", "mixed_f
 flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA. Measured slower on CPU (see BUILD_NOTES.md); worth trying on GPU.")
 flags.DEFINE_integer("seed", 1234, "Random seed for initialization, dropout and data order.")
 flags.DEFINE_boolean("dry_run", False, "Build the model from the flags alone (vocabulary sizes from --src_vocab_size / --tgt_vocab_size; no data read), print its summary and parameter count, and exit.")
+
+# The flags above make up a training job's configuration (flags.json).
+TRAINING_FLAGS = tuple(sorted(f.name for f in FLAGS.get_flags_for_module(__name__)))
+
+# ---------------------------------------------------------------- search (export, translate, evaluate)
+flags.DEFINE_integer("beam_size", 10, "Beam width (paper: 10); 1 runs greedy search.", lower_bound=1)
+flags.DEFINE_integer("n_best", 1, "Hypotheses returned per sentence, best first (at most --beam_size; nmt_tf.translate: at most the n-best size fixed at export).", lower_bound=1)
+flags.DEFINE_enum("length_penalty", "average", ["average", "gnmt"],
+                  "How finished hypotheses are ranked: average: log p / length^alpha (the papers, alpha=1); "
+                  "gnmt: log p / ((5 + length) / 6)^alpha (Wu et al. 2016).")
+flags.DEFINE_float("length_alpha", 1.0, "Exponent alpha of --length_penalty; 0 ranks by raw log-probability.", lower_bound=0.0)
+flags.DEFINE_float("max_length_ratio", 3.0, "Outputs end after this many times the source length, [EOS] counted on both sides (reference implementation: 3).", lower_bound=0.01)
+flags.DEFINE_float("min_length_ratio", 0.5, "[EOS] is forbidden before this fraction of the source length (reference implementation: 0.5).", lower_bound=0.0)
+flags.DEFINE_integer("max_output_length", 256, "Absolute cap on output tokens.", lower_bound=1)
+flags.DEFINE_boolean("suppress_unk", False, "Never generate [UNK] (how the 'no UNK' column of the paper's Table 1 was decoded).")
+
+SEARCH_FLAGS = tuple(sorted(set(f.name for f in FLAGS.get_flags_for_module(__name__)) - set(TRAINING_FLAGS)))
+
+# ---------------------------------------------------------------- serving (serve, translate)
+flags.DEFINE_string("model_name", "nmt", "Model name in TF Serving requests (ModelSpec.name).")
 
 # Flags whose values define the model or its vocabularies: a run resumed in
 # an existing --model_dir must keep them.
@@ -81,8 +103,19 @@ _NOT_STORED = ("dry_run",)
 
 
 def nmt_flag_names() -> list[str]:
-    """Names of the flags defined in this module."""
-    return sorted(f.name for f in FLAGS.get_flags_for_module(__name__))
+    """Names of the training flags (those stored in flags.json)."""
+    return list(TRAINING_FLAGS)
+
+
+def search_options():
+    """`nmt_tf.search.SearchOptions` from the parsed search flags."""
+    from nmt_tf.search import SearchOptions
+
+    return SearchOptions(
+        beam_size=FLAGS.beam_size, n_best=FLAGS.n_best, length_penalty=FLAGS.length_penalty,
+        length_alpha=FLAGS.length_alpha, max_length_ratio=FLAGS.max_length_ratio,
+        min_length_ratio=FLAGS.min_length_ratio, max_length=FLAGS.max_output_length,
+        suppress_unk=FLAGS.suppress_unk)
 
 
 class Config(dict):

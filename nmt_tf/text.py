@@ -192,6 +192,11 @@ def join_words(words: tf.RaggedTensor, lang: str = "en") -> tf.Tensor:
     return text
 
 
+def register_text_ops() -> None:
+    """Registers tensorflow-text's ops, which a WordPiece SavedModel needs to load."""
+    import tensorflow_text  # noqa: F401  (importing registers the ops)
+
+
 # --------------------------------------------------------------------------
 # Vocabularies
 
@@ -275,17 +280,27 @@ class Tokenizer(tf.Module):
         super().__init__(name=name)
         if kind not in TOKENIZERS:
             raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZERS)}")
-        if isinstance(vocabulary, (str, os.PathLike)):
-            vocabulary = read_vocabulary(os.fspath(vocabulary))
         self.kind = kind
         self.lang = lang
-        self.vocabulary = list(vocabulary)
+        if isinstance(vocabulary, (str, os.PathLike)):
+            # Tables initialized from the file: a SavedModel stores it as an asset.
+            path = os.fspath(vocabulary)
+            self.vocabulary = read_vocabulary(path)
+            to_id = tf.lookup.TextFileInitializer(
+                path, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+                tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER)
+            to_token = tf.lookup.TextFileInitializer(
+                path, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
+                tf.string, tf.lookup.TextFileIndex.WHOLE_LINE)
+        else:
+            self.vocabulary = list(vocabulary)
+            tokens = tf.constant(self.vocabulary)
+            ids = tf.range(len(self.vocabulary), dtype=tf.int64)
+            to_id = tf.lookup.KeyValueTensorInitializer(tokens, ids)
+            to_token = tf.lookup.KeyValueTensorInitializer(ids, tokens)
         self.vocab_size = len(self.vocabulary)
-        tokens = tf.constant(self.vocabulary)
-        ids = tf.range(self.vocab_size, dtype=tf.int64)
-        self._token_to_id = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(tokens, ids), default_value=UNK_ID)
-        self._id_to_token = tokens
+        self._token_to_id = tf.lookup.StaticHashTable(to_id, default_value=UNK_ID)
+        self._id_to_token = tf.lookup.StaticHashTable(to_token, default_value=UNK)
         if kind == "wordpiece":
             import tensorflow_text as tft
 
@@ -316,7 +331,7 @@ class Tokenizer(tf.Module):
 
     def id_to_token(self, ids: tf.Tensor) -> tf.Tensor:
         """int ids of any shape -> string tokens of the same shape."""
-        return tf.gather(self._id_to_token, tf.cast(ids, tf.int32))
+        return self._id_to_token.lookup(tf.cast(ids, tf.int64))
 
     def detokenize(self, tokens: tf.RaggedTensor) -> tf.Tensor:
         """[batch, (tokens)] string tokens -> [batch] text."""

@@ -76,3 +76,15 @@ def run_cli(*args, timeout=300, env=None):
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO,
                           timeout=timeout, env=full_env)
+
+
+@pytest.fixture(scope="session")
+def exported(trained_model_dir, tmp_path_factory):
+    """The trained tiny model exported once: (model_dir, export base, version path)."""
+    from nmt_tf import export, search
+
+    model_dir, _ = trained_model_dir
+    base = str(tmp_path_factory.mktemp("exports") / "nmt")
+    options = search.SearchOptions(beam_size=3, n_best=2)
+    path = export.export(model_dir, base, options, max_input_length=20, log=lambda *a: None)
+    return model_dir, base, path

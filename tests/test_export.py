@@ -1,0 +1,183 @@
+"""The exported SavedModel: versions, signatures, stock-TF-Serving compatibility, bad input."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, run_cli
+from nmt_tf import export, search, train
+
+OPTIONS = search.SearchOptions(beam_size=3, n_best=2)
+
+
+@pytest.fixture(scope="session")
+def signatures(exported):
+    loaded = tf.saved_model.load(exported[2])
+    return loaded.signatures
+
+
+@pytest.fixture(scope="session")
+def wordpiece_export(tiny_config, tmp_path_factory):
+    d = tmp_path_factory.mktemp("wordpiece")
+    model_dir = str(d / "model")
+    train.train(tiny_config(model_dir=model_dir, tokenizer="wordpiece", max_steps=2), log=lambda *a: None)
+    return export.export(model_dir, str(d / "export"), OPTIONS, log=lambda *a: None)
+
+
+def test_versions_are_numbered_and_written_atomically(exported, tmp_path):
+    model_dir, base, path = exported
+    assert path == os.path.join(base, "1")
+    for name in ("saved_model.pb", "variables", "assets/vocab.src.txt", "assets/vocab.tgt.txt",
+                 "assets.extra/tf_serving_warmup_requests"):
+        assert os.path.exists(os.path.join(path, name)), name
+    copy = str(tmp_path / "nmt")
+    shutil.copytree(base, copy)
+    second = export.export(model_dir, copy, OPTIONS, log=lambda *a: None)
+    assert second == os.path.join(copy, "2")
+    assert sorted(os.listdir(copy)) == ["1", "2"]           # no temporary folder left behind
+    with pytest.raises(FileExistsError):
+        export.export(model_dir, copy, OPTIONS, version=2, log=lambda *a: None)
+
+
+def test_translate_signature_outputs(signatures):
+    out = signatures["serving_default"](text=tf.constant(["A man in a blue shirt.", "Two dogs run."]))
+    assert out["translation"].shape == (2,) and out["translation"].dtype == tf.string
+    assert out["score"].shape == (2,) and out["log_prob"].shape == (2,)
+    assert out["nbest_translations"].shape == (2, 2) and out["nbest_scores"].shape == (2, 2)
+    src, tgt, align = out["source_tokens"].numpy(), out["target_tokens"].numpy(), out["alignment"].numpy()
+    assert list(src[0][:8]) == [b"A", b"man", b"in", b"a", b"blue", b"shirt", b".", b"[EOS]"]
+    assert align.shape == (2, tgt.shape[1], src.shape[1])
+    for i in range(2):
+        n_tgt, n_src = int((tgt[i] != b"").sum()), int((src[i] != b"").sum())
+        assert tgt[i][n_tgt - 1] == b"[EOS]"
+        np.testing.assert_allclose(align[i, :n_tgt, :n_src].sum(-1), 1.0, rtol=1e-5)
+        assert np.all(align[i, n_tgt:] == 0)
+    scores = out["nbest_scores"].numpy()
+    assert np.all(scores[:, 0] >= scores[:, 1])
+    assert out["score"].numpy()[0] == pytest.approx(scores[0, 0])
+
+
+def test_translation_equals_the_python_search(exported, signatures):
+    model, src_tok, tgt_tok, _ = export.restore_model(exported[0], log=lambda *a: None)
+    text = tf.constant(["A man in a blue shirt."])
+    ids = src_tok.encode(text).to_tensor()
+    ids = tf.concat([ids, tf.fill([1, 1], 3)], axis=1)
+    out = search.search(model, ids, OPTIONS)
+    want = tgt_tok.decode(out["tokens"][:, 0])
+    got = signatures["serving_default"](text=text)
+    assert got["translation"].numpy()[0] == want.numpy()[0]
+    assert got["score"].numpy()[0] == pytest.approx(float(out["scores"][0, 0]), rel=1e-5)
+
+
+def test_score_signature_is_forced_decoding(exported, signatures):
+    model, src_tok, tgt_tok, _ = export.restore_model(exported[0], log=lambda *a: None)
+    out = signatures["score"](source=tf.constant(["A man.", "Two dogs run ."]),
+                              target=tf.constant(["Un homme.", "Deux chiens courent."]))
+    tgt = tgt_tok.encode(tf.constant(["Un homme."])).to_list()[0]
+    src = src_tok.encode(tf.constant(["A man."])).to_list()[0] + [3]
+    x = {"source_ids": np.array([src], "int32"), "target_ids": np.array([[2] + tgt], "int32")}
+    want = float(tf.reduce_sum(model.target_log_probs(x, np.array([tgt + [3]], "int32"))))
+    assert out["log_prob"].numpy()[0] == pytest.approx(want, rel=1e-5)
+    assert out["target_length"].numpy().tolist() == [len(tgt) + 1, 5]
+    np.testing.assert_allclose(out["log_prob_per_token"].numpy(),
+                               out["log_prob"].numpy() / out["target_length"].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(out["token_log_probs"].numpy().sum(1), out["log_prob"].numpy(), rtol=1e-5)
+
+
+def test_bad_inputs_get_proper_results(signatures):
+    translate = signatures["serving_default"]
+    long_input = " ".join(["word"] * 1000)
+    out = translate(text=tf.constant([b"", b"   \t ", long_input.encode(), b"caf\xe9 \xff\xfe ok", b"Hello ."]))
+    translations = out["translation"].numpy()
+    assert translations[0] == b"" and translations[1] == b""
+    assert out["score"].numpy()[0] == 0.0
+    assert out["truncated"].numpy().tolist() == [False, False, True, False, False]
+    assert int((out["source_tokens"].numpy()[2] != b"").sum()) == 21        # 20 tokens + [EOS]
+    assert "\ufffd" in b" ".join(out["source_tokens"].numpy()[3]).decode("utf-8")
+    empty = translate(text=tf.constant([], tf.string))
+    assert empty["translation"].shape == (0,) and empty["alignment"].shape[0] == 0
+    scored = signatures["score"](source=tf.constant([], tf.string), target=tf.constant([], tf.string))
+    assert scored["log_prob"].shape == (0,)
+
+
+def test_fresh_process_with_only_tensorflow_runs_both_signatures(exported):
+    """Nothing but TensorFlow: keras, keras_hub and nmt_tf imports are refused."""
+    result = run_cli(os.path.join(REPO, "tests", "load_with_tensorflow_only.py"), exported[2])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "translation ok" in result.stdout and "score ok" in result.stdout
+    assert "imported: []" in result.stdout
+
+
+def _op_types(saved_model_dir):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(saved_model_dir, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    ops = set()
+    for meta_graph in proto.meta_graphs:
+        ops |= {node.op for node in meta_graph.graph_def.node}
+        for function in meta_graph.graph_def.library.function:
+            ops |= {node.op for node in function.node_def}
+    functions = {f.signature.name for mg in proto.meta_graphs for f in mg.graph_def.library.function}
+    return ops - functions      # calls of library functions are not ops
+
+
+def _registered(ops, with_text):
+    code = ("import sys, tensorflow as tf\n"
+            + ("import tensorflow_text\n" if with_text else "")
+            + "from tensorflow.python.framework import op_def_registry\n"
+            "print(' '.join(o for o in sys.argv[1:] if op_def_registry.get(o) is None))\n")
+    result = subprocess.run([sys.executable, "-c", code, *sorted(ops)], capture_output=True, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return set(result.stdout.split())
+
+
+def test_word_model_uses_only_core_tensorflow_ops(exported):
+    ops = _op_types(exported[2])
+    # The graph really holds the in-graph text processing and the search loop.
+    assert {"StaticRegexReplace", "RegexReplace"} & ops and {"While", "StatelessWhile"} & ops, ops
+    assert _registered(ops, with_text=False) == set()
+
+
+def test_wordpiece_model_needs_only_tensorflow_text_ops_that_tf_serving_links(wordpiece_export):
+    ops = _op_types(wordpiece_export)
+    not_core = _registered(ops, with_text=False)
+    assert not_core, "the WordPiece export should use tensorflow-text ops"
+    assert _registered(not_core, with_text=True) == set()       # all are tensorflow-text ops
+    assert not_core <= {"FastWordpieceTokenizeWithOffsets", "FastWordpieceDetokenize"}, not_core
+
+
+def test_saved_model_cli_shows_everything(exported):
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    result = subprocess.run([cli, "show", "--dir", exported[2], "--all"], capture_output=True, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    for text in ("signature_def['serving_default']", "signature_def['score']", "inputs['text']",
+                 "outputs['translation']", "outputs['alignment']", "inputs['source']", "outputs['log_prob']"):
+        assert text in result.stdout, text
+
+
+def test_warmup_record_is_a_predict_request_that_runs(exported, signatures):
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = os.path.join(exported[2], "assets.extra", "tf_serving_warmup_requests")
+    records = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
+    assert len(records) == 1
+    log = prediction_log_pb2.PredictionLog.FromString(records[0])
+    request = log.predict_log.request
+    assert request.model_spec.signature_name == "serving_default"
+    text = tf.make_ndarray(request.inputs["text"])
+    out = signatures[request.model_spec.signature_name](text=tf.constant(text))
+    assert out["translation"].shape == (len(text),)
+
+
+def test_export_cli_errors(tmp_path):
+    result = run_cli("-m", "nmt_tf.export", f"--model_dir={tmp_path}", f"--export_dir={tmp_path / 'e'}")
+    assert result.returncode == 1 and "flags.json not found" in result.stderr
