@@ -1,0 +1,349 @@
+r"""A gRPC server speaking TensorFlow Serving's protocol, for machines without it.
+
+Usage:
+  python -m nmt_tf.serve --port=8500 --model_name=nmt --model_base_path=exports/nmt
+
+Production deployments should use the official `tensorflow_model_server`
+(see export/README.md: docker-compose, models.config, batching parameters).
+This server exists for machines where that binary cannot be installed, and
+for tests: it implements the same services on the same protos (from the
+tensorflow-serving-api package), so clients cannot tell the difference:
+
+  tensorflow.serving.PredictionService  Predict, GetModelMetadata
+                                        (Classify, Regress, MultiInference: UNIMPLEMENTED)
+  tensorflow.serving.ModelService       GetModelStatus (HandleReloadConfigRequest: UNIMPLEMENTED)
+
+It serves the highest numbered version under --model_base_path and loads a
+new version when one appears (checked every --poll_seconds; like TF Serving's
+default "latest" policy, the older version is then unloaded). Requests follow
+TF Serving's rules: an empty signature name means "serving_default"; an
+unknown model or version is NOT_FOUND, an unknown signature
+FAILED_PRECONDITION; a wrong, missing or extra input alias, an unknown
+output_filter alias, a wrong dtype or rank is INVALID_ARGUMENT; a message
+larger than --max_message_mb is RESOURCE_EXHAUSTED (TF Serving's limit is
+2 GiB; this server's is lower by default to protect its memory). Batches
+larger than --max_batch_size sentences are INVALID_ARGUMENT. No request can
+stop the server: every failure becomes a status.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags as absl_flags
+from absl import logging
+
+from nmt_tf import flags as nmt_flags  # noqa: F401  (defines --model_name)
+
+absl_flags.DEFINE_integer("port", 8500, "gRPC port (TF Serving's default is 8500).")
+absl_flags.DEFINE_string("host", "0.0.0.0", "Address to listen on.")
+absl_flags.DEFINE_string("model_base_path", None, "Directory holding numbered SavedModel versions (nmt_tf.export's --export_dir).")
+absl_flags.DEFINE_float("poll_seconds", 2.0, "How often to look for a new version.", lower_bound=0.1)
+absl_flags.DEFINE_integer("threads", 8, "Concurrent requests served.", lower_bound=1)
+absl_flags.DEFINE_float("max_message_mb", 32.0, "Largest request or response message, in MiB.", lower_bound=0.01)
+absl_flags.DEFINE_integer("max_batch_size", 1024, "Most sentences one request may carry.", lower_bound=1)
+
+DEFAULT_SIGNATURE = "serving_default"
+
+
+class ServingError(Exception):
+    """A request failure with the gRPC status TF Serving would return."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class LoadedVersion:
+    """One SavedModel version: its signatures and their SignatureDefs."""
+
+    def __init__(self, path: str, version: int):
+        import tensorflow as tf
+        from tensorflow.core.protobuf import saved_model_pb2
+
+        from nmt_tf.text import register_text_ops
+
+        register_text_ops()
+        self.path, self.version = path, version
+        self.saved_model = tf.saved_model.load(path)
+        self.signatures = dict(self.saved_model.signatures)
+        proto = saved_model_pb2.SavedModel()
+        with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+            proto.ParseFromString(f.read())
+        self.signature_defs = dict(proto.meta_graphs[0].signature_def)
+
+
+class ModelRegistry:
+    """The versions of one model under a base path; serves the highest."""
+
+    def __init__(self, name: str, base_path: str, log=logging.info):
+        self.name, self.base_path, self.log = name, base_path, log
+        self._current: LoadedVersion | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def available_versions(self) -> list[int]:
+        if not os.path.isdir(self.base_path):
+            return []
+        return sorted(int(d) for d in os.listdir(self.base_path)
+                      if re.fullmatch(r"\d+", d) and os.path.exists(os.path.join(self.base_path, d, "saved_model.pb")))
+
+    def poll(self) -> None:
+        """Loads the highest version if it is newer than the one served."""
+        versions = self.available_versions()
+        if not versions or (self._current and versions[-1] <= self._current.version):
+            return
+        version = versions[-1]
+        try:
+            loaded = LoadedVersion(os.path.join(self.base_path, str(version)), version)
+        except Exception as e:   # a broken version never takes the served one down
+            self.log(f"could not load {self.name} version {version}: {e}")
+            return
+        with self._lock:
+            self._current = loaded
+        self.log(f"serving {self.name} version {version} from {loaded.path}")
+
+    def watch(self, seconds: float) -> threading.Thread:
+        def loop():
+            while not self._stop.wait(seconds):
+                self.poll()
+        thread = threading.Thread(target=loop, daemon=True, name="version-poller")
+        thread.start()
+        return thread
+
+    def stop(self):
+        self._stop.set()
+
+    def get(self, model_spec) -> LoadedVersion:
+        """The version a ModelSpec asks for, or the TF Serving error."""
+        import grpc
+
+        if not model_spec.name:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified.")
+        which = model_spec.WhichOneof("version_choice")
+        if model_spec.name != self.name:
+            label = f"Specific({model_spec.name}, {model_spec.version.value})" if which == "version" \
+                else f"Latest({model_spec.name})"
+            raise ServingError(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: {label}")
+        with self._lock:
+            current = self._current
+        if which == "version_label":
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"Unrecognized servable version label: {model_spec.version_label}")
+        if current is None:
+            raise ServingError(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({self.name})")
+        if which == "version" and model_spec.version.value != current.version:
+            raise ServingError(grpc.StatusCode.NOT_FOUND,
+                               f"Servable not found for request: Specific({self.name}, {model_spec.version.value})")
+        return current
+
+    @property
+    def current(self) -> LoadedVersion | None:
+        with self._lock:
+            return self._current
+
+
+def _dtype_name(dtype_enum) -> str:
+    """TensorFlow's C++ name of a DataType (DT_FLOAT -> "float"), as in its error messages."""
+    from tensorflow.core.framework import types_pb2
+
+    return types_pb2.DataType.Name(dtype_enum).removeprefix("DT_").lower()
+
+
+def run_predict(registry: ModelRegistry, request, max_batch_size: int):
+    """Predict, following TF Serving's checks and messages (predict_util.cc)."""
+    import grpc
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    loaded = registry.get(request.model_spec)
+    name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+    if name not in loaded.signatures:
+        raise ServingError(grpc.StatusCode.FAILED_PRECONDITION, f'Serving signature key "{name}" not found.')
+    signature_def = loaded.signature_defs[name]
+    expected = set(signature_def.inputs)
+    sent = set(request.inputs)
+    if sent != expected:
+        extra, missing = sorted(sent - expected), sorted(expected - sent)
+        raise ServingError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"input size does not match signature: {len(sent)}!={len(expected)} "
+            f"len({{{','.join(sorted(sent))}}}) != len({{{','.join(sorted(expected))}}}). "
+            f"Sent extra: {{{','.join(extra)}}}. Missing but required: {{{','.join(missing)}}}.")
+    outputs = list(request.output_filter) or sorted(signature_def.outputs)
+    for alias in outputs:
+        if alias not in signature_def.outputs:
+            raise ServingError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"output tensor alias not found in signature: {alias} Outputs expected to be in the set "
+                f"{{{','.join(sorted(signature_def.outputs))}}}.")
+    if len(set(outputs)) != len(outputs):
+        dup = next(a for a in outputs if outputs.count(a) > 1)
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"duplicate output tensor alias: {dup}")
+
+    feeds = {}
+    for i, alias in enumerate(sorted(expected)):
+        info, proto = signature_def.inputs[alias], request.inputs[alias]
+        if proto.dtype != info.dtype:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"Expects arg[{i}] to be {_dtype_name(info.dtype)} but "
+                               f"{_dtype_name(proto.dtype) if proto.dtype else 'invalid'} is provided")
+        try:
+            value = tf.make_ndarray(proto)
+        except Exception as e:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor parsing error: {alias}") from e
+        rank = len(info.tensor_shape.dim)
+        if not info.tensor_shape.unknown_rank and value.ndim != rank:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"input {alias} must have rank {rank}, got shape {list(value.shape)}")
+        if value.ndim and value.shape[0] > max_batch_size:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"input {alias} holds {value.shape[0]} items; this server accepts at most "
+                               f"{max_batch_size} per request")
+        feeds[alias] = tf.constant(value)
+    sizes = {v.shape[0] for v in feeds.values() if v.shape.rank}
+    if len(sizes) > 1:
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"inputs have different batch sizes: {sorted(sizes)}")
+    try:
+        result = loaded.signatures[name](**feeds)
+    except tf.errors.InvalidArgumentError as e:
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, e.message) from e
+    response = predict_pb2.PredictResponse()
+    response.model_spec.name = registry.name
+    response.model_spec.version.value = loaded.version
+    response.model_spec.signature_name = name
+    for alias in outputs:
+        response.outputs[alias].CopyFrom(tf.make_tensor_proto(np.asarray(result[alias])))
+    return response
+
+
+def make_servicers(registry: ModelRegistry, max_batch_size: int):
+    """The PredictionService and ModelService implementations."""
+    import grpc
+    from google.protobuf import any_pb2
+    from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
+                                         prediction_service_pb2_grpc)
+    from tensorflow_serving.apis import status_pb2
+
+    def guarded(handler):
+        """Every failure becomes a gRPC status; the server keeps serving."""
+        def call(self, request, context):
+            try:
+                return handler(self, request, context)
+            except ServingError as e:
+                context.abort(e.code, e.message)
+            except Exception as e:   # never let one request take the server down
+                logging.exception("request failed")
+                context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        return call
+
+    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+        @guarded
+        def Predict(self, request, context):
+            return run_predict(registry, request, max_batch_size)
+
+        @guarded
+        def GetModelMetadata(self, request, context):
+            fields = list(request.metadata_field)
+            if not fields:
+                raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   "GetModelMetadataRequest must specify at least one metadata_field")
+            for field in fields:
+                if field != "signature_def":
+                    raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                                       f"Metadata field {field} is not supported")
+            loaded = registry.get(request.model_spec)
+            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            response.model_spec.name = registry.name
+            response.model_spec.version.value = loaded.version
+            signature_map = get_model_metadata_pb2.SignatureDefMap()
+            for key, value in loaded.signature_defs.items():
+                signature_map.signature_def[key].CopyFrom(value)
+            packed = any_pb2.Any()
+            packed.Pack(signature_map)
+            response.metadata["signature_def"].CopyFrom(packed)
+            return response
+
+    class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+        @guarded
+        def GetModelStatus(self, request, context):
+            spec = request.model_spec
+            if not spec.name:
+                raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+            current = registry.current
+            if spec.name != registry.name or current is None:
+                raise ServingError(grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {spec.name}")
+            if spec.WhichOneof("version_choice") == "version" and spec.version.value != current.version:
+                raise ServingError(grpc.StatusCode.NOT_FOUND,
+                                   f"Could not find version {spec.version.value} of model {spec.name}")
+            response = get_model_status_pb2.GetModelStatusResponse()
+            status = response.model_version_status.add()
+            status.version = current.version
+            status.state = get_model_status_pb2.ModelVersionStatus.AVAILABLE
+            status.status.CopyFrom(status_pb2.StatusProto(error_code=0))
+            return response
+
+    return PredictionService(), ModelService()
+
+
+def start_server(model_name: str, model_base_path: str, port: int, host: str = "0.0.0.0",
+                 threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
+                 poll_seconds: float = 2.0, log=logging.info):
+    """Starts serving; returns (grpc server, registry, bound port)."""
+    import grpc
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+    registry = ModelRegistry(model_name, model_base_path, log=log)
+    registry.poll()
+    if registry.current is None:
+        raise FileNotFoundError(f"no SavedModel version (a numbered folder with saved_model.pb) under {model_base_path}")
+    registry.watch(poll_seconds)
+    limit = int(max_message_mb * 1024 * 1024)
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads),
+                         options=[("grpc.max_receive_message_length", limit),
+                                  ("grpc.max_send_message_length", limit)])
+    prediction, model_service = make_servicers(registry, max_batch_size)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(model_service, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if not bound:
+        raise OSError(f"could not listen on {host}:{port}")
+    server.start()
+    return server, registry, bound
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    FLAGS = absl_flags.FLAGS
+    logging.set_verbosity(logging.INFO)
+    if not FLAGS.model_base_path:
+        print("error: --model_base_path is required.", file=sys.stderr)
+        return 1
+    try:
+        server, registry, port = start_server(
+            FLAGS.model_name, FLAGS.model_base_path, FLAGS.port, FLAGS.host, FLAGS.threads,
+            FLAGS.max_message_mb, FLAGS.max_batch_size, FLAGS.poll_seconds, log=print)
+    except (FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"Serving model '{FLAGS.model_name}' version {registry.current.version} on port {port} "
+          "(TF Serving gRPC API; production deployments use tensorflow_model_server, see export/README.md)",
+          flush=True)
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        server.stop(grace=2)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

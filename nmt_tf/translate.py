@@ -1,0 +1,253 @@
+r"""Translates a file or stdin, one line in, one line out, order kept.
+
+Usage:
+  python -m nmt_tf.translate --saved_model=exports/nmt/1 < input.en > output.fr
+  python -m nmt_tf.translate --server=localhost:8500 --model_name=nmt --input=input.en --output=out.fr
+  python -m nmt_tf.translate --saved_model=E --input=in.en --n_best=5 --with_scores --with_alignments
+
+With --saved_model the SavedModel runs in this process; with --server the
+lines go to a TF Serving-compatible server over gRPC (the official
+tensorflow_model_server or nmt_tf.serve) through the tensorflow-serving-api
+stub. Lines are sent in batches of --lines_per_batch.
+
+Output: plain text, one translation per line. With --with_scores,
+--with_alignments or --n_best > 1, one JSON object per line instead:
+  {"translation": ..., "score": ..., "log_prob": ...,            (--with_scores)
+   "nbest": [{"translation": ..., "score": ...}, ...],            (--n_best > 1)
+   "source_tokens": [...], "target_tokens": [...],
+   "alignment": [[...], ...], "truncated": false}                 (--with_alignments)
+alignment[i][j] is the weight of source token j when output token i was
+generated; both token lists end with "[EOS]". --n_best cannot exceed the
+n-best size fixed at export. Input longer than the export's
+--max_input_length tokens is cut (its "truncated" is true; in plain-text
+mode a warning goes to stderr). Undecodable bytes become U+FFFD. On a
+terminal, progress with an ETA goes to stderr.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import time
+
+from absl import app
+from absl import flags as absl_flags
+
+from nmt_tf import flags as nmt_flags  # noqa: F401  (defines --model_name and --n_best)
+
+absl_flags.DEFINE_string("saved_model", None, "A SavedModel version directory written by nmt_tf.export.")
+absl_flags.DEFINE_string("server", None, "HOST:PORT of a TF Serving-compatible gRPC server.")
+absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
+absl_flags.DEFINE_string("input", None, "Input file (plain or .gz); default stdin.")
+absl_flags.DEFINE_string("output", None, "Output file; default stdout.")
+absl_flags.DEFINE_integer("lines_per_batch", 32, "Lines sent to the model (or server) at once.", lower_bound=1)
+absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
+absl_flags.DEFINE_boolean("with_alignments", False, "Write JSON lines with tokens and the attention matrix.")
+absl_flags.DEFINE_float("timeout", 120.0, "Seconds to wait for one request (--server).")
+
+
+class TranslationError(RuntimeError):
+    """A problem the user can fix, in one sentence."""
+
+
+class LocalBackend:
+    """Runs the SavedModel's serving_default signature in this process."""
+
+    def __init__(self, path: str):
+        import tensorflow as tf
+
+        from nmt_tf.text import register_text_ops
+
+        register_text_ops()
+        try:
+            self.signature = tf.saved_model.load(path).signatures["serving_default"]
+        except (OSError, KeyError, ValueError) as e:
+            raise TranslationError(f"{path} is not an nmt_tf SavedModel: {e}") from e
+        self.tf = tf
+        self.n_best = int(self.signature.structured_outputs["nbest_scores"].shape[1])
+
+    def __call__(self, lines: list[bytes]) -> dict:
+        out = self.signature(text=self.tf.constant(lines, self.tf.string))
+        return {k: v.numpy() for k, v in out.items()}
+
+
+class ServerBackend:
+    """Sends Predict requests through the tensorflow-serving-api stub."""
+
+    def __init__(self, address: str, model_name: str, version: int, timeout: float):
+        import grpc
+        from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+
+        self.channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", 256 * 1024 * 1024)])
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        self.model_name, self.version, self.timeout = model_name, version, timeout
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        self._spec(request.model_spec)
+        try:
+            meta = self.stub.GetModelMetadata(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise TranslationError(f"{address}: {e.code().name}: {e.details()}") from e
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        meta.metadata["signature_def"].Unpack(signatures)
+        shape = signatures.signature_def["serving_default"].outputs["nbest_scores"].tensor_shape
+        self.n_best = int(shape.dim[1].size)
+
+    def _spec(self, spec):
+        spec.name = self.model_name
+        spec.signature_name = "serving_default"
+        if self.version:
+            spec.version.value = self.version
+
+    def __call__(self, lines: list[bytes]) -> dict:
+        import grpc
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2
+
+        request = predict_pb2.PredictRequest()
+        self._spec(request.model_spec)
+        request.inputs["text"].CopyFrom(tf.make_tensor_proto(lines, dtype=tf.string))
+        try:
+            response = self.stub.Predict(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise TranslationError(f"server: {e.code().name}: {e.details()}") from e
+        return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+
+
+def read_lines(path: str | None):
+    """Lines as bytes, without the newline (undecodable bytes pass through)."""
+    if path is None:
+        for line in sys.stdin.buffer:
+            yield line.rstrip(b"\r\n")
+        return
+    try:
+        with open(path, "rb") as f:
+            is_gz = f.read(2) == b"\x1f\x8b"
+        with (gzip.open(path, "rb") if is_gz else open(path, "rb")) as f:
+            for line in f:
+                yield line.rstrip(b"\r\n")
+    except FileNotFoundError as e:
+        raise TranslationError(f"{path} does not exist (--input).") from e
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool) -> str:
+    """One output line for row i of a batch result."""
+    translation = _text(out["translation"][i])
+    if not (with_scores or with_alignments or n_best > 1):
+        return translation
+    record = {"translation": translation}
+    if with_scores:
+        record["score"] = float(out["score"][i])
+        record["log_prob"] = float(out["log_prob"][i])
+    if n_best > 1:
+        record["nbest"] = [{"translation": _text(t), "score": float(s)}
+                           for t, s in zip(out["nbest_translations"][i][:n_best], out["nbest_scores"][i][:n_best])
+                           if s > -1e8]
+    if with_alignments:
+        src = [_text(t) for t in out["source_tokens"][i] if t]
+        tgt = [_text(t) for t in out["target_tokens"][i] if t]
+        record["source_tokens"], record["target_tokens"] = src, tgt
+        record["alignment"] = [[round(float(a), 4) for a in row[:len(src)]]
+                               for row in out["alignment"][i][:len(tgt)]]
+        record["truncated"] = bool(out["truncated"][i])
+    return json.dumps(record, ensure_ascii=False)
+
+
+class Progress:
+    """A progress line with ETA on stderr, only when stderr is a terminal."""
+
+    def __init__(self, total: int | None):
+        self.total, self.done, self.start = total, 0, time.time()
+        self.enabled = sys.stderr.isatty()
+
+    def update(self, n: int):
+        self.done += n
+        if not self.enabled:
+            return
+        elapsed = time.time() - self.start
+        rate = self.done / max(elapsed, 1e-9)
+        if self.total:
+            eta = (self.total - self.done) / max(rate, 1e-9)
+            sys.stderr.write(f"\r{self.done:,}/{self.total:,} lines ({100 * self.done / self.total:.0f}%), "
+                             f"{rate:.1f} lines/s, ETA {eta:.0f}s   ")
+        else:
+            sys.stderr.write(f"\r{self.done:,} lines, {rate:.1f} lines/s   ")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def count_lines(path: str | None) -> int | None:
+    if path is None:
+        return None
+    return sum(1 for _ in read_lines(path))
+
+
+def translate_lines(backend, lines, out, batch_size: int, n_best: int, with_scores: bool,
+                    with_alignments: bool, progress: Progress | None = None) -> int:
+    """Translates an iterable of byte lines into the text stream `out`; returns lines done."""
+    if n_best > backend.n_best:
+        raise TranslationError(f"--n_best={n_best} but the model was exported with n-best "
+                               f"{backend.n_best} (re-export with --n_best={n_best})")
+    done, batch = 0, []
+
+    def flush():
+        nonlocal done
+        result = backend(batch)
+        for i in range(len(batch)):
+            if not (with_alignments or with_scores or n_best > 1) and result["truncated"][i]:
+                print(f"warning: line {done + i + 1} was longer than the model's input limit and was cut",
+                      file=sys.stderr)
+            out.write(format_result(result, i, n_best, with_scores, with_alignments) + "\n")
+        out.flush()
+        done += len(batch)
+        if progress:
+            progress.update(len(batch))
+        batch.clear()
+
+    for line in lines:
+        batch.append(line)
+        if len(batch) == batch_size:
+            flush()
+    if batch:
+        flush()
+    return done
+
+
+def main(argv):
+    from absl import logging
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)
+    FLAGS = absl_flags.FLAGS
+    if bool(FLAGS.saved_model) == bool(FLAGS.server):
+        print("error: give exactly one of --saved_model and --server.", file=sys.stderr)
+        return 1
+    try:
+        backend = (LocalBackend(FLAGS.saved_model) if FLAGS.saved_model else
+                   ServerBackend(FLAGS.server, FLAGS.model_name, FLAGS.model_version, FLAGS.timeout))
+        progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() else None)
+        out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
+        try:
+            translate_lines(backend, read_lines(FLAGS.input), out, FLAGS.lines_per_batch, FLAGS.n_best,
+                            FLAGS.with_scores, FLAGS.with_alignments, progress)
+        finally:
+            progress.close()
+            if FLAGS.output:
+                out.close()
+    except TranslationError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,180 @@
+"""nmt_tf.serve speaks TF Serving's gRPC protocol; nmt_tf.translate uses it or a local SavedModel."""
+
+import io
+import json
+import os
+import shutil
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
+                                     predict_pb2, prediction_service_pb2_grpc)
+
+from conftest import run_cli
+from nmt_tf import serve, translate
+
+
+@pytest.fixture(scope="module")
+def server(exported, tmp_path_factory):
+    base = str(tmp_path_factory.mktemp("serving") / "nmt")
+    shutil.copytree(exported[1], base)
+    srv, registry, port = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=4,
+                                             max_message_mb=1.0, max_batch_size=50, poll_seconds=0.2,
+                                             log=lambda *a: None)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield {"port": port, "base": base, "registry": registry,
+           "predict": prediction_service_pb2_grpc.PredictionServiceStub(channel),
+           "models": model_service_pb2_grpc.ModelServiceStub(channel)}
+    registry.stop()
+    srv.stop(grace=0)
+
+
+def request(texts=("A man in a blue shirt.",), name="nmt", signature="", version=None, **inputs):
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = name
+    req.model_spec.signature_name = signature
+    if version is not None:
+        req.model_spec.version.value = version
+    if not inputs:
+        inputs = {"text": tf.make_tensor_proto(list(texts), dtype=tf.string)}
+    for alias, proto in inputs.items():
+        req.inputs[alias].CopyFrom(proto)
+    return req
+
+
+def status_of(call):
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    return e.value.code(), e.value.details()
+
+
+def still_serving(server):
+    out = server["predict"].Predict(request(["Two dogs run."]), timeout=60)
+    assert tf.make_ndarray(out.outputs["translation"]).shape == (1,)
+
+
+def test_predict_matches_the_saved_model(server, exported):
+    response = server["predict"].Predict(request(["A man in a blue shirt.", ""]), timeout=60)
+    assert response.model_spec.name == "nmt" and response.model_spec.version.value == 1
+    assert response.model_spec.signature_name == "serving_default"
+    local = tf.saved_model.load(exported[2]).signatures["serving_default"](
+        text=tf.constant(["A man in a blue shirt.", ""]))
+    for key in ("translation", "score", "alignment", "nbest_translations"):
+        np.testing.assert_array_equal(tf.make_ndarray(response.outputs[key]), local[key].numpy())
+
+
+def test_output_filter_and_score_signature(server):
+    req = request(["A man."])
+    req.output_filter.append("score")
+    response = server["predict"].Predict(req, timeout=60)
+    assert list(response.outputs) == ["score"]
+    scored = server["predict"].Predict(request(
+        signature="score", source=tf.make_tensor_proto(["A man."]), target=tf.make_tensor_proto(["Un homme."])),
+        timeout=60)
+    assert tf.make_ndarray(scored.outputs["log_prob"]).shape == (1,)
+
+
+def test_metadata_and_status(server):
+    meta_req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    meta_req.model_spec.name = "nmt"
+    meta = server["predict"].GetModelMetadata(meta_req, timeout=30)
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    meta.metadata["signature_def"].Unpack(signatures)
+    assert {"serving_default", "translate", "score"} <= set(signatures.signature_def)
+    assert "text" in signatures.signature_def["serving_default"].inputs
+    status_req = get_model_status_pb2.GetModelStatusRequest()
+    status_req.model_spec.name = "nmt"
+    status = server["models"].GetModelStatus(status_req, timeout=30)
+    (version,) = status.model_version_status
+    assert version.version == 1 and version.state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+    assert version.status.error_code == 0
+
+
+@pytest.mark.parametrize("make, code, fragment", [
+    (lambda: request(name="other"), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(other)"),
+    (lambda: request(version=7), grpc.StatusCode.NOT_FOUND, "Specific(nmt, 7)"),
+    (lambda: request(name=""), grpc.StatusCode.INVALID_ARGUMENT, "no name"),
+    (lambda: request(signature="nope"), grpc.StatusCode.FAILED_PRECONDITION, 'signature key "nope" not found'),
+    (lambda: request(sentence=tf.make_tensor_proto(["x"])), grpc.StatusCode.INVALID_ARGUMENT,
+     "Missing but required: {text}"),
+    (lambda: request(text=tf.make_tensor_proto(["x"]), extra=tf.make_tensor_proto(["y"])),
+     grpc.StatusCode.INVALID_ARGUMENT, "Sent extra: {extra}"),
+    (lambda: request(text=tf.make_tensor_proto([1.0, 2.0])), grpc.StatusCode.INVALID_ARGUMENT,
+     "Expects arg[0] to be string but float is provided"),
+    (lambda: request(text=tf.make_tensor_proto([["a", "b"]])), grpc.StatusCode.INVALID_ARGUMENT, "rank 1"),
+    (lambda: request(["x"] * 51), grpc.StatusCode.INVALID_ARGUMENT, "at most 50"),
+    (lambda: request(["word " * 300000]), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),   # 1.5 MB > 1 MiB
+])
+def test_malformed_requests_get_tf_serving_status_codes(server, make, code, fragment):
+    got, details = status_of(lambda: server["predict"].Predict(make(), timeout=60))
+    assert got == code, details
+    assert fragment in (details or ""), details
+    still_serving(server)
+
+
+def test_bad_output_filter_and_metadata_fields(server):
+    req = request()
+    req.output_filter.append("nonexistent")
+    code, details = status_of(lambda: server["predict"].Predict(req, timeout=60))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "output tensor alias not found" in details
+    bad = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["weights"])
+    bad.model_spec.name = "nmt"
+    code, _ = status_of(lambda: server["predict"].GetModelMetadata(bad, timeout=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    unknown = get_model_status_pb2.GetModelStatusRequest()
+    unknown.model_spec.name = "other"
+    code, _ = status_of(lambda: server["models"].GetModelStatus(unknown, timeout=30))
+    assert code == grpc.StatusCode.NOT_FOUND
+    still_serving(server)
+
+
+def test_empty_batch_and_hostile_text_are_served(server):
+    empty = server["predict"].Predict(request([]), timeout=60)
+    assert tf.make_ndarray(empty.outputs["translation"]).shape == (0,)
+    texts = [b"", b"  ", b"\xff\xfe broken", ("mot " * 1000).encode()]
+    out = server["predict"].Predict(request(texts), timeout=120)
+    assert tf.make_ndarray(out.outputs["truncated"]).tolist() == [False, False, False, True]
+    assert tf.make_ndarray(out.outputs["translation"])[0] == b""
+
+
+def test_a_new_version_is_picked_up(server, exported):
+    shutil.copytree(exported[2], os.path.join(server["base"], "2"))
+    deadline = time.time() + 30
+    while time.time() < deadline and server["registry"].current.version != 2:
+        time.sleep(0.1)
+    response = server["predict"].Predict(request(), timeout=60)
+    assert response.model_spec.version.value == 2
+
+
+def test_translate_cli_through_the_server_and_locally(server, exported, tmp_path):
+    source = tmp_path / "in.en"
+    source.write_bytes(b"A man in a blue shirt.\n\nTwo dogs run.\n")
+    via_server = run_cli("-m", "nmt_tf.translate", f"--server=127.0.0.1:{server['port']}", "--model_name=nmt",
+                         f"--input={source}", "--lines_per_batch=2")
+    assert via_server.returncode == 0, via_server.stderr[-2000:]
+    local = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}")
+    assert local.returncode == 0, local.stderr[-2000:]
+    lines = via_server.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""        # one line per input line, order kept
+    assert via_server.stdout == local.stdout
+
+
+def test_translate_json_lines(exported):
+    backend = translate.LocalBackend(exported[2])
+    out = io.StringIO()
+    n = translate.translate_lines(backend, [b"A man.", b"Two dogs run."], out, batch_size=1, n_best=2,
+                                  with_scores=True, with_alignments=True)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert n == 2 and len(records) == 2
+    r = records[0]
+    assert r["source_tokens"] == ["A", "man", ".", "[EOS]"] and r["target_tokens"][-1] == "[EOS]"
+    assert len(r["alignment"]) == len(r["target_tokens"])
+    assert all(len(row) == len(r["source_tokens"]) for row in r["alignment"])
+    assert len(r["nbest"]) == 2 and r["nbest"][0]["translation"] == r["translation"]
+    assert r["score"] == pytest.approx(r["nbest"][0]["score"])
+    with pytest.raises(translate.TranslationError, match="n-best"):
+        translate.translate_lines(backend, [b"x"], io.StringIO(), 1, n_best=5, with_scores=False,
+                                  with_alignments=False)
