@@ -53,7 +53,7 @@ def main(argv):
         src_tok, tgt_tok, _ = data.build_vocabularies(config, tmp, log=lambda *a: None)
     ds = data.make_dataset(config.train_src, config.train_tgt, src_tok, tgt_tok,
                            max_len=config.max_len, batch_size=config.batch_size,
-                           batch_type=config.batch_type, bucket_width=config.bucket_width,
+                           batch_type=config.batch_type, pool_size=config.pool_size,
                            shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed)
     model = train.build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
     model.compile(optimizer=train.make_optimizer(config), jit_compile=config.jit_compile)

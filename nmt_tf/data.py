@@ -18,7 +18,8 @@ training and written to `<model_dir>/corpus_stats.json`):
 * a corpus with no usable pair left: `CorpusError`.
 
 Pipeline stage order (as in OpenNMT-tf): shard -> shuffle -> tokenize (in
-batches of lines) -> filter -> bucket by length and batch -> prefetch.
+batches of lines) -> filter -> pools sorted by length, cut into batches ->
+shuffle batches -> prefetch.
 """
 
 from __future__ import annotations
@@ -221,6 +222,13 @@ def vocabulary_paths(model_dir: str) -> tuple[str, str]:
     return os.path.join(model_dir, "vocab.src.txt"), os.path.join(model_dir, "vocab.tgt.txt")
 
 
+def word_shortlist_paths(model_dir: str) -> tuple[str, str]:
+    """The most frequent training words, as many as the vocabulary size: what
+    counts as a known word for the papers' "no UNK" analyses, also for
+    sub-word models."""
+    return os.path.join(model_dir, "words.src.txt"), os.path.join(model_dir, "words.tgt.txt")
+
+
 def word_splitter(lang: str):
     return lambda lines: text.split_words(text.clean(lines), lang)
 
@@ -254,9 +262,12 @@ def build_vocabularies(config, model_dir: str, log=print):
             word_splitter(config.tgt_lang), config.max_len, count_tokens=True)
         if stats.pairs == 0:
             raise CorpusError(_no_pairs_message(stats))
+        src_words = text.shortlist(src_counts, config.src_vocab_size)
+        tgt_words = text.shortlist(tgt_counts, config.tgt_vocab_size)
+        for words, path in zip((src_words, tgt_words), word_shortlist_paths(model_dir)):
+            text.write_vocabulary(words, path)
         if config.tokenizer == "word":
-            src_vocab = text.shortlist(src_counts, config.src_vocab_size)
-            tgt_vocab = text.shortlist(tgt_counts, config.tgt_vocab_size)
+            src_vocab, tgt_vocab = src_words, tgt_words
             for side, counts, vocab in (("source", src_counts, src_vocab), ("target", tgt_counts, tgt_vocab)):
                 covered = sum(counts[t] for t in vocab[len(text.SPECIAL_TOKENS):])
                 log(f"  {side}: {len(counts):,} word types; the {len(vocab):,}-entry shortlist "
@@ -305,31 +316,49 @@ def corpus_stats(src: str, tgt: str, src_tokenizer, tgt_tokenizer, max_len: int,
 # Batching
 
 
-def bucket_boundaries(max_len: int, width: int) -> list[int]:
-    """Upper bounds (exclusive) of the length buckets; lengths count [EOS]."""
-    return list(range(1 + width, max_len + 2, width))
+def batches_per_epoch(stats: CorpusStats, batch_size: int, batch_type: str, pool_size: int,
+                      input_context=None) -> int | None:
+    """Exact number of batches in one epoch, or None when it depends on the data order.
+
+    Sentence batches: every pool of `pool_size` pairs gives ceil(pool / batch)
+    batches (the last pool may be smaller). Token batches (and sharded input)
+    depend on which pairs share a pool: None.
+    """
+    if batch_type != "sentences" or (input_context is not None and input_context.num_input_pipelines > 1):
+        return None
+    full, rest = divmod(stats.pairs, pool_size)
+    return full * math.ceil(pool_size / batch_size) + math.ceil(rest / batch_size)
 
 
-def bucket_batch_sizes(boundaries: list[int], max_len: int, batch_size: int, batch_type: str) -> list[int]:
-    """Batch size of each bucket (one more bucket than boundaries)."""
+def _pool_batches(pool, batch_size: int, batch_type: str):
+    """Sorts one pool of pairs by length and cuts it into batches (a Dataset).
+
+    pool: dict of [n, (len)] ragged int32 tensors. The length of a pair is
+    that of its longer side. Sentence batches hold `batch_size` pairs; token
+    batches grow while (pairs x longest) stays within `batch_size` tokens.
+    """
+    lengths = tf.cast(tf.maximum(pool["source_ids"].row_lengths(), pool["target_ids"].row_lengths()), tf.int32)
+    order = tf.argsort(lengths, stable=True)
+    pool = {k: tf.gather(v, order) for k, v in pool.items()}
+    lengths = tf.gather(lengths, order)
+    n = tf.shape(lengths)[0]
     if batch_type == "sentences":
-        return [batch_size] * (len(boundaries) + 1)
-    longest = [b - 1 for b in boundaries] + [max_len + 1]
-    return [max(1, batch_size // length) for length in longest]
-
-
-def batches_per_epoch(stats: CorpusStats, batch_size: int, batch_type: str, bucket_width: int) -> int:
-    """Exact number of batches in one epoch (single input pipeline)."""
-    boundaries = bucket_boundaries(stats.max_len, bucket_width)
-    sizes = bucket_batch_sizes(boundaries, stats.max_len, batch_size, batch_type)
-    per_bucket = collections.Counter()
-    for length, count in enumerate(stats.length_histogram):
-        per_bucket[sum(length >= b for b in boundaries)] += count
-    return sum(math.ceil(n / sizes[b]) for b, n in per_bucket.items())
+        batch_id = tf.range(n) // batch_size
+    else:
+        def pack(state, length):
+            batch, count = state
+            full = (count > 0) & ((count + 1) * length > batch_size)
+            return (tf.where(full, batch + 1, batch), tf.where(full, 1, count + 1))
+        batch_id, _ = tf.scan(pack, lengths, initializer=(tf.constant(0), tf.constant(0)))
+    positions = tf.range(n)
+    starts = tf.math.segment_min(positions, batch_id)
+    ends = tf.math.segment_max(positions, batch_id) + 1
+    return tf.data.Dataset.from_tensor_slices((starts, ends)).map(
+        lambda a, b: {k: v[a:b].to_tensor() for k, v in pool.items()})
 
 
 def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: int,
-                 batch_size: int, batch_type: str = "sentences", bucket_width: int = 1,
+                 batch_size: int, batch_type: str = "sentences", pool_size: int = 1600,
                  shuffle: bool = False, shuffle_buffer: int = 100_000, seed: int = 0,
                  epoch: int = 0, skip_batches: int = 0,
                  input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
@@ -339,13 +368,20 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
     (int32, right-padded with 0): source = x_1..x_n [EOS], target_ids =
     [BOS] y_1..y_m, labels = y_1..y_m [EOS].
 
+    Batching follows the paper (000 App. B.2): the stream is read in pools of
+    `pool_size` pairs (paper: 1,600); each pool is sorted by length and cut
+    into batches, so a batch holds pairs of similar length, and the batches
+    are then shuffled (within a buffer of two pools). Every batch is full but
+    the last of the epoch, and short and long batches alternate all through
+    the epoch.
+
     Args:
       src, tgt: corpus files (plain or gzip).
       src_tokenizer, tgt_tokenizer: `nmt_tf.text.Tokenizer`s.
       max_len: longer pairs are dropped (as counted by `scan_corpus`).
-      batch_size, batch_type: sentences per batch, or padded tokens of the
-        longer side per batch.
-      bucket_width: width of the length buckets.
+      batch_size, batch_type: pairs per batch, or a budget of padded tokens
+        (pairs x longest side) per batch.
+      pool_size: pairs sorted together.
       shuffle, shuffle_buffer, seed, epoch: the order of an epoch depends
         only on (seed, epoch), so a resumed run sees the same order.
       skip_batches: batches of this epoch already trained on (resume).
@@ -357,9 +393,9 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
         if input_context.num_input_pipelines > 1:
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         batch_size = max(1, input_context.get_per_replica_batch_size(batch_size))
+    epoch_seed = (seed * 1_000_003 + epoch) % (2 ** 31 - 1)
     if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=(seed * 1_000_003 + epoch) % (2 ** 31 - 1),
-                        reshuffle_each_iteration=False)
+        ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
 
     def encode(src_lines, tgt_lines):
         s, t = src_tokenizer.tokenize(src_lines), tgt_tokenizer.tokenize(tgt_lines)
@@ -368,22 +404,19 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
         rows = tf.shape(src_lines)[:1]
         eos = tf.fill(tf.concat([rows, [1]], 0), EOS_ID)
         bos = tf.fill(tf.concat([rows, [1]], 0), BOS_ID)
-        return {"source_ids": tf.concat([s, eos], axis=1),
-                "target_ids": tf.concat([bos, t], axis=1),
-                "labels": tf.concat([t, eos], axis=1),
-                "valid": valid}
+        keep = lambda r: tf.ragged.boolean_mask(r, valid)
+        return {"source_ids": keep(tf.concat([s, eos], axis=1)),
+                "target_ids": keep(tf.concat([bos, t], axis=1)),
+                "labels": keep(tf.concat([t, eos], axis=1))}
 
     ds = (ds.batch(_TOKENIZE_BATCH)
           .map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .unbatch()
-          .filter(lambda e: e["valid"])
-          .map(lambda e: {k: v for k, v in e.items() if k != "valid"}))
-    boundaries = bucket_boundaries(max_len, bucket_width)
-    ds = ds.bucket_by_sequence_length(
-        element_length_func=lambda e: tf.maximum(tf.shape(e["source_ids"])[0],
-                                                  tf.shape(e["target_ids"])[0]),
-        bucket_boundaries=boundaries,
-        bucket_batch_sizes=bucket_batch_sizes(boundaries, max_len, batch_size, batch_type))
+          .ragged_batch(pool_size)
+          .flat_map(lambda pool: _pool_batches(pool, batch_size, batch_type)))
+    if shuffle:
+        per_pool = math.ceil(pool_size / batch_size) if batch_type == "sentences" else 16
+        ds = ds.shuffle(2 * per_pool, seed=epoch_seed + 1, reshuffle_each_iteration=False)
     ds = ds.map(lambda e: ({"source_ids": e["source_ids"], "target_ids": e["target_ids"]}, e["labels"]))
     if skip_batches:
         ds = ds.skip(skip_batches)

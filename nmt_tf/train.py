@@ -162,7 +162,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         log(dev_stats.describe("Dev"))
         if dev_stats.pairs == 0:
             raise data.CorpusError(data._no_pairs_message(dev_stats))
-    n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.bucket_width)
+    n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
 
     model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
     with open(os.path.join(model_dir, "model_config.json"), "w", encoding="utf-8") as f:
@@ -179,23 +179,37 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                                               os.path.join(model_dir, "best"), max_to_keep=1,
                                               checkpoint_name="best") if has_dev else None
     if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        # Weights and optimizer must match exactly; training-state counters
+        # added by a newer nmt_tf keep their defaults when a checkpoint lacks them.
+        tf.train.Checkpoint(model=model, optimizer=optimizer).read(
+            manager.latest_checkpoint).expect_partial().assert_existing_objects_matched()
+        tf.train.Checkpoint(state=state).read(manager.latest_checkpoint).expect_partial()
         log(f"Restored {manager.latest_checkpoint}: step {int(optimizer.iterations.numpy()):,}, "
-            f"epoch {int(state.epoch.numpy()) + 1}, batch {int(state.epoch_batches.numpy()):,} "
-            f"of {n_batches:,}.")
+            f"epoch {int(state.epoch.numpy()) + 1}, batch {int(state.epoch_batches.numpy()):,}"
+            f"{f' of {n_batches:,}' if n_batches else ''}.")
     log(f"Model {config.model}: {model.count_params():,} parameters; "
-        f"{n_batches:,} batches per epoch; precision {keras.mixed_precision.dtype_policy().name}.")
+        f"{f'{n_batches:,}' if n_batches else 'a data-dependent number of'} batches per epoch; "
+        f"precision {keras.mixed_precision.dtype_policy().name}.")
 
     def dataset(path_src, path_tgt, **kw):
         return data.make_dataset(path_src, path_tgt, src_tok, tgt_tok, max_len=config.max_len,
                                  batch_size=config.batch_size, batch_type=config.batch_type,
-                                 bucket_width=config.bucket_width, **kw)
+                                 pool_size=config.pool_size, **kw)
 
     evaluator = cb.DevEvaluator(model, dataset(config.dev_src, config.dev_tgt)) if has_dev else None
+    bleu = None
+    if has_dev and config.dev_bleu:
+        from nmt_tf.search import SearchOptions
+
+        options = SearchOptions(beam_size=config.dev_bleu_beam_size, n_best=1)
+        bleu = cb.DevBleu(model, src_tok, tgt_tok, config.dev_src, config.dev_tgt, options,
+                          sentences=config.dev_bleu_sentences, attention_examples=config.attention_examples)
+    elif config.early_stopping_metric == "bleu" and has_dev:
+        log("Dev BLEU is off (--nodev_bleu): the best checkpoint and early stopping use the dev loss.")
     print_lines = not cb.is_terminal()
     controller = cb.TrainingController(config, state, manager, best_manager, evaluator,
                                        os.path.join(model_dir, "logs"), n_batches, log=log,
-                                       print_lines=print_lines)
+                                       print_lines=print_lines, bleu=bleu)
     controller.set_model(model)
     callbacks = [controller]
     if not print_lines:
@@ -212,7 +226,8 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                      skip_batches=skip)
         if not print_lines:
             log(f"Epoch {epoch + 1}/{config.max_epochs}")
-        model.fit(ds, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=n_batches - skip,
+        model.fit(ds, epochs=epoch + 1, initial_epoch=epoch,
+                  steps_per_epoch=n_batches - skip if n_batches else None,
                   callbacks=callbacks, verbose=0 if print_lines else 1, shuffle=False)
     step = int(optimizer.iterations.numpy())
     if controller.nan_step is not None:
@@ -232,7 +247,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         "status": status,
         "model_dir": os.path.abspath(model_dir),
         "steps": step,
-        "epochs": int(state.epoch.numpy()) + int(state.epoch_batches.numpy()) / n_batches,
+        "epochs": int(state.epoch.numpy()) + (int(state.epoch_batches.numpy()) / n_batches if n_batches else 0.0),
         "completed_epochs": int(state.epoch.numpy()),
         "train_seconds": float(state.train_seconds.numpy()),
         "wall_seconds_this_run": time.time() - started,
@@ -242,7 +257,10 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         "parameters": model.count_params(),
         "train": controller.epoch_train_nll(),
         "dev": controller.last_dev,
-        "best_dev": ({"nll_per_token": float(state.best_dev.numpy()), "step": int(state.best_step.numpy()),
+        "best_dev": ({"metric": "bleu" if bleu is not None and config.early_stopping_metric == "bleu" else "loss",
+                      "step": int(state.best_step.numpy()),
+                      "bleu": float(state.best_bleu.numpy()) if bleu is not None else None,
+                      "nll_per_token": float(state.best_dev.numpy()),
                       "perplexity": math.exp(min(float(state.best_dev.numpy()), 700.0))}
                      if int(state.best_step.numpy()) >= 0 else None),
         "checkpoint": manager.latest_checkpoint,
@@ -258,7 +276,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         f"({summary['target_tokens_per_sec']:,.0f} target tokens/s).")
     log(f"Outputs in {os.path.abspath(model_dir)}:\n"
         f"  checkpoints/ (last: {os.path.basename(manager.latest_checkpoint or '-')}), "
-        f"best/ (best dev loss), vocab.src.txt, vocab.tgt.txt, flags.json\n"
+        f"best/ (best dev {summary['best_dev']['metric'] if summary['best_dev'] else '-'}), vocab.src.txt, vocab.tgt.txt, flags.json\n"
         f"  train_summary.json; TensorBoard: tensorboard --logdir {os.path.join(model_dir, 'logs')}")
     return summary
 

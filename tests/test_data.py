@@ -112,7 +112,8 @@ def test_every_valid_pair_appears_exactly_once_per_epoch(tiny_corpus, tokenizers
                            max_len=50, batch_size=6, shuffle=True, shuffle_buffer=7, seed=3)
     got, batches = epoch_pairs(ds)
     assert collections.Counter(got) == collections.Counter(expected_pairs(tiny_corpus, src_tok, tgt_tok))
-    assert len(batches) == data.batches_per_epoch(stats, 6, "sentences", 1)
+    assert len(batches) == data.batches_per_epoch(stats, 6, "sentences", 1600)
+    assert [len(b[0]) for b in batches].count(6) == 6            # 40 pairs: 6 full batches and one of 4
 
 
 def test_batches_are_shifted_targets_and_padded(tiny_corpus, tokenizers):
@@ -129,26 +130,38 @@ def test_batches_are_shifted_targets_and_padded(tiny_corpus, tokenizers):
         assert x["source_ids"].dtype == tf.int32
 
 
-def test_buckets_hold_similar_lengths(tiny_corpus, tokenizers):
-    src_tok, tgt_tok, _ = tokenizers
+def lengths_of(batch):
+    src, tin, _ = batch
+    return np.maximum((src > 0).sum(1), (tin > 0).sum(1))
+
+
+def test_a_pool_is_sorted_by_length_and_cut_into_full_batches(tiny_corpus, tokenizers):
+    """The paper's scheme: within a pool, batches cover disjoint, increasing length ranges."""
+    src_tok, tgt_tok, stats = tokenizers
     ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
-                           max_len=50, batch_size=4, bucket_width=2, shuffle=True, seed=1)
-    for x, y in ds:
-        lengths = np.maximum((x["source_ids"].numpy() > 0).sum(1), (x["target_ids"].numpy() > 0).sum(1))
-        # One bucket [1 + 2k, 3 + 2k): lengths differ by at most width - 1.
-        assert lengths.max() - lengths.min() <= 1, lengths
+                           max_len=50, batch_size=4, pool_size=40, shuffle=True, seed=1)
+    _, batches = epoch_pairs(ds)
+    assert [len(b[0]) for b in batches] == [4] * 10
+    ranges = sorted((lengths_of(b).min(), lengths_of(b).max()) for b in batches)
+    for (_, high), (low, _) in zip(ranges, ranges[1:]):
+        assert high <= low, ranges
+    assert len(batches) == data.batches_per_epoch(stats, 4, "sentences", 40)
+    # Two pools of 20 pairs, each cut into batches of 8: 8 + 8 + 4 twice.
+    ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
+                           max_len=50, batch_size=8, pool_size=20, shuffle=True, seed=2)
+    sizes = [len(b[0]) for b in epoch_pairs(ds)[1]]
+    assert sorted(sizes) == [4, 4, 8, 8, 8, 8] and data.batches_per_epoch(stats, 8, "sentences", 20) == 6
 
 
 def test_token_batches_stay_under_the_budget(tiny_corpus, tokenizers):
     src_tok, tgt_tok, stats = tokenizers
     ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
                            max_len=50, batch_size=60, batch_type="tokens")
-    n = 0
-    for x, y in ds:
-        n += 1
-        longest = max(x["source_ids"].shape[1], x["target_ids"].shape[1])
-        assert x["source_ids"].shape[0] * longest <= 60 or x["source_ids"].shape[0] == 1
-    assert n == data.batches_per_epoch(stats, 60, "tokens", 1)
+    pairs, batches = epoch_pairs(ds)
+    assert len(pairs) == stats.pairs
+    for b in batches:
+        assert len(b[0]) * lengths_of(b).max() <= 60 or len(b[0]) == 1
+    assert data.batches_per_epoch(stats, 60, "tokens", 1600) is None
 
 
 def test_order_depends_only_on_seed_and_epoch_and_skip_resumes_it(tiny_corpus, tokenizers):

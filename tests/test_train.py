@@ -84,7 +84,7 @@ def test_sigkill_at_any_moment_loses_at_most_one_checkpoint_interval(tiny_corpus
     args = ["-m", "nmt_tf.train", f"--flagfile={REPO}/pipelines/smoke.flags",
             f"--train_src={tiny_corpus['train_src']}", f"--train_tgt={tiny_corpus['train_tgt']}",
             f"--dev_src={tiny_corpus['dev_src']}", f"--dev_tgt={tiny_corpus['dev_tgt']}",
-            "--batch_size=4", "--bucket_width=100", "--max_epochs=40", "--checkpoint_every_steps=2",
+            "--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=2",
             f"--model_dir={model_dir}"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
