@@ -30,8 +30,9 @@ class TrainingState(tf.Module):
         self.epoch_batches = i64(0)          # batches done in the current epoch
         self.train_seconds = f64(0.0)        # summed over resumed runs
         self.target_tokens = i64(0)          # target tokens trained on, summed
-        self.best_dev = f64(math.inf)
-        self.best_step = i64(-1)
+        self.best_dev = f64(math.inf)         # best dev NLL per token
+        self.best_bleu = f64(-math.inf)       # best dev BLEU
+        self.best_step = i64(-1)              # step of the best by --early_stopping_metric
         self.bad_evals = i64(0)              # evaluations since the best one
         self.last_eval_step = i64(-1)
 
@@ -55,6 +56,46 @@ class DevEvaluator:
         return {"nll_per_token": per_token, "nll_per_sentence": nll / max(sentences, 1.0),
                 "perplexity": math.exp(min(per_token, 700.0)), "tokens": int(tokens),
                 "sentences": int(sentences)}
+
+
+class DevBleu:
+    """Translates dev sentences with the model being trained and scores BLEU.
+
+    Uses the same translate function as the exported SavedModel (greedy or a
+    small beam), on the first `sentences` non-empty dev pairs, read once.
+    Also returns the first `attention_examples` heatmaps as PNG bytes.
+    """
+
+    def __init__(self, model, source_tokenizer, target_tokenizer, src_path, tgt_path, options,
+                 sentences: int = 0, attention_examples: int = 4, batch_size: int = 64):
+        from nmt_tf import data
+        from nmt_tf.translator import Translator, compiled_translate
+
+        pairs = []
+        for s, t in data.parallel_lines(src_path, tgt_path).as_numpy_iterator():
+            if s.strip() and t.strip():
+                pairs.append((s, t.decode("utf-8", errors="replace").strip()))
+                if sentences and len(pairs) == sentences:
+                    break
+        self.sources = [s for s, _ in pairs]
+        self.references = [t for _, t in pairs]
+        self.attention_examples = attention_examples
+        self.batch_size = batch_size
+        translator = Translator(model, source_tokenizer, target_tokenizer, options, max_input_length=250)
+        self.translate = compiled_translate(translator)
+
+    def __call__(self) -> dict:
+        from nmt_tf import metrics, plots
+        from nmt_tf.translator import translate_lines
+
+        out = translate_lines(self.translate, self.sources, self.batch_size)
+        scores = metrics.corpus_scores(out["translation"], self.references)
+        images = [plots.attention_png(out["source_tokens"][i], out["target_tokens"][i], out["alignment"][i],
+                                      title=out["translation"][i][:80])
+                  for i in range(min(self.attention_examples, len(self.sources)))]
+        return {"bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores["chrf"],
+                "bleu_signature": scores["bleu_signature"], "sentences": len(self.sources),
+                "examples": list(zip(out["translation"][:3], self.references[:3])), "images": images}
 
 
 class TrainingProgbar(keras.callbacks.ProgbarLogger):
@@ -85,13 +126,15 @@ class TrainingController(keras.callbacks.Callback):
 
     def __init__(self, config, state: TrainingState, manager: tf.train.CheckpointManager,
                  best_manager: tf.train.CheckpointManager | None, evaluator: DevEvaluator | None,
-                 log_dir: str, batches_per_epoch: int | None, log=print, print_lines=False):
+                 log_dir: str, batches_per_epoch: int | None, log=print, print_lines=False,
+                 bleu: DevBleu | None = None):
         super().__init__()
         self.config = config
         self.state = state
         self.manager = manager
         self.best_manager = best_manager
         self.evaluator = evaluator
+        self.bleu = bleu
         self.batches_per_epoch = batches_per_epoch
         self.log = log
         self.print_lines = print_lines
@@ -231,16 +274,24 @@ class TrainingController(keras.callbacks.Callback):
         self._reset_interval()
 
     def evaluate(self, step):
-        """Dev loss, TensorBoard, best checkpoint and early stopping."""
+        """Dev loss (and BLEU), TensorBoard, best checkpoint, learning-rate decay, early stopping."""
         if self.evaluator is None or int(self.state.last_eval_step.numpy()) == step:
             return
         t0 = time.perf_counter()
         dev = self.evaluator()
+        bleu = self.bleu() if self.bleu is not None else None
+        if bleu:
+            dev.update({k: bleu[k] for k in ("bleu", "bleu_lc", "chrf", "bleu_signature")})
+            dev["bleu_sentences"] = bleu["sentences"]
         self.last_dev = {**dev, "step": step}
         self.state.last_eval_step.assign(step)
-        improved = dev["nll_per_token"] < float(self.state.best_dev.numpy())
+        by_bleu = self.config.early_stopping_metric == "bleu" and bleu is not None
+        improved = (dev["bleu"] > float(self.state.best_bleu.numpy()) if by_bleu
+                    else dev["nll_per_token"] < float(self.state.best_dev.numpy()))
+        self.state.best_dev.assign(min(dev["nll_per_token"], float(self.state.best_dev.numpy())))
+        if bleu:
+            self.state.best_bleu.assign(max(dev["bleu"], float(self.state.best_bleu.numpy())))
         if improved:
-            self.state.best_dev.assign(dev["nll_per_token"])
             self.state.best_step.assign(step)
             self.state.bad_evals.assign(0)
             if self.best_manager is not None:
@@ -253,11 +304,28 @@ class TrainingController(keras.callbacks.Callback):
             tf.summary.scalar("perplexity", dev["perplexity"])
             tf.summary.scalar("nll_per_sentence", dev["nll_per_sentence"])
             tf.summary.scalar("best_loss", float(self.state.best_dev.numpy()))
+            if bleu:
+                tf.summary.scalar("bleu", bleu["bleu"], description=bleu["bleu_signature"])
+                tf.summary.scalar("bleu_lc", bleu["bleu_lc"], description="lowercased BLEU")
+                tf.summary.scalar("chrf", bleu["chrf"])
+                tf.summary.scalar("best_bleu", float(self.state.best_bleu.numpy()))
+                from nmt_tf.plots import png_to_tensor
+
+                for i, png in enumerate(bleu["images"]):
+                    tf.summary.image(f"attention/example_{i}", png_to_tensor(png), step=step,
+                                     description="alignment alpha_ij: source words on the x axis, "
+                                                 "generated words on the y axis (black 0, white 1)")
         self.dev_writer.flush()
-        self.log(f"  dev at step {step:,}: NLL/token {dev['nll_per_token']:.4f} "
-                 f"(ppl {dev['perplexity']:.2f}), NLL/sentence {dev['nll_per_sentence']:.2f}"
-                 f"{' (best)' if improved else f' (best {float(self.state.best_dev.numpy()):.4f} at step {int(self.state.best_step.numpy()):,})'}"
-                 f" [{time.perf_counter() - t0:.1f}s]")
+        best = (f"best {float(self.state.best_bleu.numpy()):.2f} BLEU" if by_bleu
+                else f"best {float(self.state.best_dev.numpy()):.4f}") + \
+            f" at step {int(self.state.best_step.numpy()):,}"
+        self.log(f"  dev at step {step:,}: NLL/token {dev['nll_per_token']:.4f} (ppl {dev['perplexity']:.2f}), "
+                 f"NLL/sentence {dev['nll_per_sentence']:.2f}"
+                 + (f", BLEU {bleu['bleu']:.2f} (lowercased {bleu['bleu_lc']:.2f})" if bleu else "")
+                 + (" (best)" if improved else f" ({best})") + f" [{time.perf_counter() - t0:.1f}s]")
+        if bleu and bleu["examples"]:
+            hyp, ref = bleu["examples"][0]
+            self.log(f"    hyp: {hyp}\n    ref: {ref}")
         if self.config.patience and int(self.state.bad_evals.numpy()) >= self.config.patience:
             self.log(f"  early stopping: no dev improvement in {self.config.patience} evaluations")
             self._stop("early_stopping")

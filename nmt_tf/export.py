@@ -39,6 +39,7 @@ score (forced decoding, for rescoring and phrase scoring):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -48,132 +49,12 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.translator import Translator, restore_model
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
 absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more than the highest existing).", lower_bound=0)
-absl_flags.DEFINE_string("checkpoint", "best", "Weights to export: best (lowest dev loss; falls back to last), last, or a checkpoint path.")
-absl_flags.DEFINE_integer("max_input_length", 100, "Longer inputs are cut to this many tokens (output 'truncated' says so), which bounds the work a request can cause.", lower_bound=1)
 
 WARMUP_SENTENCES = ["A man is walking his dog in the park.", "Two children are playing.", ""]
-
-
-class Translator:
-    """Builds the serving functions around a model and its tokenizers.
-
-    `module()` returns the tf.Module that is saved: it holds the model's
-    weights, the tokenizers' tables (vocabularies as assets) and the two
-    tf.functions.
-    """
-
-    def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int):
-        import tensorflow as tf
-
-        self.tf = tf
-        self.model = model
-        self.source_tokenizer = source_tokenizer
-        self.target_tokenizer = target_tokenizer
-        self.options = options
-        self.max_input_length = max_input_length
-
-    def _ids(self, tokenizer, text, add_bos=False):
-        """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
-        from nmt_tf.text import BOS_ID, EOS, EOS_ID
-
-        tf = self.tf
-        tokens = tokenizer.tokenize(text)
-        lengths = tokens.row_lengths()
-        tokens = tokens[:, :self.max_input_length]
-        ids = tokenizer.lookup(tokens)
-        rows = tf.shape(text)[:1]
-        eos = tf.fill(tf.concat([rows, [1]], 0), EOS_ID)
-        with_eos = tf.concat([ids, eos], axis=1)
-        shifted = tf.concat([tf.fill(tf.concat([rows, [1]], 0), BOS_ID), ids], axis=1) if add_bos else None
-        display = tf.concat([tokens, tf.fill(tf.concat([rows, [1]], 0), EOS)], axis=1).to_tensor("")
-        return with_eos, shifted, display, lengths > self.max_input_length, tf.equal(lengths, 0)
-
-    def _dense(self, ragged):
-        """Ragged ids -> [B, L] padded with 0, L >= 1 (an empty batch still has one column)."""
-        from nmt_tf.text import PAD_ID
-
-        dense = ragged.to_tensor(PAD_ID)
-        return self.tf.pad(dense, [[0, 0], [0, self.tf.maximum(0, 1 - self.tf.shape(dense)[1])]])
-
-    def translate(self, text):
-        from nmt_tf.search import search
-        from nmt_tf.text import PAD_ID
-
-        tf = self.tf
-        source, _, source_tokens, truncated, empty = self._ids(self.source_tokenizer, text)
-        source = self._dense(source)
-        out = search(self.model, source, self.options)
-        batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
-        flat = tf.reshape(out["tokens"], [batch * n, -1])
-        texts = tf.reshape(self.target_tokenizer.decode(flat), [batch, n])
-        keep = ~empty
-        texts = tf.where(keep[:, None], texts, "")
-        scores = tf.where(keep[:, None], out["scores"], 0.0)
-        best = out["tokens"][:, 0]
-        target_tokens = tf.where((best != PAD_ID) & keep[:, None],
-                                 self.target_tokenizer.id_to_token(best), "")
-        alignment = out["alignments"][:, 0] * tf.cast(keep, tf.float32)[:, None, None]
-        return {
-            "translation": texts[:, 0], "score": scores[:, 0],
-            "log_prob": tf.where(keep, out["log_probs"][:, 0], 0.0),
-            "source_tokens": source_tokens, "target_tokens": target_tokens,
-            "alignment": alignment, "truncated": truncated,
-            "nbest_translations": texts, "nbest_scores": scores,
-        }
-
-    def score(self, source, target):
-        from nmt_tf.text import PAD_ID
-
-        tf = self.tf
-        source_ids, _, _, src_truncated, _ = self._ids(self.source_tokenizer, source)
-        labels, target_in, _, tgt_truncated, _ = self._ids(self.target_tokenizer, target, add_bos=True)
-        x = {"source_ids": self._dense(source_ids), "target_ids": self._dense(target_in)}
-        labels = self._dense(labels)
-        token_log_probs = self.model.target_log_probs(x, labels)
-        length = tf.reduce_sum(tf.cast(labels != PAD_ID, tf.int32), axis=1)
-        log_prob = tf.reduce_sum(token_log_probs, axis=1)
-        return {"log_prob": log_prob,
-                "log_prob_per_token": log_prob / tf.cast(tf.maximum(length, 1), tf.float32),
-                "target_length": length, "token_log_probs": token_log_probs,
-                "truncated": src_truncated | tgt_truncated}
-
-    def module(self):
-        tf = self.tf
-        module = tf.Module()
-        module.model = self.model
-        module.source_tokenizer = self.source_tokenizer
-        module.target_tokenizer = self.target_tokenizer
-        module.translate = tf.function(self.translate, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text")])
-        module.score = tf.function(self.score, input_signature=[
-            tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
-        return module
-
-
-def restore_model(model_dir: str, checkpoint: str = "best", log=print):
-    """The trained model of `model_dir` with the chosen weights, and its tokenizers."""
-    import tensorflow as tf
-
-    from nmt_tf import data, text, train
-
-    config = nmt_flags.load_config(model_dir)
-    src_path, tgt_path = data.vocabulary_paths(model_dir)
-    source_tokenizer = text.Tokenizer(src_path, config.tokenizer, config.src_lang, name="source_tokenizer")
-    target_tokenizer = text.Tokenizer(tgt_path, config.tokenizer, config.tgt_lang, name="target_tokenizer")
-    model = train.build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-    if checkpoint in ("best", "last"):
-        path = tf.train.latest_checkpoint(os.path.join(model_dir, "best")) if checkpoint == "best" else None
-        path = path or tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-        if path is None:
-            raise FileNotFoundError(f"no checkpoint in {model_dir} (train first)")
-    else:
-        path = checkpoint
-    tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
-    log(f"Loaded {path}")
-    return model, source_tokenizer, target_tokenizer, config
 
 
 def next_version(export_dir: str) -> int:
@@ -198,12 +79,43 @@ def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
     return path
 
 
+METADATA = "nmt_tf.json"
+
+
+def write_metadata(saved_model_dir: str, model_dir: str, config, options, max_input_length: int,
+                   checkpoint_path: str) -> None:
+    """assets.extra/nmt_tf.json (languages, tokenizer, search settings) and the
+    training word shortlists, for nmt_tf.evaluate / visualize on the export."""
+    import dataclasses
+
+    from nmt_tf import data
+
+    extra = os.path.join(saved_model_dir, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    meta = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
+            "model": config.model, "search": dataclasses.asdict(options), "max_input_length": max_input_length,
+            "checkpoint": os.path.basename(checkpoint_path)}
+    with open(os.path.join(extra, METADATA), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    for path in data.word_shortlist_paths(model_dir):
+        if os.path.exists(path):
+            shutil.copy(path, os.path.join(extra, os.path.basename(path)))
+
+
+def read_metadata(saved_model_dir: str) -> dict:
+    path = os.path.join(saved_model_dir, "assets.extra", METADATA)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: {saved_model_dir} is not an nmt_tf export")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def export(model_dir: str, export_dir: str, options, version: int = 0, checkpoint: str = "best",
            max_input_length: int = 100, log=print) -> str:
     """Writes export_dir/<version>/ atomically; returns its path."""
     import tensorflow as tf
 
-    model, src_tok, tgt_tok, _ = restore_model(model_dir, checkpoint, log=log)
+    model, src_tok, tgt_tok, config, checkpoint_path = restore_model(model_dir, checkpoint, log=log)
     version = version or next_version(export_dir)
     final = os.path.join(export_dir, str(version))
     if os.path.exists(final):
@@ -218,6 +130,7 @@ def export(model_dir: str, export_dir: str, options, version: int = 0, checkpoin
             "translate": module.translate.get_concrete_function(),
             "score": module.score.get_concrete_function()})
         write_warmup(tmp)
+        write_metadata(tmp, model_dir, config, options, max_input_length, checkpoint_path)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

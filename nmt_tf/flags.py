@@ -37,7 +37,7 @@ flags.DEFINE_integer("tgt_vocab_size", 30000, "Target vocabulary size, special t
 flags.DEFINE_integer("max_len", 50, "Training pairs with more tokens than this on either side are skipped and counted (paper: 30 or 50 words). Tokens are words, or sub-words with --tokenizer=wordpiece.", lower_bound=1)
 flags.DEFINE_integer("batch_size", 80, "Batch size, in sentence pairs (--batch_type=sentences; paper: 80) or in padded tokens of the longer side (--batch_type=tokens).", lower_bound=1)
 flags.DEFINE_enum("batch_type", "sentences", ["sentences", "tokens"], "Unit of --batch_size.")
-flags.DEFINE_integer("bucket_width", 1, "Pairs are grouped into batches of similar length (max of source and target length, in steps of this many tokens).", lower_bound=1)
+flags.DEFINE_integer("pool_size", 1600, "Pairs read, sorted by length and cut into batches together, as in the paper (1,600 pairs = 20 batches of 80); larger pools give batches of more similar length.", lower_bound=1)
 flags.DEFINE_integer("shuffle_buffer", 200000, "Number of sentence pairs held in memory for shuffling the training stream; memory use does not grow with the corpus.", lower_bound=1)
 
 # ---------------------------------------------------------------- model
@@ -61,7 +61,11 @@ flags.DEFINE_float("max_hours", 0.0, "Stop after this many hours of training, su
 flags.DEFINE_integer("checkpoint_every_steps", 500, "Save a checkpoint every this many updates (and at the end of every epoch and of the run). A killed run loses at most this many updates.", lower_bound=1)
 flags.DEFINE_integer("keep_checkpoints", 3, "Number of recent checkpoints kept (the best one by dev score is kept apart).", lower_bound=1)
 flags.DEFINE_integer("eval_every_steps", 0, "Compute the dev loss every this many updates (0: at the end of every epoch).", lower_bound=0)
-flags.DEFINE_enum("early_stopping_metric", "loss", ["loss"], "Dev metric that selects the best checkpoint and stops training early.")
+flags.DEFINE_enum("early_stopping_metric", "bleu", ["bleu", "loss"], "Dev metric that selects the best checkpoint (best/), decays the learning rate and stops training early (bleu needs --dev_bleu).")
+flags.DEFINE_boolean("dev_bleu", True, "At every dev evaluation, also translate the dev set and log its BLEU (sacreBLEU, detokenized output against the raw reference) and attention heatmaps.")
+flags.DEFINE_integer("dev_bleu_beam_size", 1, "Beam width for dev BLEU during training (1: greedy search).", lower_bound=1)
+flags.DEFINE_integer("dev_bleu_sentences", 0, "Translate only the first this many dev pairs for dev BLEU (0: all).", lower_bound=0)
+flags.DEFINE_integer("attention_examples", 4, "Dev sentences (the first ones) whose attention heatmaps go to TensorBoard at every evaluation.", lower_bound=0)
 flags.DEFINE_float("decay_factor", 1.0, "Multiply the learning rate by this after --decay_patience dev evaluations without improvement (1: constant learning rate, as in the paper).", lower_bound=0.0, upper_bound=1.0)
 flags.DEFINE_integer("decay_patience", 2, "Dev evaluations without improvement before each learning-rate decay.", lower_bound=1)
 flags.DEFINE_integer("patience", 10, "Stop after this many dev evaluations without improvement (0: never stop early).", lower_bound=0)
@@ -89,8 +93,14 @@ flags.DEFINE_boolean("suppress_unk", False, "Never generate [UNK] (how the 'no U
 
 SEARCH_FLAGS = tuple(sorted(set(f.name for f in FLAGS.get_flags_for_module(__name__)) - set(TRAINING_FLAGS)))
 
-# ---------------------------------------------------------------- serving (serve, translate)
+# ---------------------------------------------------------------- using a trained model (export, translate, evaluate, visualize, serve)
 flags.DEFINE_string("model_name", "nmt", "Model name in TF Serving requests (ModelSpec.name).")
+flags.DEFINE_string("saved_model", None, "A SavedModel version directory written by nmt_tf.export (instead of --model_dir).")
+flags.DEFINE_string("checkpoint", "best", "Weights to use from --model_dir: best (by the dev metric; falls back to last), last, or a checkpoint path.")
+flags.DEFINE_integer("max_input_length", 100, "Longer inputs are cut to this many tokens (the 'truncated' output says so); bounds the work one sentence can cause.", lower_bound=1)
+flags.DEFINE_integer("lines_per_batch", 64, "Sentences translated together.", lower_bound=1)
+flags.DEFINE_string("input", None, "Input sentences, one per line (plain or gzip); default stdin.")
+flags.DEFINE_string("output", None, "Output file; default stdout.")
 
 # Flags whose values define the model or its vocabularies: a run resumed in
 # an existing --model_dir must keep them.

@@ -8,7 +8,7 @@ Usage:
 With --saved_model the SavedModel runs in this process; with --server the
 lines go to a TF Serving-compatible server over gRPC (the official
 tensorflow_model_server or nmt_tf.serve) through the tensorflow-serving-api
-stub. Lines are sent in batches of --lines_per_batch.
+stub. Lines are sent in batches of --lines_per_batch (64).
 
 Output: plain text, one translation per line. With --with_scores,
 --with_alignments or --n_best > 1, one JSON object per line instead:
@@ -34,14 +34,10 @@ import time
 from absl import app
 from absl import flags as absl_flags
 
-from nmt_tf import flags as nmt_flags  # noqa: F401  (defines --model_name and --n_best)
+from nmt_tf import flags as nmt_flags  # noqa: F401  (--saved_model, --model_name, --n_best, --lines_per_batch, --input, --output)
 
-absl_flags.DEFINE_string("saved_model", None, "A SavedModel version directory written by nmt_tf.export.")
 absl_flags.DEFINE_string("server", None, "HOST:PORT of a TF Serving-compatible gRPC server.")
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
-absl_flags.DEFINE_string("input", None, "Input file (plain or .gz); default stdin.")
-absl_flags.DEFINE_string("output", None, "Output file; default stdout.")
-absl_flags.DEFINE_integer("lines_per_batch", 32, "Lines sent to the model (or server) at once.", lower_bound=1)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
 absl_flags.DEFINE_boolean("with_alignments", False, "Write JSON lines with tokens and the attention matrix.")
 absl_flags.DEFINE_float("timeout", 120.0, "Seconds to wait for one request (--server).")

@@ -63,7 +63,7 @@ def test_translate_signature_outputs(signatures):
 
 
 def test_translation_equals_the_python_search(exported, signatures):
-    model, src_tok, tgt_tok, _ = export.restore_model(exported[0], log=lambda *a: None)
+    model, src_tok, tgt_tok = export.restore_model(exported[0], log=lambda *a: None)[:3]
     text = tf.constant(["A man in a blue shirt."])
     ids = src_tok.encode(text).to_tensor()
     ids = tf.concat([ids, tf.fill([1, 1], 3)], axis=1)
@@ -75,7 +75,7 @@ def test_translation_equals_the_python_search(exported, signatures):
 
 
 def test_score_signature_is_forced_decoding(exported, signatures):
-    model, src_tok, tgt_tok, _ = export.restore_model(exported[0], log=lambda *a: None)
+    model, src_tok, tgt_tok = export.restore_model(exported[0], log=lambda *a: None)[:3]
     out = signatures["score"](source=tf.constant(["A man.", "Two dogs run ."]),
                               target=tf.constant(["Un homme.", "Deux chiens courent."]))
     tgt = tgt_tok.encode(tf.constant(["Un homme."])).to_list()[0]
@@ -105,9 +105,12 @@ def test_bad_inputs_get_proper_results(signatures):
     assert scored["log_prob"].shape == (0,)
 
 
-def test_fresh_process_with_only_tensorflow_runs_both_signatures(exported):
-    """Nothing but TensorFlow: keras, keras_hub and nmt_tf imports are refused."""
-    result = run_cli(os.path.join(REPO, "tests", "load_with_tensorflow_only.py"), exported[2])
+@pytest.mark.parametrize("which", ["word", "wordpiece"])
+def test_fresh_process_with_only_tensorflow_runs_both_signatures(which, request):
+    """Nothing but TensorFlow (and tensorflow-text's op libraries, as TF Serving links them):
+    keras, keras_hub and nmt_tf imports are refused."""
+    path = request.getfixturevalue("exported")[2] if which == "word" else request.getfixturevalue("wordpiece_export")
+    result = run_cli(os.path.join(REPO, "tests", "load_with_tensorflow_only.py"), path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "translation ok" in result.stdout and "score ok" in result.stdout
     assert "imported: []" in result.stdout

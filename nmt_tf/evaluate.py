@@ -1,0 +1,311 @@
+r"""Translation quality with the papers' analyses (sacreBLEU).
+
+Usage:
+  python -m nmt_tf.evaluate --model_dir=runs/m30k --src=data/multi30k/test_2016_flickr.en.gz \
+      --ref=data/multi30k/test_2016_flickr.fr.gz [--out_dir=O] [--beam_size=10]
+  python -m nmt_tf.evaluate --model_dir=A --model_dir=B --label=RNNsearch --label=RNNencdec --src=F --ref=G
+  python -m nmt_tf.evaluate --saved_model=exports/nmt/1 --src=F --ref=G
+
+For each model: translates --src with beam search (--beam_size, default 10,
+and the other search flags; a --saved_model uses the settings fixed at its
+export), writes the hypotheses, and reports sacreBLEU on the detokenized
+output against the raw --ref: BLEU cased and lowercased with their signature
+strings, and chrF, as report.json and a table (printed and report.txt).
+
+The papers' analyses, in the same report and as PNG plots:
+
+* no UNK (paper 000 Table 1): only the pairs whose source and reference
+  contain no unknown word, decoded again with [UNK] forbidden
+  (hypotheses.no_unk.txt). A word is unknown when it is not among the
+  training shortlist of the model's side; for sub-word models the shortlist is
+  that of the training words with the same size as the sub-word vocabulary
+  (words.src.txt / words.tgt.txt, written at training time). A SavedModel
+  cannot change its search: its no-UNK score uses its normal output.
+* BLEU by source length (paper 000 Fig. 2): bins of 10 words, 1-10 ... 61+
+  (bleu_by_length.png).
+* BLEU by number of unknown words (paper 002 Fig. 4c): sentences with at
+  most k unknown words in source and reference, k = 0..10
+  (bleu_by_unknown.png).
+
+With several models (--model_dir / --saved_model repeated, in that order;
+--label names them), each gets a folder under --out_dir and the plots show
+them together, labelled. Words are counted by the Moses-like word splitter.
+The test files are read into memory (they are test sets); progress with an
+ETA goes to stderr on a terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags as absl_flags
+
+from nmt_tf import flags as nmt_flags
+
+absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
+absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")
+absl_flags.DEFINE_string("out_dir", None, "Where hypotheses, report.json, report.txt and the plots go "
+                         "(default: <model_dir>/eval/<name of --src>, or eval/<name of --src> for --saved_model).")
+absl_flags.DEFINE_multi_string("label", None, "Names of the models in reports and plots, in the order given.")
+
+
+class EvaluationError(ValueError):
+    """A problem with the user's files or flags, in one sentence."""
+
+
+def read_text(path: str, flag: str) -> list[str]:
+    if not path:
+        raise EvaluationError(f"--{flag} is required.")
+    if not os.path.exists(path):
+        raise EvaluationError(f"{path} does not exist (--{flag}).")
+    with open(path, "rb") as f:
+        is_gz = f.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rb") if is_gz else open(path, "rb")) as f:
+        return [line.rstrip(b"\r\n").decode("utf-8", errors="replace") for line in f]
+
+
+@dataclasses.dataclass
+class Subject:
+    """One model to evaluate and how to run it."""
+
+    label: str
+    translate: object                 # [batch] string -> output dict (the serving signature's)
+    translate_no_unk: object | None   # the same with [UNK] forbidden (None: not available)
+    src_lang: str
+    tgt_lang: str
+    known_source: set
+    known_target: set
+    out_dir: str
+    description: str
+
+
+def _word_set(path: str) -> set:
+    from nmt_tf import text
+
+    return set(text.read_vocabulary(path)[len(text.SPECIAL_TOKENS):])
+
+
+def subject_from_model_dir(model_dir, label, options, checkpoint, max_input_length, out_dir, log):
+    from nmt_tf import data
+    from nmt_tf.translator import Translator, compiled_translate, restore_model
+
+    restored = restore_model(model_dir, checkpoint, log=log)
+    model, src_tok, tgt_tok, config = restored[:4]
+    make = lambda o: compiled_translate(Translator(model, src_tok, tgt_tok, o, max_input_length))
+    words = data.word_shortlist_paths(model_dir)
+    if not all(os.path.exists(p) for p in words):
+        words = data.vocabulary_paths(model_dir) if config.tokenizer == "word" else None
+    if words is None:
+        raise EvaluationError(f"{model_dir} has no words.src.txt / words.tgt.txt (trained by an older nmt_tf)")
+    return Subject(label, make(options), make(dataclasses.replace(options, suppress_unk=True)),
+                   config.src_lang, config.tgt_lang, _word_set(words[0]), _word_set(words[1]), out_dir,
+                   f"{model_dir} ({os.path.basename(restored.checkpoint)}, beam {options.beam_size})")
+
+
+def subject_from_saved_model(path, label, out_dir):
+    import tensorflow as tf
+
+    from nmt_tf import data, export, text
+
+    text.register_text_ops()
+    meta = export.read_metadata(path)
+    signature = tf.saved_model.load(path).signatures["serving_default"]
+    extra = os.path.join(path, "assets.extra")
+    words = [os.path.join(extra, os.path.basename(p)) for p in data.word_shortlist_paths(".")]
+    if not all(os.path.exists(p) for p in words):
+        words = [os.path.join(path, "assets", n) for n in ("vocab.src.txt", "vocab.tgt.txt")]
+    return Subject(label, lambda lines: signature(text=tf.constant(lines, tf.string)), None,
+                   meta["src_lang"], meta["tgt_lang"], _word_set(words[0]), _word_set(words[1]), out_dir,
+                   f"{path} (beam {meta['search']['beam_size']}, fixed at export)")
+
+
+def split_words(lines: list[str], lang: str) -> list[list[str]]:
+    import tensorflow as tf
+
+    from nmt_tf import text
+
+    if not lines:
+        return []
+    words = text.split_words(text.clean(tf.constant([l.encode("utf-8") for l in lines])), lang)
+    return [[w.decode("utf-8") for w in row] for row in words.to_list()]
+
+
+def evaluate_subject(subject: Subject, sources: list[str], references: list[str], batch_size: int,
+                     log=print) -> dict:
+    """Translates, scores and analyses one model; writes its files; returns its report."""
+    from nmt_tf import metrics
+    from nmt_tf.translate import Progress
+    from nmt_tf.translator import translate_lines
+
+    os.makedirs(subject.out_dir, exist_ok=True)
+    log(f"Translating {len(sources):,} sentences with {subject.label}: {subject.description}")
+    progress = Progress(len(sources))
+    out = translate_lines(subject.translate, sources, batch_size, progress, keys=("translation",))
+    progress.close()
+    hyps = out["translation"]
+    _write_lines(os.path.join(subject.out_dir, "hypotheses.txt"), hyps)
+
+    src_words = split_words(sources, subject.src_lang)
+    ref_words = split_words(references, subject.tgt_lang)
+    unknown = [a + b for a, b in zip(metrics.count_unknown(src_words, subject.known_source),
+                                     metrics.count_unknown(ref_words, subject.known_target))]
+    no_unk = [i for i, n in enumerate(unknown) if n == 0]
+    if subject.translate_no_unk is not None and no_unk:
+        log(f"Translating the {len(no_unk):,} sentences without unknown words with [UNK] forbidden")
+        progress = Progress(len(no_unk))
+        fixed = translate_lines(subject.translate_no_unk, [sources[i] for i in no_unk], batch_size, progress,
+                                keys=("translation",))["translation"]
+        progress.close()
+        no_unk_decoding = "[UNK] forbidden"
+    else:
+        fixed = [hyps[i] for i in no_unk]
+        no_unk_decoding = "normal search (fixed at export)"
+    _write_lines(os.path.join(subject.out_dir, "hypotheses.no_unk.txt"), fixed)
+
+    report = {
+        "label": subject.label, "model": subject.description, "sentences": len(sources),
+        "all": metrics.corpus_scores(hyps, references),
+        "no_unk": {**metrics.corpus_scores(fixed, [references[i] for i in no_unk]),
+                   "decoding": no_unk_decoding},
+        "bleu_by_length": metrics.bleu_by_length([len(w) for w in src_words], hyps, references),
+        "bleu_by_unknown": metrics.bleu_by_unknown(unknown, hyps, references),
+    }
+    with open(os.path.join(subject.out_dir, "report.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(subject.out_dir, "report.txt"), "w", encoding="utf-8") as f:
+        f.write(format_table([report]) + "\n")
+    return report
+
+
+def _write_lines(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def _fmt(value, digits=2):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(reports: list[dict]) -> str:
+    """A readable table of the main scores and the analyses."""
+    lines = [f"{'model':<22} {'BLEU':>6} {'BLEU lc':>8} {'chrF':>6} {'no-UNK BLEU':>12} {'(n)':>6}"]
+    for r in reports:
+        lines.append(f"{r['label'][:22]:<22} {_fmt(r['all']['bleu']):>6} {_fmt(r['all']['bleu_lc']):>8} "
+                     f"{_fmt(r['all']['chrf']):>6} {_fmt(r['no_unk']['bleu']):>12} {r['no_unk']['sentences']:>6}")
+    lines.append("")
+    bins = [b["bin"] for b in reports[0]["bleu_by_length"]]
+    lines.append("BLEU by source length (words): " + " ".join(f"{b:>7}" for b in bins))
+    for r in reports:
+        lines.append(f"  {r['label'][:28]:<28} " + " ".join(f"{_fmt(b['bleu']):>7}" for b in r["bleu_by_length"]))
+    lines.append("  sentences per bin:           " + " ".join(f"{b['sentences']:>7}" for b in reports[0]["bleu_by_length"]))
+    lines.append("BLEU with at most k unknown words: k = " + " ".join(
+        f"{b['max_unknown']:>5}" for b in reports[0]["bleu_by_unknown"]))
+    for r in reports:
+        lines.append(f"  {r['label'][:36]:<36} " + " ".join(f"{_fmt(b['bleu'], 1):>5}" for b in r["bleu_by_unknown"]))
+    lines.append("")
+    lines.append(f"BLEU: {reports[0]['all'].get('bleu_signature')}")
+    lines.append(f"BLEU lc: {reports[0]['all'].get('bleu_lc_signature')}")
+    lines.append(f"chrF: {reports[0]['all'].get('chrf_signature')}")
+    return "\n".join(lines)
+
+
+def write_plots(reports: list[dict], out_dir: str, src_name: str) -> list[str]:
+    from nmt_tf import plots
+
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for key, x, xlabel, title, name in (
+            ("bleu_by_length", "bin", "source sentence length (words)",
+             f"BLEU by sentence length ({src_name})", "bleu_by_length.png"),
+            ("bleu_by_unknown", "max_unknown", "maximum number of unknown words (source + reference)",
+             f"BLEU by number of unknown words ({src_name})", "bleu_by_unknown.png")):
+        counts = [b["sentences"] for b in reports[0][key]]
+        series = {r["label"]: [(f"{b[x]}\n(n={n})", b["bleu"]) for b, n in zip(r[key], counts)] for r in reports}
+        path = os.path.join(out_dir, name)
+        with open(path, "wb") as f:
+            f.write(plots.bleu_png(series, xlabel, title))
+        written.append(path)
+    return written
+
+
+def split_model_args(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Takes every --model_dir=... and --saved_model=... out of argv (they may repeat), in order."""
+    rest, models = [], []
+    args = iter(argv)
+    for arg in args:
+        kind = next((k for k in ("model_dir", "saved_model") if arg == f"--{k}" or arg.startswith(f"--{k}=")), None)
+        if kind is None:
+            rest.append(arg)
+        elif "=" in arg:
+            models.append((kind, arg.split("=", 1)[1]))
+        else:
+            models.append((kind, next(args, "")))
+    return rest, models
+
+
+def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: str, out_dir: str | None,
+        options, checkpoint: str, max_input_length: int, batch_size: int, log=print) -> list[dict]:
+    """Evaluates every (kind, path) model; returns their reports."""
+    sources, references = read_text(src, "src"), read_text(ref, "ref")
+    if len(sources) != len(references):
+        raise EvaluationError(f"{src} (--src) has {len(sources):,} lines but {ref} (--ref) has "
+                              f"{len(references):,} lines.")
+    if not models:
+        raise EvaluationError("give --model_dir or --saved_model (either may be repeated).")
+    labels = list(labels or [])
+    if len(labels) > len(models):
+        raise EvaluationError(f"{len(labels)} --label flags for {len(models)} models.")
+    src_name = os.path.basename(src).removesuffix(".gz")
+    several = len(models) > 1
+    reports = []
+    for i, (kind, path) in enumerate(models):
+        label = labels[i] if i < len(labels) else os.path.basename(os.path.normpath(path))
+        if not os.path.exists(path):
+            raise EvaluationError(f"{path} does not exist (--{kind}).")
+        default_dir = os.path.join(path, "eval", src_name) if kind == "model_dir" else os.path.join("eval", src_name)
+        model_out = os.path.join(out_dir, label) if out_dir and several else (out_dir or default_dir)
+        subject = (subject_from_model_dir(path, label, options, checkpoint, max_input_length, model_out, log)
+                   if kind == "model_dir" else subject_from_saved_model(path, label, model_out))
+        reports.append(evaluate_subject(subject, sources, references, batch_size, log))
+        write_plots([reports[-1]], model_out, src_name)
+    if several and out_dir:
+        write_plots(reports, out_dir, src_name)
+        with open(os.path.join(out_dir, "report.txt"), "w", encoding="utf-8") as f:
+            f.write(format_table(reports) + "\n")
+    return reports
+
+
+def main(argv):
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)
+    FLAGS = absl_flags.FLAGS
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
+                      FLAGS.checkpoint, FLAGS.max_input_length, FLAGS.lines_per_batch)
+    except (EvaluationError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(format_table(reports))
+    return 0
+
+
+MODELS: list[tuple[str, str]] = []
+
+
+def parse_flags(argv):
+    """absl parsing, with --model_dir / --saved_model allowed several times."""
+    rest, models = split_model_args(argv)
+    MODELS.extend(models)
+    return absl_flags.FLAGS(rest)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

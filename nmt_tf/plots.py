@@ -1,0 +1,88 @@
+"""PNG pictures: attention heatmaps (paper 000 Fig. 3) and BLEU curves (Fig. 2).
+
+Rendered with matplotlib's Agg backend (no display needed); every function
+returns PNG bytes, which callers write to files or decode for TensorBoard.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+DPI = 100
+
+
+def _png(fig) -> bytes:
+    """PNG of exactly figsize x DPI pixels (constrained layout keeps the labels inside)."""
+    plt = _pyplot()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def attention_size(n_source: int, n_target: int) -> tuple[float, float]:
+    """Figure size in inches of a heatmap: room for the token labels on both axes."""
+    return max(4.0, 0.3 * n_source + 2.0), max(3.0, 0.3 * n_target + 2.0)
+
+
+def attention_png(source_tokens: list[str], target_tokens: list[str], alignment, title: str | None = None) -> bytes:
+    """The alignment matrix as a grey-scale image, as in paper 000 Fig. 3.
+
+    Source words along the x axis (top), generated words along the y axis;
+    pixel (i, j) is alpha_ij, from black (0) to white (1).
+
+    Args:
+      source_tokens: the S source tokens (with "[EOS]").
+      target_tokens: the T generated tokens (with "[EOS]").
+      alignment: [T, S] attention weights.
+    """
+    plt = _pyplot()
+    alignment = np.asarray(alignment, dtype=np.float32)[:len(target_tokens), :len(source_tokens)]
+    fig, ax = plt.subplots(figsize=attention_size(len(source_tokens), len(target_tokens)), layout="constrained")
+    ax.imshow(alignment, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+    ax.set_xticks(range(len(source_tokens)))
+    ax.set_xticklabels(source_tokens, rotation=90, fontsize=9)
+    ax.set_yticks(range(len(target_tokens)))
+    ax.set_yticklabels(target_tokens, fontsize=9)
+    ax.xaxis.tick_top()
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _png(fig)
+
+
+def bleu_png(series: dict[str, list[tuple[str, float | None]]], xlabel: str, title: str,
+             ylabel: str = "BLEU") -> bytes:
+    """One labelled line per model over shared x categories (None values are gaps)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    for label, points in series.items():
+        xs = list(range(len(points)))
+        ys = [np.nan if v is None else v for _, v in points]
+        ax.plot(xs, ys, marker="o", label=label)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([x for x, _ in points])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _png(fig)
+
+
+def png_to_tensor(png: bytes):
+    """PNG bytes -> [1, H, W, 4] uint8 tensor for tf.summary.image."""
+    import tensorflow as tf
+
+    return tf.image.decode_png(png, channels=4)[None]

@@ -1,0 +1,191 @@
+"""Translation with a trained model, exactly as the exported graph does it.
+
+`Translator` builds the functions that nmt_tf.export saves as signatures
+(raw text in, detokenized text, scores, tokens and alignments out), so
+nmt_tf.evaluate, nmt_tf.visualize and the training callbacks translate with
+the same graph code that TF Serving runs. `restore_model` loads a trained
+model directory; `translate_lines` feeds sentences through a translate
+function in batches of similar length and returns the results in input
+order.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from nmt_tf import flags as nmt_flags
+
+
+class RestoredModel(NamedTuple):
+    model: Any
+    source_tokenizer: Any
+    target_tokenizer: Any
+    config: Any
+    checkpoint: str        # the checkpoint path the weights came from
+
+
+class Translator:
+    """Builds the serving functions around a model and its tokenizers.
+
+    `module()` returns the tf.Module that is saved: it holds the model's
+    weights, the tokenizers' tables (vocabularies as assets) and the two
+    tf.functions.
+    """
+
+    def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.model = model
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer
+        self.options = options
+        self.max_input_length = max_input_length
+
+    def _ids(self, tokenizer, text, add_bos=False):
+        """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
+        from nmt_tf.text import BOS_ID, EOS, EOS_ID
+
+        tf = self.tf
+        tokens = tokenizer.tokenize(text)
+        lengths = tokens.row_lengths()
+        tokens = tokens[:, :self.max_input_length]
+        ids = tokenizer.lookup(tokens)
+        rows = tf.shape(text)[:1]
+        eos = tf.fill(tf.concat([rows, [1]], 0), EOS_ID)
+        with_eos = tf.concat([ids, eos], axis=1)
+        shifted = tf.concat([tf.fill(tf.concat([rows, [1]], 0), BOS_ID), ids], axis=1) if add_bos else None
+        display = tf.concat([tokens, tf.fill(tf.concat([rows, [1]], 0), EOS)], axis=1).to_tensor("")
+        return with_eos, shifted, display, lengths > self.max_input_length, tf.equal(lengths, 0)
+
+    def _dense(self, ragged):
+        """Ragged ids -> [B, L] padded with 0, L >= 1 (an empty batch still has one column)."""
+        from nmt_tf.text import PAD_ID
+
+        dense = ragged.to_tensor(PAD_ID)
+        return self.tf.pad(dense, [[0, 0], [0, self.tf.maximum(0, 1 - self.tf.shape(dense)[1])]])
+
+    def translate(self, text):
+        from nmt_tf.search import search
+        from nmt_tf.text import PAD_ID
+
+        tf = self.tf
+        source, _, source_tokens, truncated, empty = self._ids(self.source_tokenizer, text)
+        source = self._dense(source)
+        out = search(self.model, source, self.options)
+        batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
+        flat = tf.reshape(out["tokens"], [batch * n, -1])
+        texts = tf.reshape(self.target_tokenizer.decode(flat), [batch, n])
+        keep = ~empty
+        texts = tf.where(keep[:, None], texts, "")
+        scores = tf.where(keep[:, None], out["scores"], 0.0)
+        best = out["tokens"][:, 0]
+        target_tokens = tf.where((best != PAD_ID) & keep[:, None],
+                                 self.target_tokenizer.id_to_token(best), "")
+        alignment = out["alignments"][:, 0] * tf.cast(keep, tf.float32)[:, None, None]
+        return {
+            "translation": texts[:, 0], "score": scores[:, 0],
+            "log_prob": tf.where(keep, out["log_probs"][:, 0], 0.0),
+            "source_tokens": source_tokens, "target_tokens": target_tokens,
+            "alignment": alignment, "truncated": truncated,
+            "nbest_translations": texts, "nbest_scores": scores,
+        }
+
+    def score(self, source, target):
+        from nmt_tf.text import PAD_ID
+
+        tf = self.tf
+        source_ids, _, _, src_truncated, _ = self._ids(self.source_tokenizer, source)
+        labels, target_in, _, tgt_truncated, _ = self._ids(self.target_tokenizer, target, add_bos=True)
+        x = {"source_ids": self._dense(source_ids), "target_ids": self._dense(target_in)}
+        labels = self._dense(labels)
+        token_log_probs = self.model.target_log_probs(x, labels)
+        length = tf.reduce_sum(tf.cast(labels != PAD_ID, tf.int32), axis=1)
+        log_prob = tf.reduce_sum(token_log_probs, axis=1)
+        return {"log_prob": log_prob,
+                "log_prob_per_token": log_prob / tf.cast(tf.maximum(length, 1), tf.float32),
+                "target_length": length, "token_log_probs": token_log_probs,
+                "truncated": src_truncated | tgt_truncated}
+
+    def module(self):
+        tf = self.tf
+        module = tf.Module()
+        module.model = self.model
+        module.source_tokenizer = self.source_tokenizer
+        module.target_tokenizer = self.target_tokenizer
+        module.translate = tf.function(self.translate, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text")])
+        module.score = tf.function(self.score, input_signature=[
+            tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
+        return module
+
+
+def restore_model(model_dir: str, checkpoint: str = "best", log=print) -> RestoredModel:
+    """The trained model of `model_dir` with the chosen weights, and its tokenizers."""
+    import tensorflow as tf
+
+    from nmt_tf import data, text, train
+
+    config = nmt_flags.load_config(model_dir)
+    src_path, tgt_path = data.vocabulary_paths(model_dir)
+    source_tokenizer = text.Tokenizer(src_path, config.tokenizer, config.src_lang, name="source_tokenizer")
+    target_tokenizer = text.Tokenizer(tgt_path, config.tokenizer, config.tgt_lang, name="target_tokenizer")
+    model = train.build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+    if checkpoint in ("best", "last"):
+        path = tf.train.latest_checkpoint(os.path.join(model_dir, "best")) if checkpoint == "best" else None
+        path = path or tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint in {model_dir} (train first)")
+    else:
+        path = checkpoint
+    tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
+    log(f"Loaded {path}")
+    return RestoredModel(model, source_tokenizer, target_tokenizer, config, path)
+
+
+def compiled_translate(translator: Translator):
+    """`translator.translate` as a tf.function over a [batch] string vector."""
+    import tensorflow as tf
+
+    return tf.function(translator.translate, input_signature=[tf.TensorSpec([None], tf.string)])
+
+
+def translate_lines(translate_fn, lines, batch_size: int = 64, progress=None,
+                    keys=("translation", "score", "source_tokens", "target_tokens", "alignment")) -> dict:
+    """Translates all `lines` (str or bytes) and returns {key: list in input order}.
+
+    Sentences are sorted by length and batched (less padding, fewer wasted
+    decoding steps); the results come back in the order of `lines`.
+    Token lists drop their "" padding and alignments are cut to
+    [target tokens, source tokens].
+    """
+    import numpy as np
+
+    lines = [l.encode("utf-8") if isinstance(l, str) else l for l in lines]
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i].split()))
+    results = {k: [None] * len(lines) for k in keys}
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        out = {k: v.numpy() for k, v in translate_fn([lines[i] for i in index]).items()}
+        for row, i in enumerate(index):
+            src = [t.decode("utf-8") for t in out["source_tokens"][row] if t]
+            tgt = [t.decode("utf-8") for t in out["target_tokens"][row] if t]
+            for key in keys:
+                value = out[key][row]
+                if key == "source_tokens":
+                    value = src
+                elif key == "target_tokens":
+                    value = tgt
+                elif key == "alignment":
+                    value = np.asarray(value[:len(tgt), :len(src)])
+                elif isinstance(value, bytes):
+                    value = value.decode("utf-8")
+                elif isinstance(value, np.ndarray) and value.dtype.kind == "O":
+                    value = [v.decode("utf-8") for v in value]
+                else:
+                    value = value.item() if hasattr(value, "item") else value
+                results[key][i] = value
+        if progress is not None:
+            progress.update(len(index))
+    return results

@@ -1,0 +1,114 @@
+r"""Attention (alignment) heatmaps of translations, as in paper 000 Fig. 3.
+
+Usage:
+  python -m nmt_tf.visualize --saved_model=exports/nmt/1 --text="A man is riding a bike." --out=attention.png
+  python -m nmt_tf.visualize --saved_model=exports/nmt/1 --input=sentences.en --out=heatmaps/ [--logdir=tb/]
+  python -m nmt_tf.visualize --model_dir=runs/m30k --text="..."      # a trained model directory works too
+
+Translates each sentence (beam search as exported, or the search flags with
+--model_dir) and draws its alignment matrix alpha: source tokens along the x
+axis, generated tokens along the y axis, each pixel the weight alpha_ij in
+grey scale (black 0, white 1), labelled with the real tokens ([EOS] included).
+One sentence (--text) goes to --out as a PNG file; several (--input) go to
+--out as a directory of attention_<line>.png. With --logdir the images are
+also written as TensorBoard image summaries (tag attention/<line>).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app
+from absl import flags as absl_flags
+
+from nmt_tf import flags as nmt_flags
+
+absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
+absl_flags.DEFINE_string("out", None, "PNG file (--text) or directory (--input); default attention.png / attention/.")
+absl_flags.DEFINE_string("logdir", None, "Also write the heatmaps as TensorBoard images into this log directory.")
+
+
+class VisualizeError(ValueError):
+    """A problem with the user's flags or files, in one sentence."""
+
+
+def translate_function(saved_model: str | None, model_dir: str | None, options, checkpoint: str,
+                       max_input_length: int):
+    """[batch] string -> the serving signature's outputs, from a SavedModel or a model directory."""
+    import tensorflow as tf
+
+    if saved_model:
+        from nmt_tf.text import register_text_ops
+
+        register_text_ops()
+        signature = tf.saved_model.load(saved_model).signatures["serving_default"]
+        return lambda lines: signature(text=tf.constant(lines, tf.string))
+    from nmt_tf.translator import Translator, compiled_translate, restore_model
+
+    model, src_tok, tgt_tok = restore_model(model_dir, checkpoint, log=lambda *a: None)[:3]
+    return compiled_translate(Translator(model, src_tok, tgt_tok, options, max_input_length))
+
+
+def render(translate_fn, sentences: list[str], names: list[str], out_paths: list[str],
+           logdir: str | None = None) -> list[dict]:
+    """Translates `sentences`, writes one heatmap PNG each; returns what was drawn."""
+    import tensorflow as tf
+
+    from nmt_tf import plots
+    from nmt_tf.translator import translate_lines
+
+    out = translate_lines(translate_fn, sentences, batch_size=16)
+    drawn = []
+    writer = tf.summary.create_file_writer(logdir) if logdir else None
+    for i, (name, path) in enumerate(zip(names, out_paths)):
+        png = plots.attention_png(out["source_tokens"][i], out["target_tokens"][i], out["alignment"][i],
+                                  title=out["translation"][i][:100])
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(png)
+        if writer is not None:
+            with writer.as_default(step=0):
+                tf.summary.image(f"attention/{name}", plots.png_to_tensor(png),
+                                 description=f"{sentences[i]} -> {out['translation'][i]}")
+        drawn.append({"path": path, "translation": out["translation"][i],
+                      "source_tokens": out["source_tokens"][i], "target_tokens": out["target_tokens"][i]})
+    if writer is not None:
+        writer.flush()
+    return drawn
+
+
+def main(argv):
+    from absl import logging
+
+    from nmt_tf.translate import TranslationError, read_lines
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)
+    FLAGS = absl_flags.FLAGS
+    try:
+        if bool(FLAGS.saved_model) == bool(FLAGS.model_dir):
+            raise VisualizeError("give exactly one of --saved_model and --model_dir.")
+        if bool(FLAGS.text) == bool(FLAGS.input):
+            raise VisualizeError("give exactly one of --text and --input.")
+        if FLAGS.text:
+            sentences, names = [FLAGS.text], ["text"]
+            paths = [FLAGS.out or "attention.png"]
+        else:
+            sentences = [l.decode("utf-8", errors="replace") for l in read_lines(FLAGS.input)]
+            names = [f"{i + 1:04d}" for i in range(len(sentences))]
+            out_dir = FLAGS.out or "attention"
+            paths = [os.path.join(out_dir, f"attention_{n}.png") for n in names]
+        fn = translate_function(FLAGS.saved_model, FLAGS.model_dir, nmt_flags.search_options(),
+                                FLAGS.checkpoint, FLAGS.max_input_length)
+        for item in render(fn, sentences, names, paths, FLAGS.logdir):
+            print(f"{item['path']}: {item['translation']}")
+    except (VisualizeError, TranslationError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
