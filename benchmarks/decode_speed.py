@@ -1,0 +1,101 @@
+r"""Decoding speed through the exported SavedModel: prints one JSON object.
+
+  python benchmarks/decode_speed.py --model_dir=runs/multi30k_en_fr_rnnsearch
+  python benchmarks/decode_speed.py --saved_model_beam=exports/nmt/1 --saved_model_greedy=exports/greedy/1
+
+Translates the Multi30k test 2016 English source (1,000 sentences, file
+order, no sorting) with beam 10 and with greedy search, in batches of 1 and
+of 64 sentences, through the SavedModel's serving_default signature, exactly
+as nmt_tf.translate --saved_model does. With --model_dir, both SavedModels
+are exported to a temporary directory first. Each configuration runs
+--runs times after one warm-up batch; the median run is reported:
+
+  sentences_per_sec, target_tokens_per_sec (output tokens, [EOS] included),
+  seconds (median), runs (all runs' sentences/s)
+
+--limit_batch1 bounds the sentences decoded one at a time (default: all).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app
+from absl import flags as absl_flags
+
+from nmt_tf import flags as nmt_flags  # noqa: F401  (search flags)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+absl_flags.DEFINE_string("saved_model_beam", None, "SavedModel exported with --beam_size=10.")
+absl_flags.DEFINE_string("saved_model_greedy", None, "SavedModel exported with --beam_size=1.")
+absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_flickr.en.gz"), "Sentences to translate.")
+absl_flags.DEFINE_integer("runs", 3, "Timed runs per configuration.", lower_bound=1)
+absl_flags.DEFINE_integer("limit_batch1", 0, "Sentences decoded at batch 1 (0: all).", lower_bound=0)
+absl_flags.DEFINE_list("batch_sizes", ["1", "64"], "Batch sizes to measure.")
+
+
+def load_lines(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        return [line.rstrip(b"\r\n") for line in f]
+
+
+def measure(signature, lines, batch_size, runs):
+    import tensorflow as tf
+
+    signature(text=tf.constant(lines[:batch_size]))          # warm-up (tracing, allocation)
+    results = []
+    for _ in range(runs):
+        tokens = 0
+        start = time.perf_counter()
+        for i in range(0, len(lines), batch_size):
+            out = signature(text=tf.constant(lines[i:i + batch_size]))
+            tokens += int(tf.reduce_sum(tf.cast(out["target_tokens"] != b"", tf.int32)))
+        seconds = time.perf_counter() - start
+        results.append((len(lines) / seconds, tokens / seconds, seconds))
+    results.sort()
+    sent, tok, seconds = results[len(results) // 2]
+    return {"sentences": len(lines), "sentences_per_sec": round(sent, 2),
+            "target_tokens_per_sec": round(tok, 1), "seconds": round(seconds, 2),
+            "runs": [round(r[0], 2) for r in results]}
+
+
+def main(argv):
+    import dataclasses
+
+    import tensorflow as tf
+
+    from nmt_tf import export, search
+
+    FLAGS = absl_flags.FLAGS
+    tmp = None
+    paths = {"beam10": FLAGS.saved_model_beam, "greedy": FLAGS.saved_model_greedy}
+    if FLAGS.model_dir:
+        tmp = tempfile.mkdtemp()
+        base = nmt_flags.search_options()
+        for name, beam in (("beam10", 10), ("greedy", 1)):
+            options = dataclasses.replace(base, beam_size=beam, n_best=1)
+            paths[name] = export.export(FLAGS.model_dir, os.path.join(tmp, name), options, log=lambda *a: None)
+    lines = load_lines(FLAGS.source)
+    result = {"source": os.path.relpath(FLAGS.source, REPO), "tensorflow": tf.__version__,
+              "cpu_count": os.cpu_count(), "configs": {}}
+    for name, path in paths.items():
+        if not path:
+            continue
+        signature = tf.saved_model.load(path).signatures["serving_default"]
+        for batch_size in map(int, FLAGS.batch_sizes):
+            subset = lines[:FLAGS.limit_batch1] if batch_size == 1 and FLAGS.limit_batch1 else lines
+            result["configs"][f"{name}_batch{batch_size}"] = measure(signature, subset, batch_size, FLAGS.runs)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,141 @@
+r"""Load test of a TF Serving-compatible gRPC server: prints one JSON object.
+
+  python benchmarks/serve_load.py --model_base_path=exports/nmt            # starts nmt_tf.serve itself
+  python benchmarks/serve_load.py --server=localhost:8500 --model_name=nmt # an already running server
+
+Runs --clients concurrent clients on loopback; each sends one-sentence
+Predict requests (sentences of the Multi30k test 2016 source, in turn) until
+--requests requests have been sent in total, after --warmup requests that are
+not timed. Reports throughput (requests/s), latency p50 / p90 / p99 in
+milliseconds and the number of failed requests (which must be 0). With
+--clients_list, runs one measurement per client count.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app
+from absl import flags as absl_flags
+
+from nmt_tf import flags as nmt_flags  # noqa: F401  (--model_name)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+absl_flags.DEFINE_string("server", None, "HOST:PORT of a running server (else one is started).")
+absl_flags.DEFINE_string("model_base_path", None, "Export directory to serve with nmt_tf.serve.")
+absl_flags.DEFINE_list("clients_list", ["1", "32"], "Numbers of concurrent clients to measure.")
+absl_flags.DEFINE_integer("requests", 400, "Timed requests per measurement.", lower_bound=1)
+absl_flags.DEFINE_integer("warmup", 20, "Untimed requests first.", lower_bound=0)
+absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_flickr.en.gz"), "Sentences.")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(base_path: str):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_tf.serve", f"--port={port}", "--host=127.0.0.1",
+                             f"--model_base_path={base_path}", "--model_name=nmt", "--threads=32"],
+                            cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:                     # wait for "Serving model ..."
+        if line.startswith("Serving model"):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, f"127.0.0.1:{port}"
+    raise RuntimeError("the server did not start")
+
+
+def run(address, model_name, sentences, clients, total, warmup):
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    channels = [grpc.insecure_channel(address) for _ in range(clients)]
+    stubs = [prediction_service_pb2_grpc.PredictionServiceStub(c) for c in channels]
+    requests = []
+    for s in sentences:
+        r = predict_pb2.PredictRequest()
+        r.model_spec.name = model_name
+        r.inputs["text"].CopyFrom(tf.make_tensor_proto([s], dtype=tf.string))
+        r.output_filter.append("translation")
+        requests.append(r)
+    lock = threading.Lock()
+    counter = {"next": 0}
+    latencies, errors = [], []
+
+    def take():
+        with lock:
+            i = counter["next"]
+            counter["next"] += 1
+        return i
+
+    def client(stub, limit):
+        while (i := take()) < limit:
+            start = time.perf_counter()
+            try:
+                stub.Predict(requests[i % len(requests)], timeout=60)
+                elapsed = time.perf_counter() - start
+                with lock:
+                    latencies.append(elapsed)
+            except grpc.RpcError as e:
+                with lock:
+                    errors.append(e.code().name)
+
+    for limit, timed in ((warmup, False), (warmup + total, True)):
+        if not timed:
+            threads = [threading.Thread(target=client, args=(stubs[0], limit))]
+        else:
+            latencies.clear()
+            threads = [threading.Thread(target=client, args=(stub, limit)) for stub in stubs]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - start
+    lat = sorted(latencies)
+    q = lambda p: round(1000 * lat[min(len(lat) - 1, int(p * len(lat)))], 1) if lat else None
+    for c in channels:
+        c.close()
+    return {"clients": clients, "requests": total, "seconds": round(seconds, 2),
+            "requests_per_sec": round(len(lat) / seconds, 2), "p50_ms": q(0.5), "p90_ms": q(0.9),
+            "p99_ms": q(0.99), "mean_ms": round(1000 * statistics.fmean(lat), 1) if lat else None,
+            "errors": len(errors)}
+
+
+def main(argv):
+    FLAGS = absl_flags.FLAGS
+    opener = gzip.open if FLAGS.source.endswith(".gz") else open
+    with opener(FLAGS.source, "rb") as f:
+        sentences = [line.rstrip(b"\r\n") for line in f]
+    proc = None
+    address = FLAGS.server
+    if not address:
+        if not FLAGS.model_base_path:
+            raise app.UsageError("give --server or --model_base_path")
+        proc, address = start_server(FLAGS.model_base_path)
+    try:
+        results = [run(address, FLAGS.model_name, sentences, int(c), FLAGS.requests, FLAGS.warmup)
+                   for c in FLAGS.clients_list]
+    finally:
+        if proc:
+            proc.terminate()
+            proc.wait()
+    print(json.dumps({"server": "nmt_tf.serve" if proc else address, "results": results}))
+
+
+if __name__ == "__main__":
+    app.run(main)
