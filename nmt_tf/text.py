@@ -337,7 +337,7 @@ class Tokenizer(tf.Module):
         """[batch, (tokens)] string tokens -> [batch] text."""
         if self.kind == "wordpiece":
             text = tf.strings.reduce_join(tokens, axis=-1, separator=" ")
-            text = tf.strings.regex_replace(text, r" ##", "")
+            text = tf.strings.regex_replace(text, r"(^| )##", "")
             tokens = tf.strings.split(text)
         return join_words(tokens, self.lang)
 

@@ -34,10 +34,16 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import tensorflow as tf  # noqa: E402
 
-try:
-    import tensorflow_text  # noqa: F401,E402  (registers its ops, as TF Serving links them)
-except ImportError:
-    pass
+# TF Serving links tensorflow-text's C++ op libraries, not its Python package
+# (which imports keras): load the .so files the same way.
+import glob  # noqa: E402
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+
+spec = importlib.util.find_spec("tensorflow_text")
+if spec is not None:
+    for library in sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "python", "ops", "*.so"))):
+        tf.load_op_library(library)
 
 model = tf.saved_model.load(sys.argv[1])
 out = model.signatures["serving_default"](text=tf.constant(["A man is walking his dog.", ""]))
