@@ -41,7 +41,13 @@ flags.DEFINE_integer("pool_size", 1600, "Pairs read, sorted by length and cut in
 flags.DEFINE_integer("shuffle_buffer", 200000, "Number of sentence pairs held in memory for shuffling the training stream; memory use does not grow with the corpus.", lower_bound=1)
 
 # ---------------------------------------------------------------- model
-flags.DEFINE_enum("model", "rnnsearch", ["rnnsearch"], "Model architecture: rnnsearch (Bahdanau et al. 2015).")
+flags.DEFINE_enum("model", "rnnsearch", ["rnnsearch", "rnnencdec"],
+                  "Model architecture: rnnsearch (attention; Bahdanau et al. 2015) or rnnencdec (a fixed-length "
+                  "summary of the source; Cho et al. 2014a).")
+flags.DEFINE_enum("encoder", "rnn", ["rnn", "grconv"],
+                  "Encoder of --model=rnnencdec: rnn (a GRU) or grconv (gated recursive convolution, Cho et al. "
+                  "2014b). RNNsearch always uses its bidirectional GRU.")
+flags.DEFINE_integer("grconv_size", 2000, "Node size of the grConv encoder (paper: 2,000).", lower_bound=1)
 flags.DEFINE_integer("embedding_size", 620, "Word embedding size m (paper: 620).", lower_bound=1)
 flags.DEFINE_integer("hidden_size", 1000, "GRU state size n, per encoder direction and in the decoder (paper: 1000).", lower_bound=1)
 flags.DEFINE_integer("attention_size", 1000, "Hidden size n' of the alignment model (paper: 1000).", lower_bound=1)
@@ -99,13 +105,15 @@ flags.DEFINE_string("saved_model", None, "A SavedModel version directory written
 flags.DEFINE_string("checkpoint", "best", "Weights to use from --model_dir: best (by the dev metric; falls back to last), last, or a checkpoint path.")
 flags.DEFINE_integer("max_input_length", 100, "Longer inputs are cut to this many tokens (the 'truncated' output says so); bounds the work one sentence can cause.", lower_bound=1)
 flags.DEFINE_integer("lines_per_batch", 64, "Sentences translated together.", lower_bound=1)
+flags.DEFINE_string("server", None, "HOST:PORT of a TF Serving-compatible gRPC server (the official tensorflow_model_server or nmt_tf.serve), instead of --saved_model.")
+flags.DEFINE_float("timeout", 120.0, "Seconds to wait for one request to --server.", lower_bound=0.1)
 flags.DEFINE_string("input", None, "Input sentences, one per line (plain or gzip); default stdin.")
 flags.DEFINE_string("output", None, "Output file; default stdout.")
 
 # Flags whose values define the model or its vocabularies: a run resumed in
 # an existing --model_dir must keep them.
 FROZEN_FLAGS = (
-    "tokenizer", "src_lang", "tgt_lang", "src_vocab_size", "tgt_vocab_size", "model",
+    "tokenizer", "src_lang", "tgt_lang", "src_vocab_size", "tgt_vocab_size", "model", "encoder", "grconv_size",
     "embedding_size", "hidden_size", "attention_size", "maxout_size", "optimizer",
 )
 # Flags that are stored in flags.json (everything above but the per-run ones).

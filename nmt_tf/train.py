@@ -54,14 +54,23 @@ class NaNLossError(TrainingError):
 
 
 def build_model(config, source_vocab_size: int, target_vocab_size: int):
-    """The model named by --model, built (all weights created)."""
+    """The model named by --model (and --encoder), built (all weights created)."""
+    from nmt_tf.models.rnnencdec import RNNEncDec
     from nmt_tf.models.rnnsearch import RNNSearch
 
-    if config.model != "rnnsearch":
+    common = dict(embedding_size=config.embedding_size, hidden_size=config.hidden_size,
+                  maxout_size=config.maxout_size, dropout=config.dropout)
+    if config.model == "rnnsearch":
+        if config.encoder != "rnn":
+            raise TrainingError("--encoder=grconv goes with --model=rnnencdec; RNNsearch always uses its "
+                                "bidirectional GRU.")
+        model = RNNSearch(source_vocab_size, target_vocab_size, attention_size=config.attention_size,
+                          name="rnnsearch", **common)
+    elif config.model == "rnnencdec":
+        model = RNNEncDec(source_vocab_size, target_vocab_size, encoder=config.encoder,
+                          grconv_size=config.grconv_size, name=f"rnnencdec_{config.encoder}", **common)
+    else:
         raise TrainingError(f"unknown --model={config.model}")
-    model = RNNSearch(source_vocab_size, target_vocab_size, embedding_size=config.embedding_size,
-                      hidden_size=config.hidden_size, attention_size=config.attention_size,
-                      maxout_size=config.maxout_size, dropout=config.dropout, name=config.model)
     model.build()
     return model
 

@@ -95,3 +95,18 @@ def rnnsearch_weights(model):
         "readout": (g(ro.state_kernel), g(ro.embedding_kernel), g(ro.context_kernel), g(ro.bias)),
         "Wo": g(model.output_projection.kernel), "bo": g(model.output_projection.bias),
     }
+
+
+def grconv(xs, U, bu, Wl, Wr, b, Gl, Gr, gb):
+    """Paper 002 §2.2 for ONE sentence xs [T, m]: (root [d], gates per level [[T-t, 3], ...])."""
+    h = xs @ U + bu
+    levels = []
+    while len(h) > 1:
+        left, right = h[:-1], h[1:]
+        candidate = np.maximum(0.0, left @ Wl + right @ Wr + b)
+        g = left @ Gl + right @ Gr + gb
+        g = np.exp(g - g.max(-1, keepdims=True))
+        g /= g.sum(-1, keepdims=True)
+        h = g[:, 0:1] * candidate + g[:, 1:2] * left + g[:, 2:3] * right
+        levels.append(g)
+    return h[0], levels

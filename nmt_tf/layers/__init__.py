@@ -1,12 +1,13 @@
 """Keras 3 layers of the papers' models (TensorFlow backend)."""
 
 from nmt_tf.layers.attention import AdditiveAttention, masked_softmax
-from nmt_tf.layers.decoder import AttentionDecoder
-from nmt_tf.layers.gru import BidirectionalGRU, ConditionalGRUCell, gru_update
+from nmt_tf.layers.decoder import AttentionDecoder, ContextDecoder
+from nmt_tf.layers.grconv import GatedRecursiveConvolution
+from nmt_tf.layers.gru import GRU, BidirectionalGRU, ConditionalGRUCell, gru_update
 from nmt_tf.layers.initializers import BlockOrthogonal
 from nmt_tf.layers.readout import MaxoutReadout
 
 __all__ = [
-    "AdditiveAttention", "AttentionDecoder", "BidirectionalGRU", "BlockOrthogonal",
-    "ConditionalGRUCell", "MaxoutReadout", "gru_update", "masked_softmax",
+    "AdditiveAttention", "AttentionDecoder", "BidirectionalGRU", "BlockOrthogonal", "ConditionalGRUCell",
+    "ContextDecoder", "GRU", "GatedRecursiveConvolution", "MaxoutReadout", "gru_update", "masked_softmax",
 ]

@@ -118,3 +118,69 @@ class AttentionDecoder(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "units": self.units,
                 "attention_units": self.attention_units, "context_dim": self.context_dim}
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class ContextDecoder(keras.layers.Layer):
+    """The RNN Encoder-Decoder's decoder (paper 004 §2; SPEC §3).
+
+    A GRU whose three gates all see the same summary c of the source at every
+    step: s_i = GRU(s_{i-1}, E y_{i-1}, c). Because c does not change, its
+    projection C c is computed once per sentence (`precompute`), so a step
+    costs only the state's own products.
+
+    Args:
+      units: decoder state size n.
+      context_dim: size of c.
+
+    Call arguments (teacher forcing):
+      target_embeddings: [batch, Ty, m] E y_{i-1} (y_0 = [BOS]).
+      initial_state: [batch, n] s_0.
+      context: [batch, context_dim] c.
+
+    Returns:
+      states [batch, Ty, n] s_i.
+    """
+
+    def __init__(self, units: int, context_dim: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.context_dim = context_dim
+        self.cell = ConditionalGRUCell(units, context_dim, name="gru")
+
+    def build(self, target_embeddings_shape, *args, **kwargs):
+        self.cell.build((None, target_embeddings_shape[-1]))
+        self.built = True
+
+    def precompute(self, context):
+        """C c for all three gates: [batch, context_dim] -> [batch, 3n]."""
+        dtype = self.compute_dtype
+        return tf.matmul(tf.cast(context, dtype), tf.cast(self.cell.context_kernel, dtype))
+
+    def _step(self, x_proj, state, context_proj, recurrent):
+        from nmt_tf.layers.gru import gru_update
+
+        n = self.units
+        return gru_update(x_proj, state, tf.matmul(state, recurrent[:, :2 * n]), recurrent[:, 2 * n:],
+                          extra=context_proj)
+
+    def step(self, previous_embedding, state, context_proj):
+        """One step for search: E y_{i-1} [batch, m], s_{i-1} [batch, n], C c [batch, 3n] -> s_i."""
+        dtype = self.compute_dtype
+        return self._step(self.cell.project_inputs(previous_embedding), tf.cast(state, dtype),
+                          context_proj, tf.cast(self.cell.recurrent_kernel, dtype))
+
+    def call(self, target_embeddings, initial_state, context):
+        dtype = self.compute_dtype
+        context_proj = self.precompute(context)
+        recurrent = tf.cast(self.cell.recurrent_kernel, dtype)
+        x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
+        states = tf.scan(lambda s, x: self._step(x, s, context_proj, recurrent), x_proj,
+                         initializer=tf.cast(initial_state, dtype))
+        return tf.transpose(states, [1, 0, 2])
+
+    def compute_output_shape(self, target_embeddings_shape, *args, **kwargs):
+        return tuple(target_embeddings_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "context_dim": self.context_dim}

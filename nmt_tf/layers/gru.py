@@ -126,6 +126,55 @@ class BidirectionalGRU(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
+class GRU(keras.layers.Layer):
+    """A left-to-right GRU over a right-padded batch (RNNencdec's encoder, paper 004 §2).
+
+    Padded positions never change the state, so the state at the last
+    position is each sentence's own last real state h_T.
+
+    Call arguments:
+      inputs: [batch, time, input_dim].
+      mask: [batch, time] bool, True at real positions.
+
+    Returns:
+      (states [batch, time, units], last real state h_T [batch, units]).
+    """
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        n = self.units
+        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], 3 * n), initializer=weight_init())
+        self.recurrent_kernel = self.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
+                                                initializer=BlockOrthogonal())
+        self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
+
+    def call(self, inputs, mask):
+        n = self.units
+        dtype = self.compute_dtype
+        x_proj = project(tf.transpose(tf.cast(inputs, dtype), [1, 0, 2]), self.kernel, self.bias)  # [T, B, 3n]
+        m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                                           # [T, B, 1]
+        u = tf.cast(self.recurrent_kernel, dtype)
+        u_rz, u_h = u[:, :2 * n], u[:, 2 * n:]
+
+        def step(h, elems):
+            xp, mt = elems
+            return h + mt * (gru_update(xp, h, tf.matmul(h, u_rz), u_h) - h)
+
+        h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
+        states = tf.scan(step, (x_proj, m), initializer=h0)                                        # [T, B, n]
+        return tf.transpose(states, [1, 0, 2]), states[-1]
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units,), (input_shape[0], self.units)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
 class ConditionalGRUCell(keras.layers.Layer):
     """The decoder's GRU: the context c_i enters all three gates (C_r, C_z, C).
 

@@ -34,10 +34,18 @@ def token_nll(labels, logits):
 
 
 class Seq2SeqModel(keras.Model):
-    """A Keras model trained by `fit` on token-level NLL.
+    """An encoder-decoder with the papers' deep output, trained by `fit` on token-level NLL.
 
-    Subclasses implement `call(inputs, training)` returning logits
-    [batch, Ty, target_vocab] for teacher-forced decoding.
+    Holds what RNNsearch and RNNencdec share: the source and target word
+    embeddings (N(0, 0.01^2)), the maxout readout and the output layer, and
+    dropout (on embeddings and maxout features; not in the papers). Subclasses
+    add an encoder and a decoder and implement
+
+      call(inputs, training) -> logits [batch, Ty, K_y] (teacher forcing),
+      encode(source_ids) -> dict with "state" s_0 and per-sentence tensors,
+      decode_step(previous_ids, state, encoded) -> (log-probs, state, alpha),
+
+    the interface of nmt_tf.search.
 
     Metrics (reset every epoch by Keras): `loss` is the NLL per target token
     over the epoch so far, `perplexity` its exponential. Each step also reports
@@ -45,10 +53,65 @@ class Seq2SeqModel(keras.Model):
     meter, and the global gradient norm before clipping.
     """
 
-    def __init__(self, **kwargs):
+    def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int,
+                 hidden_size: int, maxout_size: int, dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
+        from nmt_tf.layers import MaxoutReadout
+        from nmt_tf.layers.initializers import weight_init
+
+        self.source_vocab_size = source_vocab_size
+        self.target_vocab_size = target_vocab_size
+        self.embedding_size = embedding_size
+        self.hidden_size = hidden_size
+        self.maxout_size = maxout_size
+        self.dropout = dropout
+        self.source_embedding = keras.layers.Embedding(
+            source_vocab_size, embedding_size, embeddings_initializer=weight_init(), name="source_embedding")
+        self.target_embedding = keras.layers.Embedding(
+            target_vocab_size, embedding_size, embeddings_initializer=weight_init(), name="target_embedding")
+        self.readout = MaxoutReadout(maxout_size, name="readout")
+        self.output_projection = keras.layers.Dense(
+            target_vocab_size, kernel_initializer=weight_init(), name="output_projection")
+        self.embedding_dropout = keras.layers.Dropout(dropout, name="embedding_dropout")
+        self.readout_dropout = keras.layers.Dropout(dropout, name="readout_dropout")
         self.nll_sum = keras.metrics.Sum(name="nll_sum")
         self.target_token_count = keras.metrics.Sum(name="target_tokens")
+
+    def build_shared(self, context_dim: int):
+        """Creates the embeddings', readout's and output layer's weights."""
+        self.source_embedding.build((None, None))
+        self.target_embedding.build((None, None))
+        self.readout.build_for(self.hidden_size, self.embedding_size, context_dim)
+        self.output_projection.build((None, self.maxout_size))
+
+    @staticmethod
+    def dummy_inputs():
+        return {"source_ids": tf.constant([[4, 3]], tf.int32),
+                "target_ids": tf.constant([[2, 4]], tf.int32)}
+
+    def logits(self, states, previous_embeddings, contexts, training=False):
+        """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32."""
+        features = self.readout(states, previous_embeddings, contexts)
+        features = self.readout_dropout(features, training=training)
+        return tf.cast(self.output_projection(features), tf.float32)
+
+    def embed_target(self, target_ids, training=False):
+        return self.embedding_dropout(self.target_embedding(tf.cast(target_ids, tf.int32)), training=training)
+
+    def embed_source(self, source_ids, training=False):
+        return self.embedding_dropout(self.source_embedding(source_ids), training=training)
+
+    def shared_parameter_groups(self) -> dict:
+        count = lambda *ws: sum(int(w.numpy().size) for w in ws)
+        return {"source embedding": count(*self.source_embedding.weights),
+                "target embedding": count(*self.target_embedding.weights),
+                "maxout readout": count(*self.readout.weights),
+                "output layer": count(*self.output_projection.weights)}
+
+    def get_config(self):
+        return {**super().get_config(), "source_vocab_size": self.source_vocab_size,
+                "target_vocab_size": self.target_vocab_size, "embedding_size": self.embedding_size,
+                "hidden_size": self.hidden_size, "maxout_size": self.maxout_size, "dropout": self.dropout}
 
     def batch_nll(self, x, y, training=False):
         """(sum of token NLL, number of target tokens, number of sentences) of a batch."""

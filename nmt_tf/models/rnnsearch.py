@@ -18,7 +18,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from nmt_tf.layers import AttentionDecoder, BidirectionalGRU, MaxoutReadout
+from nmt_tf.layers import AttentionDecoder, BidirectionalGRU
 from nmt_tf.layers.initializers import weight_init
 from nmt_tf.models.base import Seq2SeqModel
 from nmt_tf.text import PAD_ID
@@ -46,40 +46,21 @@ class RNNSearch(Seq2SeqModel):
     def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int = 620,
                  hidden_size: int = 1000, attention_size: int = 1000, maxout_size: int = 500,
                  dropout: float = 0.0, **kwargs):
-        super().__init__(**kwargs)
-        self.source_vocab_size = source_vocab_size
-        self.target_vocab_size = target_vocab_size
-        self.embedding_size = embedding_size
-        self.hidden_size = hidden_size
+        super().__init__(source_vocab_size, target_vocab_size, embedding_size, hidden_size, maxout_size,
+                         dropout, **kwargs)
         self.attention_size = attention_size
-        self.maxout_size = maxout_size
-        self.dropout = dropout
-        self.source_embedding = keras.layers.Embedding(
-            source_vocab_size, embedding_size, embeddings_initializer=weight_init(),
-            name="source_embedding")
-        self.target_embedding = keras.layers.Embedding(
-            target_vocab_size, embedding_size, embeddings_initializer=weight_init(),
-            name="target_embedding")
         self.encoder = BidirectionalGRU(hidden_size, name="encoder")
         self.initial_state = keras.layers.Dense(
             hidden_size, activation="tanh", kernel_initializer=weight_init(), name="initial_state")
         self.decoder = AttentionDecoder(hidden_size, attention_size, 2 * hidden_size, name="decoder")
-        self.readout = MaxoutReadout(maxout_size, name="readout")
-        self.output_projection = keras.layers.Dense(
-            target_vocab_size, kernel_initializer=weight_init(), name="output_projection")
-        self.embedding_dropout = keras.layers.Dropout(dropout, name="embedding_dropout")
-        self.readout_dropout = keras.layers.Dropout(dropout, name="readout_dropout")
 
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""
         m, n = self.embedding_size, self.hidden_size
-        self.source_embedding.build((None, None))
-        self.target_embedding.build((None, None))
+        self.build_shared(context_dim=2 * n)
         self.encoder.build((None, None, m))
         self.initial_state.build((None, n))
         self.decoder.build((None, None, m))
-        self.readout.build_for(n, m, 2 * n)
-        self.output_projection.build((None, self.maxout_size))
         self.built = True
 
     def encode(self, source_ids, training=False):
@@ -93,8 +74,7 @@ class RNNSearch(Seq2SeqModel):
           "state" s_0 [batch, n] and "keys" U_a h_j + b_a [batch, Tx, n'].
         """
         mask = tf.not_equal(source_ids, PAD_ID)
-        embedded = self.embedding_dropout(self.source_embedding(source_ids), training=training)
-        annotations = self.encoder(embedded, mask)
+        annotations = self.encoder(self.embed_source(source_ids, training), mask)
         state = self.initial_state(annotations[:, 0, self.hidden_size:])   # tanh(W_s <-h_1)
         return {"annotations": annotations, "mask": mask, "state": state,
                 "keys": self.decoder.precompute(annotations)}
@@ -117,17 +97,10 @@ class RNNSearch(Seq2SeqModel):
         log_probs = tf.nn.log_softmax(self.logits(new_state, previous, context))
         return log_probs, new_state, alpha
 
-    def logits(self, states, previous_embeddings, contexts, training=False):
-        """Maxout readout and output layer: [..., n], [..., m], [..., 2n] -> [..., K_y] float32."""
-        features = self.readout(states, previous_embeddings, contexts)
-        features = self.readout_dropout(features, training=training)
-        return tf.cast(self.output_projection(features), tf.float32)
-
     def call(self, inputs, training=False, return_alignment=False):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)
-        target_ids = tf.cast(inputs["target_ids"], tf.int32)
         encoded = self.encode(source_ids, training=training)
-        previous = self.embedding_dropout(self.target_embedding(target_ids), training=training)
+        previous = self.embed_target(inputs["target_ids"], training)
         states, contexts, alignments = self.decoder(
             previous, encoded["state"], encoded["annotations"], encoded["mask"], keys=encoded["keys"])
         logits = self.logits(states, previous, contexts, training=training)
@@ -139,22 +112,18 @@ class RNNSearch(Seq2SeqModel):
         """Parameter counts by part of the model, in the order of SPEC §2."""
         count = lambda *ws: sum(int(w.numpy().size) for w in ws)
         enc = self.encoder
+        shared = self.shared_parameter_groups()
         return {
-            "source embedding": count(*self.source_embedding.weights),
-            "target embedding": count(*self.target_embedding.weights),
+            "source embedding": shared["source embedding"],
+            "target embedding": shared["target embedding"],
             "encoder forward GRU": count(enc.kernels[0], enc.recurrent_kernels[0], enc.biases[0]),
             "encoder backward GRU": count(enc.kernels[1], enc.recurrent_kernels[1], enc.biases[1]),
             "decoder GRU": count(*self.decoder.cell.weights),
             "initial state s_0": count(*self.initial_state.weights),
             "attention": count(*self.decoder.attention.weights),
-            "maxout readout": count(*self.readout.weights),
-            "output layer": count(*self.output_projection.weights),
+            "maxout readout": shared["maxout readout"],
+            "output layer": shared["output layer"],
         }
 
     def get_config(self):
-        return {**super().get_config(),
-                "source_vocab_size": self.source_vocab_size,
-                "target_vocab_size": self.target_vocab_size,
-                "embedding_size": self.embedding_size, "hidden_size": self.hidden_size,
-                "attention_size": self.attention_size, "maxout_size": self.maxout_size,
-                "dropout": self.dropout}
+        return {**super().get_config(), "attention_size": self.attention_size}

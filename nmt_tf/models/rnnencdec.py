@@ -1,0 +1,140 @@
+"""RNN Encoder-Decoder, "RNNencdec" (Cho et al. 2014a, paper 004 §2; paper 000 §2.1),
+with the GRU encoder or the gated recursive convolutional encoder of paper 002.
+
+    encoder:  h_T, the last state of a GRU over E_x x_1..x_T           (encoder="rnn")
+              or the root of a grConv over E_x x_1..x_T               (encoder="grconv")
+    c       = tanh(V h_T + b_v)                      the fixed-length summary
+    s_0     = tanh(V' c + b_v')
+    decoder:  s_i = GRU(s_{i-1}, E_y y_{i-1}, c)     c enters all three gates
+    readout:  t_i = maxout(U_o s_i + V_o E_y y_{i-1} + C_o c + b_o)
+    output:   p(y_i | y_<i, x) = softmax(W_o t_i + b_o')
+
+The decoder and readout are RNNsearch's with c in place of c_i, so the two
+models differ only in how the source reaches the decoder (SPEC §3). The grConv
+root is summarized by the same c = tanh(V .) so that its decoder is exactly
+RNNencdec's (paper 002 uses the RNNenc decoder for both); its nodes are not
+used as annotations for attention. For grConv, the summary and state size n
+is `hidden_size` for the decoder and `grconv_size` for the nodes (paper 002:
+2,000 hidden units in the grConv, 1,000 in the RNNenc).
+
+RNNencdec has no attention: `decode_step` reports an all-zero alignment, so
+exported models keep the same outputs as RNNsearch with `alignment` zero.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from nmt_tf.layers import GRU, ContextDecoder, GatedRecursiveConvolution
+from nmt_tf.layers.initializers import weight_init
+from nmt_tf.models.base import Seq2SeqModel
+from nmt_tf.text import PAD_ID
+
+ENCODERS = ("rnn", "grconv")
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class RNNEncDec(Seq2SeqModel):
+    """The RNN Encoder-Decoder (optionally with a grConv encoder).
+
+    Args:
+      source_vocab_size, target_vocab_size, embedding_size, maxout_size,
+        dropout: as for RNNSearch.
+      hidden_size: n, the encoder GRU's and the decoder's state size, and the
+        size of the summary c.
+      encoder: "rnn" (a GRU) or "grconv".
+      grconv_size: node size of the grConv (encoder="grconv").
+
+    Inputs / outputs: as RNNSearch (no alignment).
+    """
+
+    def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int = 620,
+                 hidden_size: int = 1000, maxout_size: int = 500, dropout: float = 0.0,
+                 encoder: str = "rnn", grconv_size: int = 2000, **kwargs):
+        super().__init__(source_vocab_size, target_vocab_size, embedding_size, hidden_size, maxout_size,
+                         dropout, **kwargs)
+        if encoder not in ENCODERS:
+            raise ValueError(f"unknown encoder {encoder!r}; choose one of {', '.join(ENCODERS)}")
+        self.encoder_type = encoder
+        self.grconv_size = grconv_size
+        self.encoder = (GRU(hidden_size, name="encoder") if encoder == "rnn"
+                        else GatedRecursiveConvolution(grconv_size, name="encoder"))
+        self.summarizer = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=weight_init(),
+                                          name="summarizer")                   # c = tanh(V h_T)
+        self.initial_state = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=weight_init(),
+                                                name="initial_state")          # s_0 = tanh(V' c)
+        self.decoder = ContextDecoder(hidden_size, hidden_size, name="decoder")
+
+    @property
+    def encoder_output_size(self) -> int:
+        return self.hidden_size if self.encoder_type == "rnn" else self.grconv_size
+
+    def build(self, input_shape=None):
+        """Creates every weight from the sizes alone (no data needed)."""
+        m, n = self.embedding_size, self.hidden_size
+        self.build_shared(context_dim=n)
+        self.encoder.build((None, None, m))
+        self.summarizer.build((None, self.encoder_output_size))
+        self.initial_state.build((None, n))
+        self.decoder.build((None, None, m))
+        self.built = True
+
+    def encode(self, source_ids, training=False, return_gates=False):
+        """Runs the encoder.
+
+        Returns dict with "context" c [batch, n], "context_proj" C c [batch, 3n],
+        "state" s_0 [batch, n] and "mask" [batch, Tx]; with return_gates (grConv),
+        also "gates" [Tx-1, batch, Tx-1, 3].
+        """
+        mask = tf.not_equal(source_ids, PAD_ID)
+        embedded = self.embed_source(source_ids, training)
+        gates = None
+        if self.encoder_type == "rnn":
+            _, last = self.encoder(embedded, mask)
+        elif return_gates:
+            last, gates = self.encoder(embedded, mask, return_gates=True)
+        else:
+            last = self.encoder(embedded, mask)
+        context = self.summarizer(last)
+        out = {"context": context, "context_proj": self.decoder.precompute(context),
+               "state": self.initial_state(context), "mask": mask}
+        if gates is not None:
+            out["gates"] = gates
+        return out
+
+    def decode_step(self, previous_ids, state, encoded):
+        """One step of search; the alignment is all zeros (no attention)."""
+        previous = self.target_embedding(tf.cast(previous_ids, tf.int32))
+        new_state = self.decoder.step(previous, state, encoded["context_proj"])
+        log_probs = tf.nn.log_softmax(self.logits(new_state, previous, encoded["context"]))
+        return log_probs, new_state, tf.zeros(tf.shape(encoded["mask"]), tf.float32)
+
+    def call(self, inputs, training=False, return_alignment=False):
+        source_ids = tf.cast(inputs["source_ids"], tf.int32)
+        encoded = self.encode(source_ids, training=training)
+        previous = self.embed_target(inputs["target_ids"], training)
+        states = self.decoder(previous, encoded["state"], encoded["context"])
+        context = tf.broadcast_to(tf.cast(encoded["context"], states.dtype)[:, None, :],
+                                  tf.concat([tf.shape(states)[:2], [self.hidden_size]], 0))
+        logits = self.logits(states, previous, context, training=training)
+        if return_alignment:
+            return logits, tf.zeros(tf.concat([tf.shape(states)[:2], tf.shape(source_ids)[1:]], 0))
+        return logits
+
+    def parameter_groups(self) -> dict:
+        count = lambda *ws: sum(int(w.numpy().size) for w in ws)
+        shared = self.shared_parameter_groups()
+        return {
+            "source embedding": shared["source embedding"],
+            "target embedding": shared["target embedding"],
+            f"encoder ({self.encoder_type})": count(*self.encoder.weights),
+            "summary c": count(*self.summarizer.weights),
+            "decoder GRU": count(*self.decoder.weights),
+            "initial state s_0": count(*self.initial_state.weights),
+            "maxout readout": shared["maxout readout"],
+            "output layer": shared["output layer"],
+        }
+
+    def get_config(self):
+        return {**super().get_config(), "encoder": self.encoder_type, "grconv_size": self.grconv_size}
