@@ -86,3 +86,43 @@ def png_to_tensor(png: bytes):
     import tensorflow as tf
 
     return tf.image.decode_png(png, channels=4)[None]
+
+
+def grconv_tree_png(tokens: list[str], gates, threshold: float = 0.1, title: str | None = None) -> bytes:
+    """The structure a grConv encoder built for one sentence (paper 002 Fig. 6).
+
+    Leaves are the words (level 0); node j of level t sits above the words
+    j..j+t it covers. Each node is joined to its children by its gating
+    coefficients: a solid line to the left child when w_l > threshold, to the
+    right child when w_r > threshold, and dashed lines to both when the new
+    activation's w_c > threshold; line opacity is the coefficient.
+
+    Args:
+      tokens: the L source tokens (with "[EOS]").
+      gates: [L-1, L-1, 3] (level t-1, node j, [w_c, w_l, w_r]) of this sentence.
+    """
+    plt = _pyplot()
+    gates = np.asarray(gates, dtype=np.float32)
+    n = len(tokens)
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.75 * n + 1.0), max(3.0, 0.45 * n + 1.5)), layout="constrained")
+    pos = lambda t, j: (j + t / 2.0, t)
+    for t in range(1, n):
+        for j in range(n - t):
+            w_c, w_l, w_r = gates[t - 1, j]
+            (x, y), (xl, yl), (xr, yr) = pos(t, j), pos(t - 1, j), pos(t - 1, j + 1)
+            for weight, (cx, cy) in ((w_l, (xl, yl)), (w_r, (xr, yr))):
+                if weight > threshold:
+                    ax.plot([x, cx], [y, cy], color="black", alpha=float(min(1.0, weight)), lw=1.5)
+            if w_c > threshold:
+                for cx, cy in ((xl, yl), (xr, yr)):
+                    ax.plot([x, cx], [y, cy], color="tab:blue", ls="--", alpha=float(min(1.0, w_c)), lw=1.0)
+    xs = [pos(t, j)[0] for t in range(n) for j in range(n - t)]
+    ys = [pos(t, j)[1] for t in range(n) for j in range(n - t)]
+    ax.scatter(xs, ys, s=12, color="grey", zorder=3)
+    for j, token in enumerate(tokens):
+        ax.text(j, -0.35, token, rotation=60, ha="right", va="top", fontsize=9)
+    ax.set_ylim(-2.5, n - 0.5)
+    ax.set_xlim(-1.0, n)
+    ax.axis("off")
+    ax.set_title(title or f"grConv structure (edges with gating coefficient > {threshold})", fontsize=9)
+    return _png(fig)

@@ -12,6 +12,15 @@ grey scale (black 0, white 1), labelled with the real tokens ([EOS] included).
 One sentence (--text) goes to --out as a PNG file; several (--input) go to
 --out as a directory of attention_<line>.png. With --logdir the images are
 also written as TensorBoard image summaries (tag attention/<line>).
+
+  python -m nmt_tf.visualize --grconv --model_dir=runs/grconv --text="Obama is the president of the United States ."
+
+--grconv draws, for a model with the gated recursive convolutional encoder,
+the tree its gates build over each source sentence, as in paper 002 Fig. 6:
+words at the bottom, each node above the words it covers, a solid edge to a
+child whose copy coefficient (w_l or w_r) exceeds --grconv_threshold (0.1),
+dashed edges to both children where the new activation's w_c does; opacity
+is the coefficient (grconv_<line>.png, TensorBoard tag grconv/<line>).
 """
 
 from __future__ import annotations
@@ -27,6 +36,9 @@ from nmt_tf import flags as nmt_flags
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
 absl_flags.DEFINE_string("out", None, "PNG file (--text) or directory (--input); default attention.png / attention/.")
 absl_flags.DEFINE_string("logdir", None, "Also write the heatmaps as TensorBoard images into this log directory.")
+absl_flags.DEFINE_boolean("grconv", False, "Instead of attention, draw the structure a grConv encoder learned for each "
+                          "sentence (paper 002 Fig. 6; needs --model_dir of a --encoder=grconv model).")
+absl_flags.DEFINE_float("grconv_threshold", 0.1, "Gating coefficients above this are drawn as edges (paper: 0.1).")
 
 
 class VisualizeError(ValueError):
@@ -78,6 +90,38 @@ def render(translate_fn, sentences: list[str], names: list[str], out_paths: list
     return drawn
 
 
+def render_grconv(model_dir: str, checkpoint: str, sentences: list[str], names: list[str], out_paths: list[str],
+                  threshold: float = 0.1, logdir: str | None = None) -> list[dict]:
+    """Draws the grConv structure of each sentence; returns what was drawn."""
+    import tensorflow as tf
+
+    from nmt_tf import plots
+    from nmt_tf.text import EOS, EOS_ID
+    from nmt_tf.translator import restore_model
+
+    model, src_tok = restore_model(model_dir, checkpoint, log=lambda *a: None)[:2]
+    if getattr(model, "encoder_type", None) != "grconv":
+        raise VisualizeError(f"{model_dir} is not a grConv model (train with --model=rnnencdec --encoder=grconv).")
+    writer = tf.summary.create_file_writer(logdir) if logdir else None
+    drawn = []
+    for sentence, name, path in zip(sentences, names, out_paths):
+        tokens = src_tok.tokenize(tf.constant([sentence]))
+        ids = tf.concat([src_tok.lookup(tokens), tf.constant([[EOS_ID]])], axis=1).to_tensor()
+        labels = [t.decode("utf-8") for t in tokens.to_list()[0]] + [EOS]
+        gates = model.encode(ids, return_gates=True)["gates"].numpy()[:, 0]
+        png = plots.grconv_tree_png(labels, gates, threshold, title=f"grConv structure: {sentence[:80]}")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(png)
+        if writer is not None:
+            with writer.as_default(step=0):
+                tf.summary.image(f"grconv/{name}", plots.png_to_tensor(png), description=sentence)
+        drawn.append({"path": path, "tokens": labels, "gates": gates})
+    if writer is not None:
+        writer.flush()
+    return drawn
+
+
 def main(argv):
     from absl import logging
 
@@ -92,14 +136,22 @@ def main(argv):
             raise VisualizeError("give exactly one of --saved_model and --model_dir.")
         if bool(FLAGS.text) == bool(FLAGS.input):
             raise VisualizeError("give exactly one of --text and --input.")
+        kind = "grconv" if FLAGS.grconv else "attention"
+        if FLAGS.grconv and not FLAGS.model_dir:
+            raise VisualizeError("--grconv needs --model_dir (a SavedModel does not carry the encoder's gates).")
         if FLAGS.text:
             sentences, names = [FLAGS.text], ["text"]
-            paths = [FLAGS.out or "attention.png"]
+            paths = [FLAGS.out or f"{kind}.png"]
         else:
             sentences = [l.decode("utf-8", errors="replace") for l in read_lines(FLAGS.input)]
             names = [f"{i + 1:04d}" for i in range(len(sentences))]
-            out_dir = FLAGS.out or "attention"
-            paths = [os.path.join(out_dir, f"attention_{n}.png") for n in names]
+            out_dir = FLAGS.out or kind
+            paths = [os.path.join(out_dir, f"{kind}_{n}.png") for n in names]
+        if FLAGS.grconv:
+            for item in render_grconv(FLAGS.model_dir, FLAGS.checkpoint, sentences, names, paths,
+                                      FLAGS.grconv_threshold, FLAGS.logdir):
+                print(f"{item['path']}: {' '.join(item['tokens'])}")
+            return 0
         fn = translate_function(FLAGS.saved_model, FLAGS.model_dir, nmt_flags.search_options(),
                                 FLAGS.checkpoint, FLAGS.max_input_length)
         for item in render(fn, sentences, names, paths, FLAGS.logdir):
