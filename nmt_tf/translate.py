@@ -36,11 +36,9 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # noqa: F401  (--saved_model, --model_name, --n_best, --lines_per_batch, --input, --output)
 
-absl_flags.DEFINE_string("server", None, "HOST:PORT of a TF Serving-compatible gRPC server.")
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
 absl_flags.DEFINE_boolean("with_alignments", False, "Write JSON lines with tokens and the attention matrix.")
-absl_flags.DEFINE_float("timeout", 120.0, "Seconds to wait for one request (--server).")
 
 
 class TranslationError(RuntimeError):

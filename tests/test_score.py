@@ -1,0 +1,107 @@
+"""nmt_tf.score: phrase tables, n-best lists and pairs keep every field and their order."""
+
+import gzip
+import io
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import run_cli
+from nmt_tf import score
+
+PHRASES = [
+    b"a man ||| un homme ||| 0.5 0.25 0.4 0.2 ||| 0-0 1-1 ||| 10 8 4",
+    b"the dog &apos;s ||| le chien ||| 0.1 0.2 0.3 0.4 ||| 0-0 1-1 |||",
+    b"broken line without fields",
+    b"two dogs ||| deux chiens ||| 0.6 0.6 0.6 0.6",
+]
+
+
+@pytest.fixture(scope="module")
+def scorer(exported):
+    return score.LocalScorer(exported[2])
+
+
+def run_phrase_table(scorer, lines, **kw):
+    out = io.BytesIO()
+    malformed = score.Malformed("phrase table", strict=False, log=lambda m: None)
+    score.score_phrase_table(lines, score.OrderedScorer(scorer, out, batch_size=2, unescape=True), malformed, **kw)
+    return out.getvalue().split(b"\n")[:-1], malformed
+
+
+def test_phrase_table_keeps_fields_and_order_and_appends_log_p(scorer):
+    lines, malformed = run_phrase_table(scorer, PHRASES)
+    assert len(lines) == 4 and malformed.lines == [3]
+    assert lines[2] == PHRASES[2]
+    want = scorer([b"a man", b"the dog 's", b"two dogs"], [b"un homme", b"le chien", b"deux chiens"])["log_prob"]
+    for i, j in ((0, 0), (1, 1), (3, 2)):
+        before, after = PHRASES[i].split(b" ||| "), lines[i].split(b" ||| ")
+        assert len(after) == len(before)
+        assert after[:2] == before[:2] and after[3:] == before[3:]
+        old_scores, new_scores = before[2].split(), after[2].split()
+        assert new_scores[:-1] == old_scores
+        assert float(new_scores[-1]) == pytest.approx(float(want[j]), rel=1e-5)
+    probs, _ = run_phrase_table(scorer, PHRASES[:1], phrase_score="prob")
+    assert float(probs[0].split(b" ||| ")[2].split()[-1]) == pytest.approx(math.exp(float(want[0])), rel=1e-4)
+
+
+def test_phrase_table_cli_streams_gzip_in_and_out(exported, tmp_path):
+    src = tmp_path / "phrase-table.gz"
+    with gzip.open(src, "wb") as f:
+        f.write(b"\n".join(PHRASES * 30) + b"\n")
+    out = tmp_path / "scored.gz"
+    result = run_cli("-m", "nmt_tf.score", f"--saved_model={exported[2]}", f"--phrase_table={src}",
+                     f"--output={out}", "--lines_per_batch=7")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = gzip.open(out, "rb").read().split(b"\n")[:-1]
+    assert len(lines) == 120 and lines[2::4] == [PHRASES[2]] * 30
+    assert "30 malformed phrase table lines copied unchanged" in result.stderr
+    assert "line 3:" in result.stderr
+    strict = run_cli("-m", "nmt_tf.score", f"--saved_model={exported[2]}", f"--phrase_table={src}",
+                     f"--output={tmp_path / 'x'}", "--strict")
+    assert strict.returncode == 1 and "phrase table line 3:" in strict.stderr
+
+
+def test_nbest_rescoring_appends_a_feature_and_keeps_the_rest(scorer):
+    sources = [b"A man runs .", b"Two dogs ."]
+    nbest = [b"0 ||| un homme court . ||| LM0= -10.5 TM0= -2 ||| -12.5",
+             b"0 ||| un homme . ||| LM0= -8 TM0= -3 ||| -11",
+             b"7 ||| out of range ||| F= 1 ||| 1",
+             b"1 ||| deux chiens . ||| LM0= -6 TM0= -1 ||| -7"]
+    out = io.BytesIO()
+    malformed = score.Malformed("n-best", strict=False, log=lambda m: None)
+    score.score_nbest(nbest, sources, score.OrderedScorer(scorer, out, 64, True), malformed, "NMT")
+    lines = out.getvalue().split(b"\n")[:-1]
+    assert malformed.lines == [3] and lines[2] == nbest[2]
+    want = scorer([sources[0], sources[0], sources[1]],
+                  [b"un homme court .", b"un homme .", b"deux chiens ."])["log_prob"]
+    for i, j in ((0, 0), (1, 1), (3, 2)):
+        before, after = nbest[i].split(b" ||| "), lines[i].split(b" ||| ")
+        assert after[0] == before[0] and after[1] == before[1] and after[3] == before[3]
+        assert after[2].startswith(before[2] + b" NMT= ")
+        assert float(after[2].split(b"NMT= ")[1]) == pytest.approx(float(want[j]), rel=1e-5)
+
+
+def test_pairs_to_tsv(scorer, tmp_path):
+    out = io.BytesIO()
+    malformed = score.Malformed("pair", strict=False, log=lambda m: None)
+    pairs = [(1, b"A man .", b"Un homme .", b""), (2, b"bad line", None, b"bad line"), (3, b"", b"", b"")]
+    score.score_pairs(pairs, score.OrderedScorer(scorer, out, 64, False), malformed)
+    lines = out.getvalue().split(b"\n")[:-1]
+    assert len(lines) == 3 and lines[1] == b"bad line" and malformed.lines == [2]
+    fields = lines[0].split(b"\t")
+    assert fields[:2] == [b"A man .", b"Un homme ."] and len(fields) == 5
+    r = scorer([b"A man ."], [b"Un homme ."])
+    assert float(fields[2]) == pytest.approx(float(r["log_prob"][0]), rel=1e-5)
+    assert int(fields[4]) == int(r["target_length"][0])
+    assert lines[2].split(b"\t")[4] == b"1"            # an empty target is just [EOS]
+
+
+def test_unequal_pair_files_are_an_error(exported, tmp_path):
+    (tmp_path / "s").write_text("a\nb\n")
+    (tmp_path / "t").write_text("a\n")
+    result = run_cli("-m", "nmt_tf.score", f"--saved_model={exported[2]}", f"--source={tmp_path / 's'}",
+                     f"--target={tmp_path / 't'}", f"--output={tmp_path / 'o'}")
+    assert result.returncode == 1 and "different numbers of lines" in result.stderr
