@@ -22,11 +22,15 @@ def test_readme_quick_start_is_the_two_make_commands():
 
 def all_cli_flags():
     """Every flag defined by nmt_tf's modules (training, search, serving, each CLI)."""
-    import nmt_tf.export  # noqa: F401  (each CLI module defines its own flags)
+    import nmt_tf.evaluate  # noqa: F401  (each CLI module defines its own flags)
+    import nmt_tf.export  # noqa: F401
+    import nmt_tf.score  # noqa: F401
     import nmt_tf.serve  # noqa: F401
     import nmt_tf.translate  # noqa: F401
+    import nmt_tf.visualize  # noqa: F401
 
-    modules = ("nmt_tf.flags", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.translate")
+    modules = ("nmt_tf.flags", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.translate", "nmt_tf.evaluate",
+               "nmt_tf.visualize", "nmt_tf.score")
     return sorted({f.name for m in modules for f in flags.FLAGS.get_flags_for_module(m)})
 
 
