@@ -98,6 +98,13 @@ def _token_penalty(t, min_len, max_len, vocab_size, options: SearchOptions):
     return tf.where(forbidden, NEG, 0.0)
 
 
+def _while(cond, body, init):
+    """tf.while_loop with the batch dimension of every loop tensor left free
+    (an empty batch may be static 0 on entry but dynamic inside)."""
+    relaxed = lambda x: tf.TensorShape([None] + x.shape.as_list()[1:]) if x.shape.rank else x.shape
+    return tf.while_loop(cond, body, init, shape_invariants=tf.nest.map_structure(relaxed, init))
+
+
 def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam_size=1)):
     """The most probable next word at every step.
 
@@ -115,27 +122,34 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     min_len, max_len, steps = _length_limits(source_ids, options)
     encoded = model.encode(source_ids)
+    per_sentence = {key: v for key, v in encoded.items() if key != "state"}
     vocab_size = model.target_vocab_size
     positions = tf.range(steps)
 
     def body(t, previous, state, done, log_prob, length, tokens, alignments):
-        log_probs, state, alpha = model.decode_step(previous, state, encoded)
-        log_probs = log_probs + _token_penalty(t, min_len, max_len, vocab_size, options)
-        token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-        live = ~done
-        log_prob += tf.where(live, tf.reduce_max(log_probs, axis=-1), 0.0)
-        length += tf.cast(live, tf.int32)
+        # Only sentences still being decoded are computed.
+        rows = tf.cast(tf.where(~done)[:, 0], tf.int32)                              # [R]
+        log_probs, new_state, alpha = model.decode_step(
+            tf.gather(previous, rows), tf.gather(state, rows),
+            {key: tf.gather(v, rows) for key, v in per_sentence.items()})
+        log_probs += tf.gather(_token_penalty(t, min_len, max_len, vocab_size, options), rows)
+        at = rows[:, None]
+        token = tf.tensor_scatter_nd_update(tf.fill([batch], PAD_ID), at,
+                                            tf.argmax(log_probs, axis=-1, output_type=tf.int32))
+        log_prob = tf.tensor_scatter_nd_add(log_prob, at, tf.reduce_max(log_probs, axis=-1))
+        length = tf.tensor_scatter_nd_add(length, at, tf.ones_like(rows))
+        state = tf.tensor_scatter_nd_update(state, at, tf.cast(new_state, state.dtype))
+        alpha = tf.tensor_scatter_nd_update(tf.zeros_like(alignments[:, 0]), at, alpha)
         at_t = tf.equal(positions, t)[None, :]
-        tokens = tf.where(at_t, tf.where(live, token, PAD_ID)[:, None], tokens)
-        alignments = tf.where(at_t[:, :, None], (alpha * tf.cast(live, alpha.dtype)[:, None])[:, None, :],
-                              alignments)
+        tokens = tf.where(at_t, token[:, None], tokens)
+        alignments = tf.where(at_t[:, :, None], alpha[:, None, :], alignments)
         done = done | (token == EOS_ID) | (t + 1 >= max_len)
         return t + 1, token, state, done, log_prob, length, tokens, alignments
 
     init = (tf.constant(0), tf.fill([batch], BOS_ID), encoded["state"], tf.zeros([batch], tf.bool),
             tf.zeros([batch], tf.float32), tf.zeros([batch], tf.int32),
             tf.zeros([batch, steps], tf.int32), tf.zeros([batch, steps, src_len], tf.float32))
-    t, _, _, _, log_prob, length, tokens, alignments = tf.while_loop(
+    t, _, _, _, log_prob, length, tokens, alignments = _while(
         lambda t, previous, state, done, *_: (t < steps) & ~tf.reduce_all(done), body, init)
     return {"tokens": tokens[:, :t], "log_probs": log_prob, "lengths": length,
             "scores": log_prob / length_penalty(length, options), "alignments": alignments[:, :t]}
@@ -167,20 +181,30 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     min_len, max_len, steps = _length_limits(source_ids, options)
     vocab_size = model.target_vocab_size
+    per_row = min(k, vocab_size)          # a live hypothesis contributes at most K candidates
     encoded = model.encode(source_ids)
-    state = tf.repeat(encoded["state"], k, axis=0)                       # [B*K, n]
-    width = encoded["state"].shape[-1]                                    # static n
-    encoded = {key: tf.repeat(v, k, axis=0) for key, v in encoded.items() if key != "state"}
+    state = tf.repeat(encoded["state"][:, None], k, axis=1)                 # [B, K, n]
+    per_sentence = {key: v for key, v in encoded.items() if key != "state"}
     positions = tf.range(steps)
 
     def body(t, previous, state, alive_score, alive_tokens, alive_align, fin_norm, fin_logp,
              fin_len, fin_tokens, fin_align, fin_count, done):
-        log_probs, new_state, alpha = model.decode_step(previous, state, encoded)
-        log_probs = tf.reshape(log_probs, [batch, k, vocab_size])
-        log_probs += _token_penalty(t, min_len, max_len, vocab_size, options)[:, None, :]
-        candidates = tf.reshape(alive_score[:, :, None] + log_probs, [batch, k * vocab_size])
-        top_score, top_index = tf.math.top_k(candidates, k=k)              # [B, K], best first
-        parent, token = top_index // vocab_size, top_index % vocab_size
+        # Only live hypotheses are computed: one row at the first step, and
+        # fewer as the beam shrinks and sentences finish. Each row reads its
+        # sentence's encoder outputs by index (no tiling of the annotations).
+        rows = tf.cast(tf.where((alive_score > NEG / 2) & ~done[:, None]), tf.int32)   # [R, 2]
+        sentence = rows[:, 0]
+        log_probs, new_state, alpha = model.decode_step(
+            tf.gather_nd(previous, rows), tf.gather_nd(state, rows),
+            {key: tf.gather(v, sentence) for key, v in per_sentence.items()})
+        scores = (tf.gather_nd(alive_score, rows)[:, None] + log_probs
+                  + tf.gather(_token_penalty(t, min_len, max_len, vocab_size, options), sentence))
+        row_score, row_token = tf.math.top_k(scores, k=per_row)                         # [R, per_row]
+        candidates = tf.tensor_scatter_nd_update(tf.fill([batch, k, per_row], NEG), rows, row_score)
+        tokens_of = tf.tensor_scatter_nd_update(tf.zeros([batch, k, per_row], tf.int32), rows, row_token)
+        top_score, top_index = tf.math.top_k(tf.reshape(candidates, [batch, k * per_row]), k=k)  # best first
+        parent = top_index // per_row
+        token = tf.gather(tf.reshape(tokens_of, [batch, k * per_row]), top_index, batch_dims=1)
         # The beam shrinks by one for every finished hypothesis (SPEC §6).
         rank = tf.range(k)[None, :]
         valid = (rank < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
@@ -188,7 +212,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
 
         at_t = tf.equal(positions, t)
         tokens = tf.where(at_t[None, None, :], token[:, :, None], _gather(alive_tokens, parent))
-        alpha = _gather(tf.reshape(alpha, [batch, k, src_len]), parent)
+        alpha = _gather(tf.tensor_scatter_nd_update(tf.zeros_like(alive_align[:, :, 0]), rows, alpha), parent)
         align = tf.where(at_t[None, None, :, None], alpha[:, :, None, :], _gather(alive_align, parent))
 
         finished_now = valid & is_eos
@@ -203,18 +227,19 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
 
         alive = valid & ~is_eos
         alive_score = tf.where(alive, top_score, NEG)
-        state = tf.reshape(_gather(tf.reshape(new_state, [batch, k, width]), parent), [batch * k, width])
+        state = _gather(tf.tensor_scatter_nd_update(tf.zeros_like(state), rows,
+                                                    tf.cast(new_state, state.dtype)), parent)
         done = done | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
-        return (t + 1, tf.reshape(token, [-1]), state, alive_score, tokens, align, fin_norm, fin_logp,
+        return (t + 1, token, state, alive_score, tokens, align, fin_norm, fin_logp,
                 fin_len, fin_tokens, fin_align, fin_count, done)
 
     first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)
     zeros_tokens = tf.zeros([batch, k, steps], tf.int32)
     zeros_align = tf.zeros([batch, k, steps, src_len], tf.float32)
-    init = (tf.constant(0), tf.fill([batch * k], BOS_ID), state, first_live, zeros_tokens, zeros_align,
+    init = (tf.constant(0), tf.fill([batch, k], BOS_ID), state, first_live, zeros_tokens, zeros_align,
             tf.fill([batch, k], NEG), tf.fill([batch, k], NEG), tf.zeros([batch, k], tf.int32),
             zeros_tokens, zeros_align, tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool))
-    out = tf.while_loop(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[-1]), body, init)
+    out = _while(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[-1]), body, init)
     t, fin_norm, fin_logp, fin_len, fin_tokens, fin_align = out[0], *out[6:11]
     n = options.n_best
     found = fin_norm[:, :n] > NEG / 2
