@@ -261,7 +261,7 @@ def build_vocabularies(config, model_dir: str, log=print):
             config.train_src, config.train_tgt, word_splitter(config.src_lang),
             word_splitter(config.tgt_lang), config.max_len, count_tokens=True)
         if stats.pairs == 0:
-            raise CorpusError(_no_pairs_message(stats))
+            raise CorpusError(no_pairs_message(stats))
         src_words = text.shortlist(src_counts, config.src_vocab_size)
         tgt_words = text.shortlist(tgt_counts, config.tgt_vocab_size)
         for words, path in zip((src_words, tgt_words), word_shortlist_paths(model_dir)):
@@ -286,7 +286,7 @@ def build_vocabularies(config, model_dir: str, log=print):
             stats)
 
 
-def _no_pairs_message(stats: CorpusStats) -> str:
+def no_pairs_message(stats: CorpusStats) -> str:
     return (f"No usable sentence pair in {stats.source} / {stats.target}: of {stats.lines:,} lines, "
             f"{stats.skipped_empty:,} are empty on a side and {stats.skipped_too_long:,} are longer "
             f"than --max_len={stats.max_len} tokens.")

@@ -110,11 +110,11 @@ def subject_from_model_dir(model_dir, label, options, checkpoint, max_input_leng
 def subject_from_saved_model(path, label, out_dir):
     import tensorflow as tf
 
-    from nmt_tf import data, export, text
+    from nmt_tf import data, export
+    from nmt_tf.translator import load_signature
 
-    text.register_text_ops()
     meta = export.read_metadata(path)
-    signature = tf.saved_model.load(path).signatures["serving_default"]
+    signature = load_signature(path)
     extra = os.path.join(path, "assets.extra")
     words = [os.path.join(extra, os.path.basename(p)) for p in data.word_shortlist_paths(".")]
     if not all(os.path.exists(p) for p in words):
@@ -281,12 +281,8 @@ def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: 
 
 
 def main(argv):
-    from absl import logging
-
-    logging.set_verbosity(logging.WARNING)
+    nmt_flags.start_cli(argv)
     FLAGS = absl_flags.FLAGS
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
                       FLAGS.checkpoint, FLAGS.max_input_length, FLAGS.lines_per_batch)

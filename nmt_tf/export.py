@@ -142,11 +142,7 @@ def export(model_dir: str, export_dir: str, options, version: int = 0, checkpoin
 
 
 def main(argv):
-    from absl import logging
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.WARNING)
+    nmt_flags.start_cli(argv)
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_dir or not FLAGS.export_dir:
         print("error: --model_dir and --export_dir are required.", file=sys.stderr)

@@ -120,6 +120,16 @@ FROZEN_FLAGS = (
 _NOT_STORED = ("dry_run",)
 
 
+def start_cli(argv: list[str], verbose: bool = False) -> None:
+    """Common start of every nmt_tf CLI's main: no stray arguments, quiet TF logs."""
+    from absl import app, logging
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    # TensorFlow's Python INFO lines (checkpoint saver, ...) unless asked for.
+    logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
+
+
 def nmt_flag_names() -> list[str]:
     """Names of the training flags (those stored in flags.json)."""
     return list(TRAINING_FLAGS)

@@ -42,7 +42,7 @@ import sys
 from absl import app
 from absl import flags as absl_flags
 
-from nmt_tf import flags as nmt_flags  # noqa: F401  (--saved_model, --model_name, --lines_per_batch, --output)
+from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --model_name, ...
 
 absl_flags.DEFINE_string("phrase_table", None, "A Moses phrase table to extend with the model's score.")
 absl_flags.DEFINE_string("nbest", None, "A Moses n-best list to add the model's score to (needs --source).")
@@ -75,13 +75,12 @@ class LocalScorer:
     def __init__(self, path: str):
         import tensorflow as tf
 
-        from nmt_tf.text import register_text_ops
+        from nmt_tf.translator import load_signature
 
-        register_text_ops()
         try:
-            self.signature = tf.saved_model.load(path).signatures["score"]
-        except (OSError, KeyError, ValueError) as e:
-            raise ScoreError(f"{path} is not an nmt_tf SavedModel with a score signature: {e}") from e
+            self.signature = load_signature(path, "score")
+        except FileNotFoundError as e:
+            raise ScoreError(str(e)) from e
         self.tf = tf
 
     def __call__(self, sources: list[bytes], targets: list[bytes]) -> dict:
@@ -268,11 +267,7 @@ def _tsv(path):
 
 
 def main(argv):
-    from absl import logging
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.WARNING)
+    nmt_flags.start_cli(argv)
     FLAGS = absl_flags.FLAGS
     try:
         if bool(FLAGS.saved_model) == bool(FLAGS.server):

@@ -33,13 +33,12 @@ import os
 import re
 import sys
 import threading
-import time
 
 from absl import app
 from absl import flags as absl_flags
 from absl import logging
 
-from nmt_tf import flags as nmt_flags  # noqa: F401  (defines --model_name)
+from nmt_tf import flags as nmt_flags  # also defines --model_name
 
 absl_flags.DEFINE_integer("port", 8500, "gRPC port (TF Serving's default is 8500).")
 absl_flags.DEFINE_string("host", "0.0.0.0", "Address to listen on.")
@@ -65,14 +64,12 @@ class LoadedVersion:
     """One SavedModel version: its signatures and their SignatureDefs."""
 
     def __init__(self, path: str, version: int):
-        import tensorflow as tf
         from tensorflow.core.protobuf import saved_model_pb2
 
-        from nmt_tf.text import register_text_ops
+        from nmt_tf.translator import load_saved_model
 
-        register_text_ops()
         self.path, self.version = path, version
-        self.saved_model = tf.saved_model.load(path)
+        self.saved_model = load_saved_model(path)
         self.signatures = dict(self.saved_model.signatures)
         proto = saved_model_pb2.SavedModel()
         with open(os.path.join(path, "saved_model.pb"), "rb") as f:
@@ -321,10 +318,8 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    nmt_flags.start_cli(argv, verbose=True)
     FLAGS = absl_flags.FLAGS
-    logging.set_verbosity(logging.INFO)
     if not FLAGS.model_base_path:
         print("error: --model_base_path is required.", file=sys.stderr)
         return 1

@@ -34,7 +34,6 @@ import time
 from absl import app
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.flags import FLAGS
 
 DEFAULT_LEARNING_RATES = {"adadelta": 1.0, "adam": 1e-3, "rmsprop": 1e-3, "sgd": 0.1}
 EXIT_NAN = 3
@@ -163,14 +162,14 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                               cache_path=os.path.join(model_dir, "corpus_stats.json"), known=known)
     log(stats.describe("Training"))
     if stats.pairs == 0:
-        raise data.CorpusError(data._no_pairs_message(stats))
+        raise data.CorpusError(data.no_pairs_message(stats))
     dev_stats = None
     if has_dev:
         dev_stats = data.corpus_stats(config.dev_src, config.dev_tgt, src_tok, tgt_tok, config.max_len,
                                       cache_path=os.path.join(model_dir, "corpus_stats.dev.json"))
         log(dev_stats.describe("Dev"))
         if dev_stats.pairs == 0:
-            raise data.CorpusError(data._no_pairs_message(dev_stats))
+            raise data.CorpusError(data.no_pairs_message(dev_stats))
     n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
 
     model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
@@ -299,14 +298,9 @@ def _stats_dict(stats):
 
 
 def main(argv):
-    from absl import logging
-
     from nmt_tf.data import CorpusError
 
-    logging.set_verbosity(logging.WARNING)   # TensorFlow's INFO lines (checkpoint saver ...)
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    nmt_flags.start_cli(argv)
     config = nmt_flags.config_from_flags()
     try:
         if config.dry_run:

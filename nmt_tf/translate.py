@@ -34,7 +34,7 @@ import time
 from absl import app
 from absl import flags as absl_flags
 
-from nmt_tf import flags as nmt_flags  # noqa: F401  (--saved_model, --model_name, --n_best, --lines_per_batch, --input, --output)
+from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --n_best, ...
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
@@ -51,13 +51,12 @@ class LocalBackend:
     def __init__(self, path: str):
         import tensorflow as tf
 
-        from nmt_tf.text import register_text_ops
+        from nmt_tf.translator import load_signature
 
-        register_text_ops()
         try:
-            self.signature = tf.saved_model.load(path).signatures["serving_default"]
-        except (OSError, KeyError, ValueError) as e:
-            raise TranslationError(f"{path} is not an nmt_tf SavedModel: {e}") from e
+            self.signature = load_signature(path)
+        except FileNotFoundError as e:
+            raise TranslationError(str(e)) from e
         self.tf = tf
         self.n_best = int(self.signature.structured_outputs["nbest_scores"].shape[1])
 
@@ -216,11 +215,7 @@ def translate_lines(backend, lines, out, batch_size: int, n_best: int, with_scor
 
 
 def main(argv):
-    from absl import logging
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.WARNING)
+    nmt_flags.start_cli(argv)
     FLAGS = absl_flags.FLAGS
     if bool(FLAGS.saved_model) == bool(FLAGS.server):
         print("error: give exactly one of --saved_model and --server.", file=sys.stderr)

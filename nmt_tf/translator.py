@@ -144,6 +144,29 @@ def restore_model(model_dir: str, checkpoint: str = "best", log=print) -> Restor
     return RestoredModel(model, source_tokenizer, target_tokenizer, config, path)
 
 
+def load_saved_model(path: str):
+    """Loads an nmt_tf SavedModel, with tensorflow-text's ops registered first.
+
+    Raises FileNotFoundError (one sentence) when `path` holds no SavedModel.
+    """
+    import tensorflow as tf
+
+    from nmt_tf.text import register_text_ops
+
+    if not os.path.exists(os.path.join(path, "saved_model.pb")):
+        raise FileNotFoundError(f"{path} is not a SavedModel version directory (no saved_model.pb in it)")
+    register_text_ops()
+    return tf.saved_model.load(path)
+
+
+def load_signature(path: str, name: str = "serving_default"):
+    """One signature of an nmt_tf SavedModel (see `load_saved_model`)."""
+    signatures = load_saved_model(path).signatures
+    if name not in signatures:
+        raise FileNotFoundError(f"{path} has no '{name}' signature; is it an nmt_tf export?")
+    return signatures[name]
+
+
 def compiled_translate(translator: Translator):
     """`translator.translate` as a tf.function over a [batch] string vector."""
     import tensorflow as tf

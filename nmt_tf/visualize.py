@@ -51,10 +51,9 @@ def translate_function(saved_model: str | None, model_dir: str | None, options, 
     import tensorflow as tf
 
     if saved_model:
-        from nmt_tf.text import register_text_ops
+        from nmt_tf.translator import load_signature
 
-        register_text_ops()
-        signature = tf.saved_model.load(saved_model).signatures["serving_default"]
+        signature = load_signature(saved_model)
         return lambda lines: signature(text=tf.constant(lines, tf.string))
     from nmt_tf.translator import Translator, compiled_translate, restore_model
 
@@ -123,13 +122,9 @@ def render_grconv(model_dir: str, checkpoint: str, sentences: list[str], names: 
 
 
 def main(argv):
-    from absl import logging
-
     from nmt_tf.translate import TranslationError, read_lines
 
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.WARNING)
+    nmt_flags.start_cli(argv)
     FLAGS = absl_flags.FLAGS
     try:
         if bool(FLAGS.saved_model) == bool(FLAGS.model_dir):

@@ -15,6 +15,24 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def padded(rows, dtype="int32"):
+    """Right-padded [len(rows), longest] array of id lists."""
+    import numpy as np
+
+    out = np.zeros((len(rows), max(map(len, rows))), dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def memorization_batch(rng, pairs=20, vocab=30, lengths=(3, 8)):
+    """(x, y) of `pairs` random sentence pairs of words 4..vocab-1, ready for fit."""
+    src = [list(rng.integers(4, vocab, size=rng.integers(*lengths))) + [3] for _ in range(pairs)]
+    tgt = [list(rng.integers(4, vocab, size=rng.integers(*lengths))) for _ in range(pairs)]
+    x = {"source_ids": padded(src), "target_ids": padded([[2] + t for t in tgt])}
+    return x, padded([t + [3] for t in tgt])
+
+
 def read_multi30k(name: str, n: int | None = None) -> list[str]:
     with gzip.open(os.path.join(MULTI30K, name), "rt", encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f]

@@ -79,8 +79,6 @@ def rnnsearch_weights(model):
     """Pulls the weights of an `nmt_tf.models.rnnsearch.RNNSearch` into the dict above."""
     g = lambda v: np.asarray(v.numpy(), dtype=np.float64)
     enc, dec = model.encoder, model.decoder
-    l = model.maxout_size
-    n, m = model.hidden_size, model.embedding_size
     ro = model.readout
     return {
         "src_emb": g(model.source_embedding.embeddings),

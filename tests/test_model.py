@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import reference as ref
+from conftest import memorization_batch, padded
 from nmt_tf import flags, train
 from nmt_tf.models.rnnsearch import RNNSearch
 
@@ -19,13 +20,6 @@ def tiny_model(**kw):
     for w in model.weights:   # large random weights so that every term matters
         w.assign(RNG.normal(0, 0.5, size=w.shape).astype("float32"))
     return model
-
-
-def padded(rows):
-    out = np.zeros((len(rows), max(map(len, rows))), "int32")
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
 
 
 SOURCES = [[5, 6, 7, 3], [8, 3], [4, 9, 10, 11, 12, 3]]
@@ -109,10 +103,7 @@ def test_initialisation_follows_appendix_b1():
 def test_tiny_model_overfits_20_pairs():
     """20 random pairs, memorized: the per-token NLL falls close to zero."""
     keras.utils.set_random_seed(1)
-    src = [list(RNG.integers(4, 30, size=RNG.integers(3, 8))) + [3] for _ in range(20)]
-    tgt = [list(RNG.integers(4, 30, size=RNG.integers(3, 8))) for _ in range(20)]
-    x = {"source_ids": padded(src), "target_ids": padded([[2] + t for t in tgt])}
-    y = padded([t + [3] for t in tgt])
+    x, y = memorization_batch(RNG)
     model = RNNSearch(30, 30, embedding_size=32, hidden_size=48, attention_size=32, maxout_size=32)
     model.build()
     model.compile(optimizer=keras.optimizers.Adam(0.01, global_clipnorm=1.0))

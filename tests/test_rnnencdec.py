@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import reference as ref
+from conftest import memorization_batch, padded
 from nmt_tf import export, flags, search, train
 from nmt_tf.layers import GatedRecursiveConvolution
 from nmt_tf.models.rnnencdec import RNNEncDec
@@ -59,13 +60,6 @@ def test_grconv_mixed_length_batch_equals_each_sentence_alone():
             assert np.all(gates[t, i, len(real):] == 0), (i, t)   # nodes over padding stay empty
 
 
-def padded(rows):
-    out = np.zeros((len(rows), max(map(len, rows))), "int32")
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
-
-
 @pytest.mark.parametrize("encoder", ["rnn", "grconv"])
 def test_padding_never_changes_rnnencdec_outputs(encoder):
     model = RNNEncDec(12, 11, embedding_size=5, hidden_size=4, maxout_size=3, encoder=encoder, grconv_size=6)
@@ -82,10 +76,7 @@ def test_padding_never_changes_rnnencdec_outputs(encoder):
 @pytest.mark.parametrize("encoder", ["rnn", "grconv"])
 def test_rnnencdec_overfits_20_pairs(encoder):
     keras.utils.set_random_seed(2)
-    src = [list(RNG.integers(4, 30, size=RNG.integers(3, 7))) + [3] for _ in range(20)]
-    tgt = [list(RNG.integers(4, 30, size=RNG.integers(3, 7))) for _ in range(20)]
-    x = {"source_ids": padded(src), "target_ids": padded([[2] + t for t in tgt])}
-    y = padded([t + [3] for t in tgt])
+    x, y = memorization_batch(RNG, lengths=(3, 7))
     model = RNNEncDec(30, 30, embedding_size=32, hidden_size=64, maxout_size=32, encoder=encoder, grconv_size=64)
     model.build()
     model.compile(optimizer=keras.optimizers.Adam(0.01, global_clipnorm=1.0))

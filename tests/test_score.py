@@ -4,9 +4,7 @@ import gzip
 import io
 import math
 
-import numpy as np
 import pytest
-import tensorflow as tf
 
 from conftest import run_cli
 from nmt_tf import score
