@@ -21,7 +21,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -73,7 +72,7 @@ def main(argv):
 
     import tensorflow as tf
 
-    from nmt_tf import export, search
+    from nmt_tf import export
 
     FLAGS = absl_flags.FLAGS
     tmp = None
