@@ -13,7 +13,10 @@ until `beam_size` hypotheses have finished (or the length limit is reached,
 where every live hypothesis is closed with [EOS]). Live hypotheses compete on
 their log-probability; finished ones are ranked by log-probability divided by
 a length penalty (the papers divide by the length). This is batched by keeping
-`beam_size` slots per sentence, of which `beam_size - finished` may be live.
+`beam_size` slots per sentence, of which `beam_size - finished` may be live;
+each step computes only the live ones. A sentence also stops as soon as no
+live hypothesis can still enter its n best (an exact bound: see the code),
+which changes no result.
 
 Options (`SearchOptions`):
   beam_size         width (paper: 10); 1 gives greedy search's result.
@@ -176,7 +179,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         log_probs [B, N], lengths [B, N] int32,
         alignments [B, N, T, Tx] float32.
     """
-    k = options.beam_size
+    k, n = options.beam_size, options.n_best
     source_ids = tf.cast(source_ids, tf.int32)
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     min_len, max_len, steps = _length_limits(source_ids, options)
@@ -229,7 +232,13 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         alive_score = tf.where(alive, top_score, NEG)
         state = _gather(tf.tensor_scatter_nd_update(tf.zeros_like(state), rows,
                                                     tf.cast(new_state, state.dtype)), parent)
-        done = done | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
+        # Exact early stop for the n best: log-probabilities only fall and the
+        # length penalty only grows, so a live hypothesis with log p = a < 0
+        # can at best finish with a / penalty(max_len). Once no live one can
+        # beat the n-th best finished hypothesis, the returned list is final.
+        hopeless = (fin_count >= n) & (tf.reduce_max(alive_score, axis=1) / length_penalty(max_len, options)
+                                       <= fin_norm[:, n - 1])
+        done = done | hopeless | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
         return (t + 1, token, state, alive_score, tokens, align, fin_norm, fin_logp,
                 fin_len, fin_tokens, fin_align, fin_count, done)
 
@@ -241,7 +250,6 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
             zeros_tokens, zeros_align, tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool))
     out = _while(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[-1]), body, init)
     t, fin_norm, fin_logp, fin_len, fin_tokens, fin_align = out[0], *out[6:11]
-    n = options.n_best
     found = fin_norm[:, :n] > NEG / 2
     return {
         "tokens": tf.where(found[:, :, None], fin_tokens[:, :n, :t], PAD_ID),
