@@ -155,13 +155,15 @@ def evaluate_subject(subject: Subject, sources: list[str], references: list[str]
     unknown = [a + b for a, b in zip(metrics.count_unknown(src_words, subject.known_source),
                                      metrics.count_unknown(ref_words, subject.known_target))]
     no_unk = [i for i, n in enumerate(unknown) if n == 0]
-    if subject.translate_no_unk is not None and no_unk:
-        log(f"Translating the {len(no_unk):,} sentences without unknown words with [UNK] forbidden")
-        progress = Progress(len(no_unk))
-        fixed = translate_lines(subject.translate_no_unk, [sources[i] for i in no_unk], batch_size, progress,
-                                keys=("translation",))["translation"]
-        progress.close()
+    if subject.translate_no_unk is not None:
         no_unk_decoding = "[UNK] forbidden"
+        fixed = []
+        if no_unk:
+            log(f"Translating the {len(no_unk):,} sentences without unknown words with [UNK] forbidden")
+            progress = Progress(len(no_unk))
+            fixed = translate_lines(subject.translate_no_unk, [sources[i] for i in no_unk], batch_size, progress,
+                                    keys=("translation",))["translation"]
+            progress.close()
     else:
         fixed = [hyps[i] for i in no_unk]
         no_unk_decoding = "normal search (fixed at export)"

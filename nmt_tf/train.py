@@ -266,10 +266,11 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         "train": controller.epoch_train_nll(),
         "dev": controller.last_dev,
         "best_dev": ({"metric": "bleu" if bleu is not None and config.early_stopping_metric == "bleu" else "loss",
-                      "step": int(state.best_step.numpy()),
+                      "step": int(state.best_step.numpy()),           # of the best by that metric
                       "bleu": float(state.best_bleu.numpy()) if bleu is not None else None,
-                      "nll_per_token": float(state.best_dev.numpy()),
-                      "perplexity": math.exp(min(float(state.best_dev.numpy()), 700.0))}
+                      # the lowest dev loss of the run, wherever it was (with metric=bleu, not at `step`)
+                      "lowest_nll_per_token": float(state.best_dev.numpy()),
+                      "lowest_perplexity": math.exp(min(float(state.best_dev.numpy()), 700.0))}
                      if int(state.best_step.numpy()) >= 0 else None),
         "checkpoint": manager.latest_checkpoint,
         "best_checkpoint": best_manager.latest_checkpoint if best_manager else None,

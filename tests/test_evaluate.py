@@ -9,7 +9,7 @@ import pytest
 import sacrebleu
 import tensorflow as tf
 
-from conftest import run_cli
+from conftest import run_cli, write_lines
 from nmt_tf import evaluate, metrics, plots, search
 
 HYPS = ["Un homme marche dans la rue.", "Deux chiens jouent.", "une femme lit un livre", "Le chat dort."]
@@ -84,8 +84,14 @@ def test_training_logs_dev_bleu_and_attention_images(trained_model_dir):
 
 
 @pytest.fixture(scope="module")
-def dev_files(tiny_corpus):
-    return tiny_corpus["dev_src"], tiny_corpus["dev_tgt"]
+def dev_files(tiny_corpus, tmp_path_factory):
+    """The 12 dev pairs and 3 training pairs (these have no unknown words, so the no-UNK subset is not empty)."""
+    d = tmp_path_factory.mktemp("eval_set")
+    src = [l.rstrip("\n") for l in open(tiny_corpus["dev_src"], encoding="utf-8")]
+    ref = [l.rstrip("\n") for l in open(tiny_corpus["dev_tgt"], encoding="utf-8")]
+    pairs = tiny_corpus["pairs"][:3]
+    return (write_lines(d / "eval.en", src + [s for s, _ in pairs]),
+            write_lines(d / "eval.fr", ref + [t for _, t in pairs]))
 
 
 def test_evaluate_two_models_end_to_end(trained_model_dir, exported, dev_files, tmp_path):
@@ -96,15 +102,17 @@ def test_evaluate_two_models_end_to_end(trained_model_dir, exported, dev_files, 
                            out, search.SearchOptions(beam_size=3), "best", 20, 4, log=lambda *a: None)
     assert [r["label"] for r in reports] == ["dir", "export"]
     for r in reports:
-        assert r["sentences"] == 12 and r["all"]["bleu"] is not None
-        assert sum(b["sentences"] for b in r["bleu_by_length"]) == 12
-        assert r["bleu_by_unknown"][-1]["sentences"] <= 12
-        assert r["no_unk"]["sentences"] == r["bleu_by_unknown"][0]["sentences"]
+        assert r["sentences"] == 15 and r["all"]["bleu"] is not None
+        assert sum(b["sentences"] for b in r["bleu_by_length"]) == 15
+        assert r["bleu_by_unknown"][-1]["sentences"] <= 15
+        assert r["no_unk"]["sentences"] == r["bleu_by_unknown"][0]["sentences"] >= 1
     assert reports[0]["no_unk"]["decoding"] == "[UNK] forbidden"
+    no_unk_hyps = open(os.path.join(out, "dir", "hypotheses.no_unk.txt"), encoding="utf-8").read()
+    assert no_unk_hyps.count("\n") == reports[0]["no_unk"]["sentences"] and "[UNK]" not in no_unk_hyps
     for name in ("dir", "export"):
         folder = os.path.join(out, name)
         hyps = open(os.path.join(folder, "hypotheses.txt"), encoding="utf-8").read().splitlines()
-        assert len(hyps) == 12
+        assert len(hyps) == 15
         assert json.load(open(os.path.join(folder, "report.json")))["label"] == name
     # beam 3 from the directory and the export (beam 3 too) give the same output
     assert (open(os.path.join(out, "dir", "hypotheses.txt")).read()

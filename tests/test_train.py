@@ -42,12 +42,14 @@ def test_training_writes_every_output(trained_model_dir):
 
 
 def read_scalars(log_dir):
-    """{tag: [(step, value)]} from the event files, decoded from the tensor protos."""
+    """{tag: [(step, value)]} of the scalar summaries in the event files (images and text are skipped)."""
     out = {}
     for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
         for event in tf.compat.v1.train.summary_iterator(path):
             for v in event.summary.value:
-                out.setdefault(v.tag, []).append((event.step, float(tf.make_ndarray(v.tensor))))
+                value = tf.make_ndarray(v.tensor)
+                if value.ndim == 0 and value.dtype.kind == "f":
+                    out.setdefault(v.tag, []).append((event.step, float(value)))
     return out
 
 
