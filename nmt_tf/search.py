@@ -64,6 +64,8 @@ class SearchOptions:
             raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
         if self.length_penalty not in ("average", "gnmt"):
             raise ValueError(f"length_penalty must be 'average' or 'gnmt', got {self.length_penalty!r}")
+        if self.length_alpha < 0:   # the early stop of beam_search relies on a non-decreasing penalty
+            raise ValueError(f"length_alpha must be >= 0, got {self.length_alpha}")
         if self.max_length_ratio <= 0 or self.max_length < 1:
             raise ValueError("max_length_ratio and max_length must be positive")
 
