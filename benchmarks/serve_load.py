@@ -28,10 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app
 from absl import flags as absl_flags
 
-from nmt_tf import flags as nmt_flags  # noqa: F401  (--model_name)
+from nmt_tf import flags as nmt_flags  # noqa: F401  (--model_name, --server: a running server, else one is started)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-absl_flags.DEFINE_string("server", None, "HOST:PORT of a running server (else one is started).")
 absl_flags.DEFINE_string("model_base_path", None, "Export directory to serve with nmt_tf.serve.")
 absl_flags.DEFINE_list("clients_list", ["1", "32"], "Numbers of concurrent clients to measure.")
 absl_flags.DEFINE_integer("requests", 400, "Timed requests per measurement.", lower_bound=1)
@@ -45,10 +44,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(base_path: str):
+def start_server(base_path: str, model_name: str):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "nmt_tf.serve", f"--port={port}", "--host=127.0.0.1",
-                             f"--model_base_path={base_path}", "--model_name=nmt", "--threads=32"],
+                             f"--model_base_path={base_path}", f"--model_name={model_name}", "--threads=32"],
                             cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:                     # wait for "Serving model ..."
@@ -126,7 +125,7 @@ def main(argv):
     if not address:
         if not FLAGS.model_base_path:
             raise app.UsageError("give --server or --model_base_path")
-        proc, address = start_server(FLAGS.model_base_path)
+        proc, address = start_server(FLAGS.model_base_path, FLAGS.model_name)
     try:
         results = [run(address, FLAGS.model_name, sentences, int(c), FLAGS.requests, FLAGS.warmup)
                    for c in FLAGS.clients_list]

@@ -57,3 +57,15 @@ def test_the_readme_flag_table_shows_the_real_defaults():
         default = flags.FLAGS[name].default
         expected = "—" if default is None else (str(default).lower() if isinstance(default, bool) else str(default))
         assert shown == expected, (name, shown, expected)
+
+
+@pytest.mark.parametrize("script,own_flag", [("train_throughput.py", "window_steps"),
+                                             ("decode_speed.py", "sort_by_length"),
+                                             ("serve_load.py", "clients_list")])
+def test_benchmark_scripts_define_their_flags(script, own_flag):
+    """A benchmark whose flags clash with nmt_tf's dies before measuring anything."""
+    from conftest import run_cli
+
+    done = run_cli(os.path.join(REPO, "benchmarks", script), "--helpshort", timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"--{own_flag}" in done.stdout + done.stderr
