@@ -5,8 +5,9 @@ r"""Decoding speed through the exported SavedModel: prints one JSON object.
 
 Translates the Multi30k test 2016 English source (1,000 sentences, in file
 order, or sorted by length with --sort_by_length) with beam 10 and with
-greedy search, in batches of 1 and of 64 sentences (--batch_sizes), through the SavedModel's serving_default signature, exactly
-as nmt_tf.translate --saved_model does. With --model_dir, both SavedModels
+greedy search, in batches of 1 and of 64 sentences (--batch_sizes), through
+the SavedModel's serving_default signature, exactly as nmt_tf.translate
+--saved_model does. With --model_dir, both SavedModels
 are exported to a temporary directory first. Each configuration runs
 --runs times after one warm-up batch; the median run is reported:
 
