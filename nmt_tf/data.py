@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import gzip
 import hashlib
 import json
 import math
@@ -36,6 +35,7 @@ import zlib
 import tensorflow as tf
 
 from nmt_tf import text
+from nmt_tf.files import is_gzip, open_binary
 from nmt_tf.text import BOS_ID, EOS_ID
 
 _TOKENIZE_BATCH = 1024          # lines tokenized together (vectorized TF string ops)
@@ -50,11 +50,6 @@ class CorpusError(ValueError):
 # Files
 
 
-def is_gzip(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
 def _require_file(path: str | None, flag: str) -> str:
     if not path:
         raise CorpusError(f"--{flag} is required.")
@@ -67,10 +62,9 @@ def _require_file(path: str | None, flag: str) -> str:
 
 def count_lines(path: str) -> int:
     """Number of lines (a last line without newline counts), streaming."""
-    opener = gzip.open if is_gzip(path) else open
     lines, last = 0, b"\n"
     try:
-        with opener(path, "rb") as f:
+        with open_binary(path) as f:
             while chunk := f.read(1 << 22):
                 lines += chunk.count(b"\n")
                 last = chunk[-1:]

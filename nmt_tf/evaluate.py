@@ -37,7 +37,6 @@ ETA goes to stderr on a terminal.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
 import sys
@@ -46,6 +45,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.files import open_binary
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
 absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")
@@ -63,9 +63,7 @@ def read_text(path: str, flag: str) -> list[str]:
         raise EvaluationError(f"--{flag} is required.")
     if not os.path.exists(path):
         raise EvaluationError(f"{path} does not exist (--{flag}).")
-    with open(path, "rb") as f:
-        is_gz = f.read(2) == b"\x1f\x8b"
-    with (gzip.open(path, "rb") if is_gz else open(path, "rb")) as f:
+    with open_binary(path) as f:
         return [line.rstrip(b"\r\n").decode("utf-8", errors="replace") for line in f]
 
 

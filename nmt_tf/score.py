@@ -43,6 +43,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --model_name, ...
+from nmt_tf.files import open_binary
 
 absl_flags.DEFINE_string("phrase_table", None, "A Moses phrase table to extend with the model's score.")
 absl_flags.DEFINE_string("nbest", None, "A Moses n-best list to add the model's score to (needs --source).")
@@ -118,9 +119,7 @@ class ServerScorer:
 
 def open_input(path: str):
     try:
-        with open(path, "rb") as f:
-            is_gz = f.read(2) == b"\x1f\x8b"
-        return gzip.open(path, "rb") if is_gz else open(path, "rb")
+        return open_binary(path)
     except FileNotFoundError as e:
         raise ScoreError(f"{path} does not exist.") from e
 

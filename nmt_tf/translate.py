@@ -26,7 +26,6 @@ terminal, progress with an ETA goes to stderr.
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 import time
@@ -35,6 +34,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --n_best, ...
+from nmt_tf.files import open_binary
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
@@ -115,9 +115,7 @@ def read_lines(path: str | None):
             yield line.rstrip(b"\r\n")
         return
     try:
-        with open(path, "rb") as f:
-            is_gz = f.read(2) == b"\x1f\x8b"
-        with (gzip.open(path, "rb") if is_gz else open(path, "rb")) as f:
+        with open_binary(path) as f:
             for line in f:
                 yield line.rstrip(b"\r\n")
     except FileNotFoundError as e:

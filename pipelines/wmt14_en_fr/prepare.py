@@ -35,6 +35,10 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from nmt_tf.files import open_binary  # noqa: E402  (TensorFlow-free)
+
 _SEG = re.compile(rb"<seg[^>]*>(.*)</seg>", re.IGNORECASE)
 
 
@@ -45,9 +49,7 @@ class PrepareError(ValueError):
 def _open(path: str):
     if not os.path.exists(path):
         raise PrepareError(f"{path} does not exist.")
-    with open(path, "rb") as f:
-        is_gz = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if is_gz else open(path, "rb")
+    return open_binary(path)
 
 
 def sentences(path: str):
