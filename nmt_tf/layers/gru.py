@@ -45,6 +45,28 @@ def gru_update(x_proj, h, h_rz, u_h, extra=None):
     return h + z * (candidate - h)
 
 
+def masked_gru_scan(x_proj, mask, recurrent_kernel, h0):
+    """Runs GRU steps over time; a masked (padded) step leaves the state unchanged.
+
+    Args:
+      x_proj: [T, ..., 3n] input projections W x_t + b, time first.
+      mask: [T, ..., 1] 1 at real positions, 0 at padding (x_proj's dtype).
+      recurrent_kernel: [n, 3n] (or batched [k, n, 3n]) U, in x_proj's dtype.
+      h0: [..., n] initial state.
+
+    Returns:
+      [T, ..., n] the states.
+    """
+    n = recurrent_kernel.shape[-1] // 3
+    u_rz, u_h = recurrent_kernel[..., :2 * n], recurrent_kernel[..., 2 * n:]
+
+    def step(h, elems):
+        xp, mt = elems
+        return h + mt * (gru_update(xp, h, tf.matmul(h, u_rz), u_h) - h)
+
+    return tf.scan(step, (x_proj, mask), initializer=h0)
+
+
 @keras.saving.register_keras_serializable(package="nmt_tf")
 class BidirectionalGRU(keras.layers.Layer):
     """A forward and a backward GRU over a right-padded batch (paper 000 §3.2).
@@ -105,16 +127,8 @@ class BidirectionalGRU(keras.layers.Layer):
         m = tf.cast(tf.transpose(mask), dtype)[:, None, :, None]          # [T, 1, B, 1]
         m = tf.concat([m, tf.reverse(m, [0])], axis=1)                    # [T, 2, B, 1]
         u = tf.cast(tf.stack([tf.convert_to_tensor(k) for k in self.recurrent_kernels]), dtype)  # [2, n, 3n]
-        u_rz, u_h = u[..., :2 * n], u[..., 2 * n:]
-
-        def step(h, elems):
-            xp, mt = elems
-            h_new = gru_update(xp, h, tf.matmul(h, u_rz), u_h)
-            return h + mt * (h_new - h)
-
-        batch = tf.shape(inputs)[0]
-        h0 = tf.zeros(tf.stack([2, batch, n]), dtype)
-        states = tf.scan(step, (x_proj, m), initializer=h0)               # [T, 2, B, n]
+        h0 = tf.zeros(tf.stack([2, tf.shape(inputs)[0], n]), dtype)
+        states = masked_gru_scan(x_proj, m, u, h0)                        # [T, 2, B, n]
         forward, backward = states[:, 0], tf.reverse(states[:, 1], [0])
         return tf.transpose(tf.concat([forward, backward], axis=-1), [1, 0, 2])
 
@@ -156,15 +170,8 @@ class GRU(keras.layers.Layer):
         dtype = self.compute_dtype
         x_proj = project(tf.transpose(tf.cast(inputs, dtype), [1, 0, 2]), self.kernel, self.bias)  # [T, B, 3n]
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                                           # [T, B, 1]
-        u = tf.cast(self.recurrent_kernel, dtype)
-        u_rz, u_h = u[:, :2 * n], u[:, 2 * n:]
-
-        def step(h, elems):
-            xp, mt = elems
-            return h + mt * (gru_update(xp, h, tf.matmul(h, u_rz), u_h) - h)
-
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
-        states = tf.scan(step, (x_proj, m), initializer=h0)                                        # [T, B, n]
+        states = masked_gru_scan(x_proj, m, tf.cast(self.recurrent_kernel, dtype), h0)             # [T, B, n]
         return tf.transpose(states, [1, 0, 2]), states[-1]
 
     def compute_output_shape(self, input_shape):
