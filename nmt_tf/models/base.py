@@ -17,6 +17,11 @@ import tensorflow as tf
 from nmt_tf.text import PAD_ID
 
 
+def count_parameters(*weights) -> int:
+    """Total number of values in `weights`."""
+    return sum(int(w.numpy().size) for w in weights)
+
+
 def token_nll(labels, logits):
     """Per-token negative log-likelihood and the real-token mask.
 
@@ -84,11 +89,6 @@ class Seq2SeqModel(keras.Model):
         self.readout.build_for(self.hidden_size, self.embedding_size, context_dim)
         self.output_projection.build((None, self.maxout_size))
 
-    @staticmethod
-    def dummy_inputs():
-        return {"source_ids": tf.constant([[4, 3]], tf.int32),
-                "target_ids": tf.constant([[2, 4]], tf.int32)}
-
     def logits(self, states, previous_embeddings, contexts, training=False):
         """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32."""
         features = self.readout(states, previous_embeddings, contexts)
@@ -102,11 +102,10 @@ class Seq2SeqModel(keras.Model):
         return self.embedding_dropout(self.source_embedding(source_ids), training=training)
 
     def shared_parameter_groups(self) -> dict:
-        count = lambda *ws: sum(int(w.numpy().size) for w in ws)
-        return {"source embedding": count(*self.source_embedding.weights),
-                "target embedding": count(*self.target_embedding.weights),
-                "maxout readout": count(*self.readout.weights),
-                "output layer": count(*self.output_projection.weights)}
+        return {"source embedding": count_parameters(*self.source_embedding.weights),
+                "target embedding": count_parameters(*self.target_embedding.weights),
+                "maxout readout": count_parameters(*self.readout.weights),
+                "output layer": count_parameters(*self.output_projection.weights)}
 
     def get_config(self):
         return {**super().get_config(), "source_vocab_size": self.source_vocab_size,

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from nmt_tf.layers import GRU, ContextDecoder, GatedRecursiveConvolution
 from nmt_tf.layers.initializers import weight_init
-from nmt_tf.models.base import Seq2SeqModel
+from nmt_tf.models.base import Seq2SeqModel, count_parameters
 from nmt_tf.text import PAD_ID
 
 ENCODERS = ("rnn", "grconv")
@@ -123,15 +123,14 @@ class RNNEncDec(Seq2SeqModel):
         return logits
 
     def parameter_groups(self) -> dict:
-        count = lambda *ws: sum(int(w.numpy().size) for w in ws)
         shared = self.shared_parameter_groups()
         return {
             "source embedding": shared["source embedding"],
             "target embedding": shared["target embedding"],
-            f"encoder ({self.encoder_type})": count(*self.encoder.weights),
-            "summary c": count(*self.summarizer.weights),
-            "decoder GRU": count(*self.decoder.weights),
-            "initial state s_0": count(*self.initial_state.weights),
+            f"encoder ({self.encoder_type})": count_parameters(*self.encoder.weights),
+            "summary c": count_parameters(*self.summarizer.weights),
+            "decoder GRU": count_parameters(*self.decoder.weights),
+            "initial state s_0": count_parameters(*self.initial_state.weights),
             "maxout readout": shared["maxout readout"],
             "output layer": shared["output layer"],
         }

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from nmt_tf.layers import AttentionDecoder, BidirectionalGRU
 from nmt_tf.layers.initializers import weight_init
-from nmt_tf.models.base import Seq2SeqModel
+from nmt_tf.models.base import Seq2SeqModel, count_parameters
 from nmt_tf.text import PAD_ID
 
 
@@ -110,17 +110,16 @@ class RNNSearch(Seq2SeqModel):
 
     def parameter_groups(self) -> dict:
         """Parameter counts by part of the model, in the order of SPEC §2."""
-        count = lambda *ws: sum(int(w.numpy().size) for w in ws)
         enc = self.encoder
         shared = self.shared_parameter_groups()
         return {
             "source embedding": shared["source embedding"],
             "target embedding": shared["target embedding"],
-            "encoder forward GRU": count(enc.kernels[0], enc.recurrent_kernels[0], enc.biases[0]),
-            "encoder backward GRU": count(enc.kernels[1], enc.recurrent_kernels[1], enc.biases[1]),
-            "decoder GRU": count(*self.decoder.cell.weights),
-            "initial state s_0": count(*self.initial_state.weights),
-            "attention": count(*self.decoder.attention.weights),
+            "encoder forward GRU": count_parameters(enc.kernels[0], enc.recurrent_kernels[0], enc.biases[0]),
+            "encoder backward GRU": count_parameters(enc.kernels[1], enc.recurrent_kernels[1], enc.biases[1]),
+            "decoder GRU": count_parameters(*self.decoder.cell.weights),
+            "initial state s_0": count_parameters(*self.initial_state.weights),
+            "attention": count_parameters(*self.decoder.attention.weights),
             "maxout readout": shared["maxout readout"],
             "output layer": shared["output layer"],
         }
