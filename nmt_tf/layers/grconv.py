@@ -77,14 +77,15 @@ class GatedRecursiveConvolution(keras.layers.Layer):
         self.right_gate_kernel = self.add_weight(name="right_gate_kernel", shape=(d, 3), initializer=weight_init())
         self.gate_bias = self.add_weight(name="gate_bias", shape=(3,), initializer="zeros")
 
-    def level(self, nodes, real):
-        """One recursion: nodes [B, k, d] -> (nodes [B, k-1, d], gates [B, k-1, 3]); `real` [B, k-1]."""
+    def level(self, nodes, real, left_kernel, right_kernel):
+        """One recursion: nodes [B, k, d] -> (nodes [B, k-1, d], gates [B, k-1, 3]); `real` [B, k-1].
+
+        left_kernel / right_kernel: [W^l | G^l] and [W^r | G^r], [d, d + 3] (built once per call).
+        """
         dtype = self.compute_dtype
         d = self.units
         left, right = nodes[:, :-1], nodes[:, 1:]
-        # [W^l | G^l] and [W^r | G^r], each applied in one matmul.
-        pre = (project(left, tf.concat([self.left_kernel, self.left_gate_kernel], axis=1))
-               + project(right, tf.concat([self.right_kernel, self.right_gate_kernel], axis=1)))
+        pre = project(left, left_kernel) + project(right, right_kernel)      # each child in one matmul
         candidate = tf.nn.relu(pre[..., :d] + tf.cast(self.bias, dtype))
         gates = tf.nn.softmax(tf.cast(pre[..., d:], tf.float32) + tf.cast(self.gate_bias, tf.float32), axis=-1)
         g = tf.cast(gates, dtype)
@@ -102,11 +103,13 @@ class GatedRecursiveConvolution(keras.layers.Layer):
         root = tf.where((lengths == 1)[:, None], nodes[:, 0], tf.zeros_like(nodes[:, 0]))
         levels = tf.maximum(width - 1, 0)
         gates_all = tf.zeros(tf.stack([levels, batch, levels, 3]) if return_gates else [0], tf.float32)
+        left_kernel = tf.cast(tf.concat([self.left_kernel, self.left_gate_kernel], axis=1), dtype)
+        right_kernel = tf.cast(tf.concat([self.right_kernel, self.right_gate_kernel], axis=1), dtype)
 
         def body(t, nodes, root, gates_all):
             k = tf.shape(nodes)[1] - 1
             real = (tf.range(k)[None, :] + t) < lengths[:, None]                               # j + t < length
-            nodes, gates = self.level(nodes, real)
+            nodes, gates = self.level(nodes, real, left_kernel, right_kernel)
             root = tf.where((lengths == t + 1)[:, None], nodes[:, 0], root)
             if return_gates:   # training does not keep them
                 gates = tf.pad(gates, [[0, 0], [0, levels - k], [0, 0]])
