@@ -61,6 +61,20 @@ def translate_function(saved_model: str | None, model_dir: str | None, options, 
     return compiled_translate(Translator(model, src_tok, tgt_tok, options, max_input_length))
 
 
+def _save(png: bytes, path: str, writer, tag: str, description: str) -> None:
+    """Writes one picture to `path` and, with a summary writer, as a TensorBoard image."""
+    import tensorflow as tf
+
+    from nmt_tf import plots
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(png)
+    if writer is not None:
+        with writer.as_default(step=0):
+            tf.summary.image(tag, plots.png_to_tensor(png), description=description)
+
+
 def render(translate_fn, sentences: list[str], names: list[str], out_paths: list[str],
            logdir: str | None = None) -> list[dict]:
     """Translates `sentences`, writes one heatmap PNG each; returns what was drawn."""
@@ -75,13 +89,7 @@ def render(translate_fn, sentences: list[str], names: list[str], out_paths: list
     for i, (name, path) in enumerate(zip(names, out_paths)):
         png = plots.attention_png(out["source_tokens"][i], out["target_tokens"][i], out["alignment"][i],
                                   title=out["translation"][i][:100])
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(png)
-        if writer is not None:
-            with writer.as_default(step=0):
-                tf.summary.image(f"attention/{name}", plots.png_to_tensor(png),
-                                 description=f"{sentences[i]} -> {out['translation'][i]}")
+        _save(png, path, writer, f"attention/{name}", f"{sentences[i]} -> {out['translation'][i]}")
         drawn.append({"path": path, "translation": out["translation"][i],
                       "source_tokens": out["source_tokens"][i], "target_tokens": out["target_tokens"][i]})
     if writer is not None:
@@ -109,12 +117,7 @@ def render_grconv(model_dir: str, checkpoint: str, sentences: list[str], names: 
         labels = [t.decode("utf-8") for t in tokens.to_list()[0]] + [EOS]
         gates = model.encode(ids, return_gates=True)["gates"].numpy()[:, 0]
         png = plots.grconv_tree_png(labels, gates, threshold, title=f"grConv structure: {sentence[:80]}")
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(png)
-        if writer is not None:
-            with writer.as_default(step=0):
-                tf.summary.image(f"grconv/{name}", plots.png_to_tensor(png), description=sentence)
+        _save(png, path, writer, f"grconv/{name}", sentence)
         drawn.append({"path": path, "tokens": labels, "gates": gates})
     if writer is not None:
         writer.flush()
