@@ -8,10 +8,12 @@ the optimizer), so a checkpoint is always self-consistent.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import keras
@@ -168,8 +170,18 @@ class TrainingController(keras.callbacks.Callback):
         return {"nll_per_token": per_token, "nll_per_sentence": self._ep["nll"] / self._ep["sentences"],
                 "perplexity": math.exp(min(per_token, 700.0))}
 
-    def install_signal_handlers(self):
-        """SIGINT / SIGTERM stop after the current update, with a checkpoint."""
+    @contextlib.contextmanager
+    def signal_handlers(self):
+        """While inside: SIGINT / SIGTERM stop after the current update, with a checkpoint.
+
+        The previous handlers come back on exit, so Ctrl-C works again in the
+        Python session (notebook, tests) that called train(). Outside the main
+        thread, where Python cannot install handlers, signals keep their default.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
         def handler(signum, frame):
             if self._interrupted:            # a second signal: stop at once
                 signal.signal(signum, signal.SIG_DFL)
@@ -177,8 +189,12 @@ class TrainingController(keras.callbacks.Callback):
             self._interrupted = True
             self.log(f"\nReceived {signal.Signals(signum).name}: stopping after this update "
                      "(signal again to stop at once, without a checkpoint).")
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
 
     def check_budgets(self):
         """Stops on --max_steps, --max_hours or a signal."""

@@ -30,6 +30,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 from absl import app
 
@@ -222,32 +223,40 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     callbacks = [controller]
     if not print_lines:
         callbacks.append(cb.TrainingProgbar())
-    controller.install_signal_handlers()
-
     started = time.time()
     start_step = int(optimizer.iterations.numpy())
-    controller.check_budgets()
-    while not controller.stop_reason and int(state.epoch.numpy()) < config.max_epochs:
-        epoch, skip = int(state.epoch.numpy()), int(state.epoch_batches.numpy())
-        ds = dataset(config.train_src, config.train_tgt, shuffle=True,
-                     shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
-                     skip_batches=skip)
-        if not print_lines:
-            log(f"Epoch {epoch + 1}/{config.max_epochs}")
-        model.fit(ds, epochs=epoch + 1, initial_epoch=epoch,
-                  steps_per_epoch=n_batches - skip if n_batches else None,
-                  callbacks=callbacks, verbose=0 if print_lines else 1, shuffle=False)
-    step = int(optimizer.iterations.numpy())
-    if controller.nan_step is not None:
-        controller.flush()
-        last = manager.latest_checkpoint or "none"
-        raise NaNLossError(
-            f"The training loss became NaN or infinite at step {controller.nan_step:,}; training "
-            f"stopped. The last good checkpoint is {last}. Lower --learning_rate or --clip_norm, "
-            "or use --mixed_precision=none.")
-    if step > start_step or not manager.latest_checkpoint:
-        controller.evaluate(step)
-        manager.save(checkpoint_number=step)
+    with controller.signal_handlers():
+        controller.check_budgets()
+        while not controller.stop_reason and int(state.epoch.numpy()) < config.max_epochs:
+            epoch, skip = int(state.epoch.numpy()), int(state.epoch_batches.numpy())
+            if n_batches and skip >= n_batches:
+                # Stopped between the checkpoint of the epoch's last batch and the
+                # epoch-end one: nothing left to train, only the epoch-end work.
+                controller.on_epoch_end(epoch)
+                continue
+            ds = dataset(config.train_src, config.train_tgt, shuffle=True,
+                         shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
+                         skip_batches=skip)
+            if not print_lines:
+                log(f"Epoch {epoch + 1}/{config.max_epochs}")
+            with warnings.catch_warnings():
+                # An epoch of data-dependent length (token batches) ends when the
+                # data does; Keras warns about that as if it were a mistake.
+                warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
+                model.fit(ds, epochs=epoch + 1, initial_epoch=epoch,
+                          steps_per_epoch=n_batches - skip if n_batches else None,
+                          callbacks=callbacks, verbose=0 if print_lines else 1, shuffle=False)
+        step = int(optimizer.iterations.numpy())
+        if controller.nan_step is not None:
+            controller.flush()
+            last = manager.latest_checkpoint or "none"
+            raise NaNLossError(
+                f"The training loss became NaN or infinite at step {controller.nan_step:,}; training "
+                f"stopped. The last good checkpoint is {last}. Lower --learning_rate or --clip_norm, "
+                "or use --mixed_precision=none.")
+        if step > start_step or not manager.latest_checkpoint:
+            controller.evaluate(step)
+            manager.save(checkpoint_number=step)
     controller.flush()
 
     status = controller.stop_reason or "max_epochs"

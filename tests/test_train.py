@@ -109,6 +109,51 @@ def test_sigkill_at_any_moment_loses_at_most_one_checkpoint_interval(tiny_corpus
     assert summary["steps"] == 30 and summary["completed_epochs"] == 3   # 10 batches of 4 per epoch
 
 
+def test_death_between_the_last_batch_and_the_epoch_end_checkpoint_resumes_exactly(
+        tiny_config, tmp_path, monkeypatch):
+    """The checkpoint of an epoch's last batch comes before the epoch-end one (same
+    step); a run that dies between them finishes that epoch on resume with no extra
+    update. (CI once saw the SIGKILL test land here: 31 updates instead of 30.)"""
+    from nmt_tf import callbacks as cb
+
+    class Died(Exception):
+        pass
+
+    original = cb.TrainingController.on_epoch_end
+
+    def dies_at_the_second_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise Died
+        return original(self, epoch, logs)
+
+    config = tiny_config(model_dir=str(tmp_path / "m"), max_epochs=3, checkpoint_every_steps=5)
+    monkeypatch.setattr(cb.TrainingController, "on_epoch_end", dies_at_the_second_epoch_end)
+    with pytest.raises(Died):
+        train.train(config, **QUIET)
+    monkeypatch.undo()
+    assert tf.train.latest_checkpoint(str(tmp_path / "m" / "checkpoints")).endswith("ckpt-10")
+    summary = train.train(config, **QUIET)                 # 5 batches of 8 per epoch
+    assert summary["steps"] == 15 and summary["completed_epochs"] == 3
+
+
+def test_epochs_of_data_dependent_length_take_no_phantom_update(tiny_config, tmp_path):
+    """Token batches: Keras learns an epoch's end from get_next() failing, and its
+    optimizer counted an update there anyway unless the update depends on the batch."""
+    model_dir = tmp_path / "tokens"
+    summary = train.train(tiny_config(model_dir=str(model_dir), batch_type="tokens", batch_size=60,
+                                      max_epochs=2, log_every_steps=1), **QUIET)
+    logged = [step for step, _ in read_scalars(str(model_dir / "logs" / "train"))["loss"]]
+    assert summary["completed_epochs"] == 2 and summary["steps"] > 10
+    assert sorted(logged) == list(range(1, summary["steps"] + 1))
+
+
+def test_train_gives_back_the_callers_signal_handlers(tiny_config, tmp_path):
+    """Ctrl-C must work again in the Python session that called train()."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    train.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1), **QUIET)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 def test_resume_rejects_a_different_model(tiny_config, tmp_path):
     config = tiny_config(model_dir=str(tmp_path / "m"), max_steps=2)
     train.train(config, **QUIET)

@@ -142,7 +142,12 @@ class Seq2SeqModel(keras.Model):
         gradients = tape.gradient(scaled_loss, variables)
         scale = self.optimizer.scale_loss(tf.constant(1.0))
         grad_norm = tf.linalg.global_norm(gradients) / tf.cast(scale, tf.float32)
-        self.optimizer.apply_gradients(zip(gradients, variables))
+        # Keras increments optimizer.iterations with no data dependency on the
+        # batch, so when get_next() hits the end of an epoch of unknown length
+        # the increment still ran: one phantom step per epoch. Tie the whole
+        # update to this batch.
+        with tf.control_dependencies([grad_norm]):
+            self.optimizer.apply_gradients(zip(gradients, variables))
         self.nll_sum.update_state(nll_sum)
         self.target_token_count.update_state(tokens)
         return {**self._epoch_logs(), "batch_loss": loss, "batch_tokens": tokens,
