@@ -29,8 +29,8 @@ class Translator:
     """Builds the serving functions around a model and its tokenizers.
 
     `module()` returns the tf.Module that is saved: it holds the model's
-    weights, the tokenizers' tables (vocabularies as assets) and the two
-    tf.functions.
+    weights (as plain tf.Variables), the tokenizers' tables (vocabularies as
+    assets) and the two tf.functions.
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int):
@@ -111,7 +111,15 @@ class Translator:
     def module(self):
         tf = self.tf
         module = tf.Module()
-        module.model = self.model
+        # Keras 3 wraps every tf.Variable, and tf.saved_model.save gives the
+        # wrapper a *copy* of it ("Variable_N") as the target of the restore
+        # op, while the signatures read the wrapped variable. TF2 loading
+        # copes; the session loader of tensorflow_model_server (and
+        # `saved_model_cli run`) restores the copies and the signatures fail
+        # on uninitialized variables (keras-team/keras#20095). Tracking the
+        # tf.Variables themselves, not the Keras model, makes the restored
+        # variables the ones the graph reads.
+        module.model_variables = tf_variables(self.model)
         module.source_tokenizer = self.source_tokenizer
         module.target_tokenizer = self.target_tokenizer
         module.translate = tf.function(self.translate, input_signature=[
@@ -119,6 +127,17 @@ class Translator:
         module.score = tf.function(self.score, input_signature=[
             tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
         return module
+
+
+def tf_variables(model) -> list:
+    """The tf.Variables under a Keras 3 model's variables (TensorFlow backend)."""
+    import tensorflow as tf
+
+    out = [v.value for v in model.variables]
+    wrong = [v.path for v, value in zip(model.variables, out) if not isinstance(value, tf.Variable)]
+    if wrong:
+        raise TypeError(f"not backed by a tf.Variable (is KERAS_BACKEND tensorflow?): {wrong[:3]}")
+    return out
 
 
 def restore_model(model_dir: str, checkpoint: str = "best", log=print) -> RestoredModel:

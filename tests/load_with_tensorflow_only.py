@@ -1,5 +1,7 @@
 """Loads an nmt_tf SavedModel in a process where keras, keras_hub and nmt_tf
 cannot be imported, and runs both signatures: what stock TF Serving needs.
+It loads twice: as TF2 objects, and as tensorflow_model_server does (a TF1
+session with the saver's restore op); both must give the same results.
 
 TensorFlow probes for keras with importlib.util.find_spec at import time, so
 the probe is answered, but any actual import of these packages fails.
@@ -45,11 +47,40 @@ if spec is not None:
     for library in sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "python", "ops", "*.so"))):
         tf.load_op_library(library)
 
-model = tf.saved_model.load(sys.argv[1])
-out = model.signatures["serving_default"](text=tf.constant(["A man is walking his dog.", ""]))
+path = sys.argv[1]
+TEXT = ["A man is walking his dog.", ""]
+PAIR = {"source": ["A man."], "target": ["Un homme."]}
+
+# 1. TF2 object loading (nmt_tf.serve, tf.saved_model.load).
+model = tf.saved_model.load(path)
+out = model.signatures["serving_default"](text=tf.constant(TEXT))
 assert out["translation"].shape == (2,)
 print("translation ok", out["translation"].numpy())
-scored = model.signatures["score"](source=tf.constant(["A man."]), target=tf.constant(["Un homme."]))
+scored = model.signatures["score"](**{k: tf.constant(v) for k, v in PAIR.items()})
 assert scored["log_prob"].shape == (1,)
 print("score ok", scored["log_prob"].numpy())
+
+# 2. The way tensorflow_model_server loads it (tensorflow/cc/saved_model/
+# loader.cc; `saved_model_cli run` does the same): import the MetaGraph into a
+# TF1 graph, run the saver's restore op and the init op, then Session.run on
+# the signature's tensor names. Variables that the restore op does not reach
+# fail here, not in TF2 loading.
+graph = tf.Graph()
+with graph.as_default():
+    session = tf.compat.v1.Session(graph=graph)
+    meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+
+
+def session_run(signature, feeds):
+    sig = meta.signature_def[signature]
+    return session.run({k: v.name for k, v in sig.outputs.items()},
+                       {sig.inputs[k].name: v for k, v in feeds.items()})
+
+
+by_session = session_run("serving_default", {"text": TEXT})
+assert list(by_session["translation"]) == list(out["translation"].numpy()), by_session["translation"]
+assert abs(by_session["score"] - out["score"].numpy()).max() < 1e-4
+scored_by_session = session_run("score", PAIR)
+assert abs(scored_by_session["log_prob"] - scored["log_prob"].numpy()).max() < 1e-4
+print("session ok", by_session["translation"])
 print("imported:", sorted(k for k in sys.modules if k.split(".")[0] in BLOCKED))

@@ -113,6 +113,7 @@ def test_fresh_process_with_only_tensorflow_runs_both_signatures(which, request)
     result = run_cli(os.path.join(REPO, "tests", "load_with_tensorflow_only.py"), path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "translation ok" in result.stdout and "score ok" in result.stdout
+    assert "session ok" in result.stdout          # loaded like tensorflow_model_server loads it
     assert "imported: []" in result.stdout
 
 
@@ -157,7 +158,7 @@ def test_wordpiece_model_needs_only_tensorflow_text_ops_that_tf_serving_links(wo
     assert not_core <= {"FastWordpieceTokenizeWithOffsets", "FastWordpieceDetokenize"}, not_core
 
 
-def test_saved_model_cli_shows_everything(exported):
+def test_saved_model_cli_shows_everything_and_runs(exported):
     cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
     result = subprocess.run([cli, "show", "--dir", exported[2], "--all"], capture_output=True, text=True,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -165,6 +166,12 @@ def test_saved_model_cli_shows_everything(exported):
     for text in ("signature_def['serving_default']", "signature_def['score']", "inputs['text']",
                  "outputs['translation']", "outputs['alignment']", "inputs['source']", "outputs['log_prob']"):
         assert text in result.stdout, text
+    # `run` loads through a TF1 session and the saver's restore op, as the model server does.
+    result = subprocess.run([cli, "run", "--dir", exported[2], "--tag_set", "serve", "--signature_def",
+                             "score", "--input_exprs", 'source=["A man."];target=["Un homme."]'],
+                            capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Result for output key log_prob:" in result.stdout
 
 
 def test_warmup_record_is_a_predict_request_that_runs(exported, signatures):
