@@ -5,7 +5,8 @@ a `tf.function` (the exported SavedModel runs them in its graph; only core
 TensorFlow ops are used). A model provides
 
     encode(source_ids) -> dict with "state" [B, n] and per-sentence tensors
-    decode_step(previous_ids [N], state [N, n], encoded) -> (log-probs [N, V], state, alpha [N, Tx])
+    step_weights() -> dict of tensors (fused / cast matrices), taken once per search
+    decode_step(previous_ids [N], state [N, n], encoded, weights) -> (log-probs [N, V], state, alpha [N, Tx])
 
 Beam search follows the RNNsearch papers (SPEC §6; paper 000 §4.2): a
 hypothesis that ends with [EOS] leaves the beam and the beam shrinks by one,
@@ -128,6 +129,7 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
     min_len, max_len, steps = _length_limits(source_ids, options)
     encoded = model.encode(source_ids)
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
+    weights = model.step_weights()
     vocab_size = model.target_vocab_size
     positions = tf.range(steps)
 
@@ -136,7 +138,7 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
         rows = tf.cast(tf.where(~done)[:, 0], tf.int32)                              # [R]
         log_probs, new_state, alpha = model.decode_step(
             tf.gather(previous, rows), tf.gather(state, rows),
-            {key: tf.gather(v, rows) for key, v in per_sentence.items()})
+            {key: tf.gather(v, rows) for key, v in per_sentence.items()}, weights)
         log_probs += tf.gather(_token_penalty(t, min_len, max_len, vocab_size, options), rows)
         at = rows[:, None]
         token = tf.tensor_scatter_nd_update(tf.fill([batch], PAD_ID), at,
@@ -190,6 +192,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
     encoded = model.encode(source_ids)
     state = tf.repeat(encoded["state"][:, None], k, axis=1)                 # [B, K, n]
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
+    weights = model.step_weights()
     positions = tf.range(steps)
 
     def body(t, previous, state, alive_score, alive_tokens, alive_align, fin_norm, fin_logp,
@@ -201,7 +204,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         sentence = rows[:, 0]
         log_probs, new_state, alpha = model.decode_step(
             tf.gather_nd(previous, rows), tf.gather_nd(state, rows),
-            {key: tf.gather(v, sentence) for key, v in per_sentence.items()})
+            {key: tf.gather(v, sentence) for key, v in per_sentence.items()}, weights)
         scores = (tf.gather_nd(alive_score, rows)[:, None] + log_probs
                   + tf.gather(_token_penalty(t, min_len, max_len, vocab_size, options), sentence))
         row_score, row_token = tf.math.top_k(scores, k=per_row)                         # [R, per_row]

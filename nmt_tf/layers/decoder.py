@@ -62,22 +62,26 @@ class AttentionDecoder(keras.layers.Layer):
         """Per-sentence work shared by every step: the keys U_a h_j + b_a."""
         return self.attention.precompute_keys(annotations)
 
-    def _state_kernel(self):
-        """[W_a | U_r | U_z]: everything multiplying s_{i-1} before the reset gate."""
-        n = self.units
-        return tf.cast(tf.concat([self.attention.query_kernel,
-                                  self.cell.recurrent_kernel[:, :2 * n]], axis=1),
-                       self.compute_dtype)
+    def step_weights(self) -> dict:
+        """The matrices of a step, fused, sliced and cast once per sequence.
 
-    def _step(self, x_proj, state, state_kernel, keys, annotations, mask):
+        "state": [W_a | U_r | U_z], everything multiplying s_{i-1} before the
+        reset gate; "cell": the GRU's `step_kernels()`. Building them copies
+        megabytes, so time loops (teacher forcing, search) take them outside.
+        """
+        n = self.units
+        state_kernel = tf.concat([self.attention.query_kernel, self.cell.recurrent_kernel[:, :2 * n]], axis=1)
+        return {"state": tf.cast(state_kernel, self.compute_dtype), "cell": self.cell.step_kernels()}
+
+    def _step(self, x_proj, state, weights, keys, annotations, mask):
         """Shared step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n]."""
-        projected = tf.matmul(state, state_kernel)
+        projected = tf.matmul(state, weights["state"])
         query_proj, state_rz = projected[:, :self.attention_units], projected[:, self.attention_units:]
         context, alpha = self.attention.attend(query_proj, keys, annotations, mask)
-        new_state = self.cell.step(x_proj, state, context, state_rz=state_rz)
+        new_state = self.cell.step(x_proj, state, context, state_rz=state_rz, kernels=weights["cell"])
         return new_state, context, alpha
 
-    def step(self, previous_embedding, state, keys, annotations, mask):
+    def step(self, previous_embedding, state, keys, annotations, mask, weights=None):
         """One decoding step for search.
 
         Args:
@@ -86,26 +90,29 @@ class AttentionDecoder(keras.layers.Layer):
           keys: [batch, Tx, n'] from `precompute`.
           annotations: [batch, Tx, context_dim].
           mask: [batch, Tx] bool.
+          weights: `step_weights()`, taken once outside the search loop
+            (built here when None).
 
         Returns:
           (s_i [batch, n], c_i [batch, context_dim], alpha_i [batch, Tx] float32).
         """
         dtype = self.compute_dtype
-        return self._step(self.cell.project_inputs(previous_embedding), tf.cast(state, dtype),
-                          self._state_kernel(), keys, tf.cast(annotations, dtype), mask)
+        weights = weights or self.step_weights()
+        return self._step(self.cell.project_inputs(previous_embedding, weights["cell"]), tf.cast(state, dtype),
+                          weights, keys, tf.cast(annotations, dtype), mask)
 
     def call(self, target_embeddings, initial_state, annotations, mask, keys=None):
         dtype = self.compute_dtype
         annotations = tf.cast(annotations, dtype)
         if keys is None:
             keys = self.precompute(annotations)
-        state_kernel = self._state_kernel()
+        weights = self.step_weights()
         # [Ty, B, 3n], time-major for the loop.
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
 
         def step(carry, x_t):
             state = carry[0]
-            return self._step(x_t, state, state_kernel, keys, annotations, mask)
+            return self._step(x_t, state, weights, keys, annotations, mask)
 
         batch = tf.shape(annotations)[0]
         init = (tf.cast(initial_state, dtype),
@@ -157,25 +164,32 @@ class ContextDecoder(keras.layers.Layer):
         dtype = self.compute_dtype
         return tf.matmul(tf.cast(context, dtype), tf.cast(self.cell.context_kernel, dtype))
 
-    def _step(self, x_proj, state, context_proj, recurrent):
+    def step_weights(self) -> dict:
+        """The GRU's `step_kernels()` (U_rz, U), sliced and cast once per sequence."""
+        return self.cell.step_kernels()
+
+    def _step(self, x_proj, state, context_proj, kernels):
         from nmt_tf.layers.gru import gru_update
 
-        n = self.units
-        return gru_update(x_proj, state, tf.matmul(state, recurrent[:, :2 * n]), recurrent[:, 2 * n:],
-                          extra=context_proj)
+        return gru_update(x_proj, state, tf.matmul(state, kernels["recurrent_rz"]),
+                          kernels["recurrent_candidate"], extra=context_proj)
 
-    def step(self, previous_embedding, state, context_proj):
-        """One step for search: E y_{i-1} [batch, m], s_{i-1} [batch, n], C c [batch, 3n] -> s_i."""
+    def step(self, previous_embedding, state, context_proj, weights=None):
+        """One step for search: E y_{i-1} [batch, m], s_{i-1} [batch, n], C c [batch, 3n] -> s_i.
+
+        `weights` is `step_weights()`, taken once outside the search loop.
+        """
         dtype = self.compute_dtype
-        return self._step(self.cell.project_inputs(previous_embedding), tf.cast(state, dtype),
-                          context_proj, tf.cast(self.cell.recurrent_kernel, dtype))
+        weights = weights or self.step_weights()
+        return self._step(self.cell.project_inputs(previous_embedding, weights), tf.cast(state, dtype),
+                          context_proj, weights)
 
     def call(self, target_embeddings, initial_state, context):
         dtype = self.compute_dtype
         context_proj = self.precompute(context)
-        recurrent = tf.cast(self.cell.recurrent_kernel, dtype)
+        kernels = self.step_weights()
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
-        states = tf.scan(lambda s, x: self._step(x, s, context_proj, recurrent), x_proj,
+        states = tf.scan(lambda s, x: self._step(x, s, context_proj, kernels), x_proj,
                          initializer=tf.cast(initial_state, dtype))
         return tf.transpose(states, [1, 0, 2])
 

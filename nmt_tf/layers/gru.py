@@ -214,23 +214,36 @@ class ConditionalGRUCell(keras.layers.Layer):
                                               initializer=weight_init())
         self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
 
-    def project_inputs(self, inputs):
-        """W x + b for inputs [..., input_dim] -> [..., 3n] (outside the loop)."""
-        return project(tf.cast(inputs, self.compute_dtype), self.kernel, self.bias)
+    def project_inputs(self, inputs, kernels=None):
+        """W x + b for inputs [..., input_dim] -> [..., 3n] (outside the loop
+        for teacher forcing; per step in search, with `kernels`)."""
+        kernel, bias = (self.kernel, self.bias) if kernels is None else (kernels["input"], kernels["bias"])
+        return project(tf.cast(inputs, self.compute_dtype), kernel, bias)
 
-    def step(self, x_proj, state, context, state_rz=None):
+    def step_kernels(self) -> dict:
+        """W, b, U_rz [n, 2n], U [n, n] (candidate) and C [context_dim, 3n] in the compute dtype.
+
+        Slicing and casting copy the matrices, so a time loop takes them once,
+        outside, and passes them to every `step`.
+        """
+        n, dtype = self.units, self.compute_dtype
+        u = tf.cast(self.recurrent_kernel, dtype)
+        return {"input": tf.cast(self.kernel, dtype), "bias": tf.cast(self.bias, dtype),
+                "recurrent_rz": u[:, :2 * n], "recurrent_candidate": u[:, 2 * n:],
+                "context": tf.cast(self.context_kernel, dtype)}
+
+    def step(self, x_proj, state, context, state_rz=None, kernels=None):
         """One step from x_proj = W x + b.
 
         `state_rz` is U_rz s_{i-1} when the caller computed it already (the
-        decoder fuses it with the attention's W_a s_{i-1}).
+        decoder fuses it with the attention's W_a s_{i-1}); `kernels` is
+        `step_kernels()`, taken once per sequence.
         """
-        n = self.units
-        dtype = self.compute_dtype
-        u = tf.cast(self.recurrent_kernel, dtype)
+        kernels = kernels or self.step_kernels()
         if state_rz is None:
-            state_rz = tf.matmul(state, u[:, :2 * n])
-        context_proj = tf.matmul(context, tf.cast(self.context_kernel, dtype))
-        return gru_update(x_proj, state, state_rz, u[:, 2 * n:], extra=context_proj)
+            state_rz = tf.matmul(state, kernels["recurrent_rz"])
+        context_proj = tf.matmul(context, kernels["context"])
+        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"], extra=context_proj)
 
     def call(self, inputs, state, context):
         dtype = self.compute_dtype

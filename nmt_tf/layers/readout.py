@@ -53,13 +53,17 @@ class MaxoutReadout(keras.layers.Layer):
         self.bias = self.add_weight(name="bias", shape=(width,), initializer="zeros")
         self.built = True
 
-    def call(self, state, previous_embedding, context):
+    def fused_kernel(self):
+        """[U_o; V_o; C_o] [n + m + 2n, 2l] in the compute dtype: one matmul
+        over [s; E y; c] instead of three. Search loops build it once, outside."""
+        return tf.cast(tf.concat([self.state_kernel, self.embedding_kernel, self.context_kernel], 0),
+                       self.compute_dtype)
+
+    def call(self, state, previous_embedding, context, kernel=None):
         dtype = self.compute_dtype
-        # One matmul over the concatenation [s; E y; c] instead of three.
         features = tf.concat([tf.cast(state, dtype), tf.cast(previous_embedding, dtype),
                               tf.cast(context, dtype)], axis=-1)
-        kernel = tf.concat([self.state_kernel, self.embedding_kernel, self.context_kernel], 0)
-        pre = project(features, kernel, self.bias)
+        pre = project(features, self.fused_kernel() if kernel is None else kernel, self.bias)
         pairs = tf.reshape(pre, tf.concat([tf.shape(pre)[:-1], [self.units, 2]], 0))
         return tf.reduce_max(pairs, axis=-1)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from nmt_tf.layers.ops import project
 from nmt_tf.text import PAD_ID
 
 
@@ -48,9 +49,11 @@ class Seq2SeqModel(keras.Model):
 
       call(inputs, training) -> logits [batch, Ty, K_y] (teacher forcing),
       encode(source_ids) -> dict with "state" s_0 and per-sentence tensors,
-      decode_step(previous_ids, state, encoded) -> (log-probs, state, alpha),
+      step_weights() -> dict of the step's fused / cast matrices,
+      decode_step(previous_ids, state, encoded, weights) -> (log-probs, state, alpha),
 
-    the interface of nmt_tf.search.
+    the interface of nmt_tf.search, which takes `step_weights()` once per
+    search, outside its loop (building them copies megabytes).
 
     Metrics (reset every epoch by Keras): `loss` is the NLL per target token
     over the epoch so far, `perplexity` its exponential. Each step also reports
@@ -89,11 +92,26 @@ class Seq2SeqModel(keras.Model):
         self.readout.build_for(self.hidden_size, self.embedding_size, context_dim)
         self.output_projection.build((None, self.maxout_size))
 
-    def logits(self, states, previous_embeddings, contexts, training=False):
-        """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32."""
-        features = self.readout(states, previous_embeddings, contexts)
-        features = self.readout_dropout(features, training=training)
-        return tf.cast(self.output_projection(features), tf.float32)
+    def step_weights(self) -> dict:
+        """Matrices of one decoding step, fused and cast to the compute dtype, that
+        `decode_step` would otherwise rebuild at every step; subclasses add their
+        decoder's."""
+        dtype = self.compute_dtype
+        return {"readout": self.readout.fused_kernel(),
+                "output": (tf.cast(self.output_projection.kernel, dtype),
+                           tf.cast(self.output_projection.bias, dtype))}
+
+    def logits(self, states, previous_embeddings, contexts, training=False, weights=None):
+        """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32.
+
+        `weights` (from `step_weights`) replaces the layers' own variables in search.
+        """
+        if weights is None:
+            features = self.readout(states, previous_embeddings, contexts)
+            features = self.readout_dropout(features, training=training)
+            return tf.cast(self.output_projection(features), tf.float32)
+        features = self.readout(states, previous_embeddings, contexts, kernel=weights["readout"])
+        return tf.cast(project(features, *weights["output"]), tf.float32)
 
     def embed_target(self, target_ids, training=False):
         return self.embedding_dropout(self.target_embedding(tf.cast(target_ids, tf.int32)), training=training)

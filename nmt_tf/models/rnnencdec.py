@@ -103,11 +103,19 @@ class RNNEncDec(Seq2SeqModel):
             out["gates"] = gates
         return out
 
-    def decode_step(self, previous_ids, state, encoded):
-        """One step of search; the alignment is all zeros (no attention)."""
+    def step_weights(self) -> dict:
+        return {**super().step_weights(), "decoder": self.decoder.step_weights()}
+
+    def decode_step(self, previous_ids, state, encoded, weights=None):
+        """One step of search; the alignment is all zeros (no attention).
+
+        `weights` is `step_weights()`, taken once outside the search loop.
+        """
+        weights = weights or self.step_weights()
         previous = self.target_embedding(tf.cast(previous_ids, tf.int32))
-        new_state = self.decoder.step(previous, state, encoded["context_proj"])
-        log_probs = tf.nn.log_softmax(self.logits(new_state, previous, encoded["context"]))
+        new_state = self.decoder.step(previous, state, encoded["context_proj"], weights["decoder"])
+        log_probs = tf.nn.log_softmax(self.logits(new_state, previous, encoded["context"],
+                                                  weights=weights))
         return log_probs, new_state, tf.zeros(tf.shape(encoded["mask"]), tf.float32)
 
     def call(self, inputs, training=False, return_alignment=False):

@@ -79,7 +79,10 @@ class RNNSearch(Seq2SeqModel):
         return {"annotations": annotations, "mask": mask, "state": state,
                 "keys": self.decoder.precompute(annotations)}
 
-    def decode_step(self, previous_ids, state, encoded):
+    def step_weights(self) -> dict:
+        return {**super().step_weights(), "decoder": self.decoder.step_weights()}
+
+    def decode_step(self, previous_ids, state, encoded, weights=None):
         """One step of search.
 
         Args:
@@ -87,14 +90,17 @@ class RNNSearch(Seq2SeqModel):
           state: [N, n] s_{i-1}.
           encoded: `encode`'s dict, rows aligned with `previous_ids` (tiled
             for a beam).
+          weights: `step_weights()`, taken once outside the search loop
+            (built here when None).
 
         Returns:
           (log p(y_i | y_<i, x) [N, K_y] float32, s_i [N, n], alpha_i [N, Tx] float32).
         """
+        weights = weights or self.step_weights()
         previous = self.target_embedding(tf.cast(previous_ids, tf.int32))
         new_state, context, alpha = self.decoder.step(
-            previous, state, encoded["keys"], encoded["annotations"], encoded["mask"])
-        log_probs = tf.nn.log_softmax(self.logits(new_state, previous, context))
+            previous, state, encoded["keys"], encoded["annotations"], encoded["mask"], weights["decoder"])
+        log_probs = tf.nn.log_softmax(self.logits(new_state, previous, context, weights=weights))
         return log_probs, new_state, alpha
 
     def call(self, inputs, training=False, return_alignment=False):
