@@ -165,7 +165,7 @@ class ContextDecoder(keras.layers.Layer):
         return tf.matmul(tf.cast(context, dtype), tf.cast(self.cell.context_kernel, dtype))
 
     def step_weights(self) -> dict:
-        """The GRU's `step_kernels()` (U_rz, U), sliced and cast once per sequence."""
+        """The GRU's `step_kernels()` (W, b, U_rz, U, C), sliced and cast once per sequence."""
         return self.cell.step_kernels()
 
     def _step(self, x_proj, state, context_proj, kernels):

@@ -104,7 +104,8 @@ class Seq2SeqModel(keras.Model):
     def logits(self, states, previous_embeddings, contexts, training=False, weights=None):
         """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32.
 
-        `weights` (from `step_weights`) replaces the layers' own variables in search.
+        `weights` (from `step_weights`) replaces the layers' own variables in
+        search; that path is inference only (no dropout).
         """
         if weights is None:
             features = self.readout(states, previous_embeddings, contexts)
