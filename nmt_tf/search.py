@@ -88,20 +88,25 @@ def _length_limits(source_ids, options: SearchOptions):
     return min_len, max_len, tf.reduce_max(tf.concat([max_len, [0]], 0))
 
 
-def _token_penalty(t, min_len, max_len, vocab_size, options: SearchOptions):
-    """Additive [B, V] mask for output position t: forbidden tokens get NEG.
+def _token_penalties(vocab_size, options: SearchOptions):
+    """The three additive [V] masks a step can need, stacked [3, V] (built once
+    per search): forbidden tokens get NEG.
 
-    [PAD] and [BOS] are never generated; [UNK] optionally; [EOS] not before
-    min_len; at the last allowed position only [EOS].
+    [PAD] and [BOS] are never generated, [UNK] optionally. Row 0: any other
+    token; row 1 (before min_len): not [EOS] either; row 2 (the last allowed
+    position): only [EOS].
     """
-    ids = tf.range(vocab_size)[None, :]
+    ids = tf.range(vocab_size)
     forbidden = (ids == PAD_ID) | (ids == BOS_ID)
     if options.suppress_unk:
         forbidden |= ids == UNK_ID
-    too_short = (t + 1 <= min_len)[:, None]
-    last = (t + 1 >= max_len)[:, None]
-    forbidden = forbidden | (too_short & (ids == EOS_ID)) | (last & (ids != EOS_ID))
-    return tf.where(forbidden, NEG, 0.0)
+    rows = tf.stack([forbidden, forbidden | (ids == EOS_ID), ids != EOS_ID])
+    return tf.where(rows, NEG, 0.0)
+
+
+def _penalty_kind(t, min_len, max_len):
+    """Per sentence [B], which row of `_token_penalties` output position t uses."""
+    return tf.where(t + 1 >= max_len, 2, tf.where(t + 1 <= min_len, 1, 0))
 
 
 def _while(cond, body, init):
@@ -130,7 +135,7 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
     encoded = model.encode(source_ids)
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
     weights = model.step_weights()
-    vocab_size = model.target_vocab_size
+    penalties = _token_penalties(model.target_vocab_size, options)
     positions = tf.range(steps)
 
     def body(t, previous, state, done, log_prob, length, tokens, alignments):
@@ -139,7 +144,7 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
         log_probs, new_state, alpha = model.decode_step(
             tf.gather(previous, rows), tf.gather(state, rows),
             {key: tf.gather(v, rows) for key, v in per_sentence.items()}, weights)
-        log_probs += tf.gather(_token_penalty(t, min_len, max_len, vocab_size, options), rows)
+        log_probs += tf.gather(penalties, tf.gather(_penalty_kind(t, min_len, max_len), rows))
         at = rows[:, None]
         token = tf.tensor_scatter_nd_update(tf.fill([batch], PAD_ID), at,
                                             tf.argmax(log_probs, axis=-1, output_type=tf.int32))
@@ -193,6 +198,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
     state = tf.repeat(encoded["state"][:, None], k, axis=1)                 # [B, K, n]
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
     weights = model.step_weights()
+    penalties = _token_penalties(vocab_size, options)
+    best_final_penalty = length_penalty(max_len, options)        # [B], the largest a sentence can reach
     positions = tf.range(steps)
 
     def body(t, previous, state, alive_score, alive_tokens, alive_align, fin_norm, fin_logp,
@@ -206,7 +213,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
             tf.gather_nd(previous, rows), tf.gather_nd(state, rows),
             {key: tf.gather(v, sentence) for key, v in per_sentence.items()}, weights)
         scores = (tf.gather_nd(alive_score, rows)[:, None] + log_probs
-                  + tf.gather(_token_penalty(t, min_len, max_len, vocab_size, options), sentence))
+                  + tf.gather(penalties, tf.gather(_penalty_kind(t, min_len, max_len), sentence)))
         row_score, row_token = tf.math.top_k(scores, k=per_row)                         # [R, per_row]
         candidates = tf.tensor_scatter_nd_update(tf.fill([batch, k, per_row], NEG), rows, row_score)
         tokens_of = tf.tensor_scatter_nd_update(tf.zeros([batch, k, per_row], tf.int32), rows, row_token)
@@ -225,7 +232,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
 
         finished_now = valid & is_eos
         length = tf.fill([batch, k], t + 1)
-        pool_norm = tf.concat([fin_norm, tf.where(finished_now, top_score / length_penalty(length, options), NEG)], 1)
+        pool_norm = tf.concat([fin_norm, tf.where(finished_now, top_score / length_penalty(t + 1, options), NEG)], 1)
         fin_norm, pick = tf.math.top_k(pool_norm, k=k)                    # at most K valid: none lost
         fin_logp = _gather(tf.concat([fin_logp, top_score], 1), pick)
         fin_len = _gather(tf.concat([fin_len, length], 1), pick)
@@ -241,7 +248,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         # length penalty only grows, so a live hypothesis with log p = a < 0
         # can at best finish with a / penalty(max_len). Once no live one can
         # beat the n-th best finished hypothesis, the returned list is final.
-        hopeless = (fin_count >= n) & (tf.reduce_max(alive_score, axis=1) / length_penalty(max_len, options)
+        hopeless = (fin_count >= n) & (tf.reduce_max(alive_score, axis=1) / best_final_penalty
                                        <= fin_norm[:, n - 1])
         done = done | hopeless | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
         return (t + 1, token, state, alive_score, tokens, align, fin_norm, fin_logp,
