@@ -19,7 +19,6 @@ are exported to a temporary directory first. Each configuration runs
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import sys
@@ -32,6 +31,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # noqa: F401  (search flags)
+from nmt_tf.files import read_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 absl_flags.DEFINE_string("saved_model_beam", None, "SavedModel exported with --beam_size=10.")
@@ -42,12 +42,6 @@ absl_flags.DEFINE_integer("limit_batch1", 0, "Sentences decoded at batch 1 (0: a
 absl_flags.DEFINE_list("batch_sizes", ["1", "64"], "Batch sizes to measure.")
 absl_flags.DEFINE_boolean("sort_by_length", False, "Batch the sentences in order of length (as nmt_tf.translate and "
                           "nmt_tf.evaluate do) instead of in file order.")
-
-
-def load_lines(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        return [line.rstrip(b"\r\n") for line in f]
 
 
 def measure(signature, lines, batch_size, runs):
@@ -86,7 +80,7 @@ def main(argv):
         for name, beam in (("beam10", 10), ("greedy", 1)):
             options = dataclasses.replace(base, beam_size=beam, n_best=1)
             paths[name] = export.export(FLAGS.model_dir, os.path.join(tmp, name), options, log=lambda *a: None)
-    lines = load_lines(FLAGS.source)
+    lines = read_lines(FLAGS.source)
     if FLAGS.sort_by_length:
         lines.sort(key=lambda line: len(line.split()))
     result = {"source": os.path.relpath(FLAGS.source, REPO), "tensorflow": tf.__version__,

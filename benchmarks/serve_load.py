@@ -13,7 +13,6 @@ milliseconds and the number of failed requests (which must be 0). With
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import socket
@@ -29,6 +28,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # noqa: F401  (--model_name, --server: a running server, else one is started)
+from nmt_tf.files import read_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 absl_flags.DEFINE_string("model_base_path", None, "Export directory to serve with nmt_tf.serve.")
@@ -117,9 +117,7 @@ def run(address, model_name, sentences, clients, total, warmup):
 
 def main(argv):
     FLAGS = absl_flags.FLAGS
-    opener = gzip.open if FLAGS.source.endswith(".gz") else open
-    with opener(FLAGS.source, "rb") as f:
-        sentences = [line.rstrip(b"\r\n") for line in f]
+    sentences = read_lines(FLAGS.source)
     proc = None
     address = FLAGS.server
     if not address:

@@ -45,7 +45,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.files import open_binary
+from nmt_tf.files import read_lines
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
 absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")
@@ -63,8 +63,7 @@ def read_text(path: str, flag: str) -> list[str]:
         raise EvaluationError(f"--{flag} is required.")
     if not os.path.exists(path):
         raise EvaluationError(f"{path} does not exist (--{flag}).")
-    with open_binary(path) as f:
-        return [line.rstrip(b"\r\n").decode("utf-8", errors="replace") for line in f]
+    return [line.decode("utf-8", errors="replace") for line in read_lines(path)]
 
 
 @dataclasses.dataclass

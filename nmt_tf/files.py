@@ -20,3 +20,9 @@ def open_binary(path: str):
     their own one-sentence error).
     """
     return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+
+
+def read_lines(path: str) -> list[bytes]:
+    """Every line of a plain or gzip text file, as bytes without its line end."""
+    with open_binary(path) as f:
+        return [line.rstrip(b"\r\n") for line in f]
