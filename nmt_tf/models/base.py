@@ -45,15 +45,16 @@ class Seq2SeqModel(keras.Model):
     Holds what RNNsearch and RNNencdec share: the source and target word
     embeddings (N(0, 0.01^2)), the maxout readout and the output layer, and
     dropout (on embeddings and maxout features; not in the papers). Subclasses
-    add an encoder and a decoder and implement
+    add an encoder and a decoder (`self.decoder`, with its own
+    `step_weights()`) and implement
 
       call(inputs, training) -> logits [batch, Ty, K_y] (teacher forcing),
       encode(source_ids) -> dict with "state" s_0 and per-sentence tensors,
-      step_weights() -> dict of the step's fused / cast matrices,
       decode_step(previous_ids, state, encoded, weights) -> (log-probs, state, alpha),
 
-    the interface of nmt_tf.search, which takes `step_weights()` once per
-    search, outside its loop (building them copies megabytes).
+    which with `step_weights()` here is the interface of nmt_tf.search; search
+    takes `step_weights()` once, outside its loop (building them copies
+    megabytes).
 
     Metrics (reset every epoch by Keras): `loss` is the NLL per target token
     over the epoch so far, `perplexity` its exponential. Each step also reports
@@ -94,12 +95,13 @@ class Seq2SeqModel(keras.Model):
 
     def step_weights(self) -> dict:
         """Matrices of one decoding step, fused and cast to the compute dtype, that
-        `decode_step` would otherwise rebuild at every step; subclasses add their
-        decoder's."""
+        `decode_step` would otherwise rebuild at every step: the readout's, the
+        output layer's and the subclass's `self.decoder.step_weights()`."""
         dtype = self.compute_dtype
         return {"readout": self.readout.fused_kernel(),
                 "output": (tf.cast(self.output_projection.kernel, dtype),
-                           tf.cast(self.output_projection.bias, dtype))}
+                           tf.cast(self.output_projection.bias, dtype)),
+                "decoder": self.decoder.step_weights()}
 
     def logits(self, states, previous_embeddings, contexts, training=False, weights=None):
         """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32.

@@ -103,9 +103,6 @@ class RNNEncDec(Seq2SeqModel):
             out["gates"] = gates
         return out
 
-    def step_weights(self) -> dict:
-        return {**super().step_weights(), "decoder": self.decoder.step_weights()}
-
     def decode_step(self, previous_ids, state, encoded, weights=None):
         """One step of search; the alignment is all zeros (no attention).
 

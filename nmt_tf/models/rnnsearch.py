@@ -79,9 +79,6 @@ class RNNSearch(Seq2SeqModel):
         return {"annotations": annotations, "mask": mask, "state": state,
                 "keys": self.decoder.precompute(annotations)}
 
-    def step_weights(self) -> dict:
-        return {**super().step_weights(), "decoder": self.decoder.step_weights()}
-
     def decode_step(self, previous_ids, state, encoded, weights=None):
         """One step of search.
 
