@@ -4,9 +4,13 @@ Both run a `tf.while_loop` over output positions and work eagerly or inside
 a `tf.function` (the exported SavedModel runs them in its graph; only core
 TensorFlow ops are used). A model provides
 
-    encode(source_ids) -> dict with "state" [B, n] and per-sentence tensors
     step_weights() -> dict of tensors (fused / cast matrices), taken once per search
-    decode_step(previous_ids [N], state [N, n], encoded, weights) -> (log-probs [N, V], state, alpha [N, Tx])
+    search_inputs(source_ids, weights) -> dict with "state" s_0 [B, n] and
+        per-sentence tensors (one row per sentence), taken once per search
+    decode_step(previous_ids [B, K], state [B, K, n], inputs, weights)
+        -> (log-probs [B, K, V], state [B, K, n], alpha [B, K, Tx])
+
+for K hypotheses per sentence (K = 1 in greedy search).
 
 Beam search follows the RNNsearch papers (SPEC §6; paper 000 §4.2): a
 hypothesis that ends with [EOS] leaves the beam and the beam shrinks by one,
@@ -14,10 +18,14 @@ until `beam_size` hypotheses have finished (or the length limit is reached,
 where every live hypothesis is closed with [EOS]). Live hypotheses compete on
 their log-probability; finished ones are ranked by log-probability divided by
 a length penalty (the papers divide by the length). This is batched by keeping
-`beam_size` slots per sentence, of which `beam_size - finished` may be live;
-each step computes only the live ones. A sentence also stops as soon as no
-live hypothesis can still enter its n best (an exact bound: see the code),
-which changes no result.
+`beam_size` slots per sentence, of which `beam_size - finished` may be live.
+Every step computes all K slots of every sentence of the batch (a fixed
+[B, K] grid: no gathering of live rows, and a sentence's hypotheses share its
+encoder outputs); dead slots score NEG and never win. The first step, with
+one hypothesis per sentence, is computed for that one alone. Histories are
+back-pointers, followed once at the end. A sentence stops as soon as no live
+hypothesis can still enter its n best (an exact bound: see the code), which
+changes no result; the batch stops when every sentence has.
 
 Options (`SearchOptions`):
   beam_size         width (paper: 10); 1 gives greedy search's result.
@@ -105,14 +113,18 @@ def _token_penalties(vocab_size, options: SearchOptions):
 
 
 def _penalty_kind(t, min_len, max_len):
-    """Per sentence [B], which row of `_token_penalties` output position t uses."""
+    """Which row of `_token_penalties` output position t uses, per sentence ([B];
+    [steps, B] for a column of positions)."""
     return tf.where(t + 1 >= max_len, 2, tf.where(t + 1 <= min_len, 1, 0))
 
 
 def _while(cond, body, init):
     """tf.while_loop with the batch dimension of every loop tensor left free
     (an empty batch may be static 0 on entry but dynamic inside)."""
-    relaxed = lambda x: tf.TensorShape([None] + x.shape.as_list()[1:]) if x.shape.rank else x.shape
+    def relaxed(x):
+        if isinstance(x, tf.TensorArray):
+            return tf.TensorShape(None)
+        return tf.TensorShape([None] + x.shape.as_list()[1:]) if x.shape.rank else x.shape
     return tf.while_loop(cond, body, init, shape_invariants=tf.nest.map_structure(relaxed, init))
 
 
@@ -132,19 +144,20 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
     source_ids = tf.cast(source_ids, tf.int32)
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     min_len, max_len, steps = _length_limits(source_ids, options)
-    encoded = model.encode(source_ids)
-    per_sentence = {key: v for key, v in encoded.items() if key != "state"}
     weights = model.step_weights()
+    encoded = model.search_inputs(source_ids, weights)
+    per_sentence = {key: v for key, v in encoded.items() if key != "state"}
     penalties = _token_penalties(model.target_vocab_size, options)
     positions = tf.range(steps)
+    kinds = _penalty_kind(positions[:, None], min_len, max_len)                   # [steps, B]
 
     def body(t, previous, state, done, log_prob, length, tokens, alignments):
-        # Only sentences still being decoded are computed.
+        # Only sentences still being decoded are computed (one hypothesis each).
         rows = tf.cast(tf.where(~done)[:, 0], tf.int32)                              # [R]
-        log_probs, new_state, alpha = model.decode_step(
-            tf.gather(previous, rows), tf.gather(state, rows),
-            {key: tf.gather(v, rows) for key, v in per_sentence.items()}, weights)
-        log_probs += tf.gather(penalties, tf.gather(_penalty_kind(t, min_len, max_len), rows))
+        log_probs, new_state, alpha = (x[:, 0] for x in model.decode_step(
+            tf.gather(previous, rows)[:, None], tf.gather(state, rows)[:, None],
+            {key: tf.gather(v, rows) for key, v in per_sentence.items()}, weights))
+        log_probs += tf.gather(penalties, tf.gather(kinds[t], rows))
         at = rows[:, None]
         token = tf.tensor_scatter_nd_update(tf.fill([batch], PAD_ID), at,
                                             tf.argmax(log_probs, axis=-1, output_type=tf.int32))
@@ -167,9 +180,84 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
             "scores": log_prob / length_penalty(length, options), "alignments": alignments[:, :t]}
 
 
-def _gather(x, index):
-    """x [B, K, ...] gathered along K by index [B, K'] -> [B, K', ...]."""
-    return tf.gather(x, index, batch_dims=1)
+def _block_size(vocab_size: int) -> int:
+    """Block width for `_best_extensions`: a divisor of the vocabulary size near
+    its square root (so that neither the blocks nor their number is large), or
+    that square root (the logits are then padded) when V has no such divisor."""
+    root = max(1, round(vocab_size ** 0.5))
+    divisors = [d for d in range(max(1, root // 4), 4 * root + 1) if vocab_size % d == 0]
+    return min(divisors, key=lambda d: abs(d - root)) if divisors else root
+
+
+def _best_extensions(log_probs, alive_score, k):
+    """The k best one-token extensions of a sentence's hypotheses.
+
+    Args:
+      log_probs: [B, K, V] float32 log p(y | hypothesis), forbidden tokens
+        already at NEG or below.
+      alive_score: [B, K] log-probability of each hypothesis (NEG: dead slot).
+      k: how many to return (<= K x V).
+
+    Returns:
+      (score [B, k] = alive_score[parent] + log_probs[parent, token], best
+       first; token [B, k] int32; parent [B, k] int32).
+
+    Exact, and cheaper than a top-k over all K x V candidates: the candidates
+    are cut into blocks of `_block_size(V)` tokens of one hypothesis; a block's
+    best is its maximum log-probability plus the hypothesis' score. A block
+    holding one of the k best candidates has a best no lower than that
+    candidate, and fewer than k candidates (so fewer than k blocks) beat it, so
+    it is among the k blocks with the highest bests. The top-k then runs over
+    those k blocks only. (Exact ties may be ordered differently.)
+    """
+    beam, vocab = log_probs.shape[1], log_probs.shape[2]       # static: no shape ops in the loop
+    width = _block_size(vocab)
+    blocks_per_row = -(-vocab // width)
+    if blocks_per_row * width != vocab:      # padding ranks below every real candidate
+        log_probs = tf.pad(log_probs, [[0, 0], [0, 0], [0, blocks_per_row * width - vocab]],
+                           constant_values=2 * NEG)
+    blocks = tf.reshape(log_probs, [-1, beam * blocks_per_row, width])
+    block_best = tf.reshape(tf.reduce_max(tf.reshape(log_probs, [-1, beam, blocks_per_row, width]), -1)
+                            + alive_score[:, :, None], [-1, beam * blocks_per_row])
+    kept = min(k, beam * blocks_per_row)
+    _, top_blocks = tf.math.top_k(block_best, k=kept)                                    # [B, kept]
+    values = (tf.gather(blocks, top_blocks, batch_dims=1)
+              + tf.gather(alive_score, top_blocks // blocks_per_row, batch_dims=1)[:, :, None])
+    score, index = tf.math.top_k(tf.reshape(values, [-1, kept * width]), k=k)           # best first
+    block = tf.gather(top_blocks, index // width, batch_dims=1)
+    return score, (block % blocks_per_row) * width + index % width, block // blocks_per_row
+
+
+def _backtrack(tokens, parents, alphas, t_end, slot):
+    """Follows back-pointers from finished hypotheses to their starts.
+
+    Args:
+      tokens, parents: [T, B, K] int32, the token and parent slot of each
+        slot's hypothesis after step t.
+      alphas: [T, B, K, Tx] the attention of each slot's step-t query (the
+        parent's), before the beam was reordered.
+      t_end, slot: [B, N] where each hypothesis ended ([EOS] at step t_end).
+
+    Returns:
+      (tokens [B, N, T] int32 with [PAD] after t_end, alignments [B, N, T, Tx]
+       with zero rows after t_end).
+    """
+    steps = tf.shape(tokens)[0]
+
+    def back(carry, inputs):
+        current, _, _ = carry
+        t, token_t, parent_t, alpha_t = inputs
+        here = tf.where(t_end == t, slot, current)                 # the hypothesis' slot after step t
+        active = t <= t_end
+        parent = tf.gather(parent_t, here, batch_dims=1)
+        token = tf.where(active, tf.gather(token_t, here, batch_dims=1), PAD_ID)
+        alpha = tf.gather(alpha_t, parent, batch_dims=1) * tf.cast(active, alpha_t.dtype)[:, :, None]
+        return parent, token, alpha
+
+    init = (slot, tf.zeros_like(slot), tf.zeros(tf.concat([tf.shape(slot), tf.shape(alphas)[3:]], 0)))
+    _, out_tokens, out_alphas = tf.scan(back, (tf.range(steps), tokens, parents, alphas),
+                                        initializer=init, reverse=True)
+    return tf.transpose(out_tokens, [1, 2, 0]), tf.transpose(out_alphas, [1, 2, 0, 3])
 
 
 def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
@@ -190,60 +278,41 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
     """
     k, n = options.beam_size, options.n_best
     source_ids = tf.cast(source_ids, tf.int32)
-    batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+    batch = tf.shape(source_ids)[0]
     min_len, max_len, steps = _length_limits(source_ids, options)
-    vocab_size = model.target_vocab_size
-    per_row = min(k, vocab_size)          # a live hypothesis contributes at most K candidates
-    encoded = model.encode(source_ids)
-    state = tf.repeat(encoded["state"][:, None], k, axis=1)                 # [B, K, n]
-    per_sentence = {key: v for key, v in encoded.items() if key != "state"}
     weights = model.step_weights()
-    penalties = _token_penalties(vocab_size, options)
+    encoded = model.search_inputs(source_ids, weights)
+    per_sentence = {key: v for key, v in encoded.items() if key != "state"}
+    penalties = _token_penalties(model.target_vocab_size, options)
     best_final_penalty = length_penalty(max_len, options)        # [B], the largest a sentence can reach
-    positions = tf.range(steps)
+    # Per-step values, computed once: which token mask each sentence uses, the
+    # length penalty of a hypothesis finishing at step t, and t * K + slot.
+    # (At least one row: step 0 runs before the loop, also for an empty batch.)
+    rows = tf.maximum(steps, 1)
+    kinds = _penalty_kind(tf.range(rows)[:, None], min_len, max_len)             # [steps, B]
+    finish_penalty = length_penalty(tf.range(1, rows + 1), options)                # [steps]
+    slots = tf.range(k)[None, :]
+    slot_ids = tf.zeros([batch, k], tf.int32) + slots
 
-    def body(t, previous, state, alive_score, alive_tokens, alive_align, fin_norm, fin_logp,
-             fin_len, fin_tokens, fin_align, fin_count, done):
-        # Only live hypotheses are computed: one row at the first step, and
-        # fewer as the beam shrinks and sentences finish. Each row reads its
-        # sentence's encoder outputs by index (no tiling of the annotations).
-        rows = tf.cast(tf.where((alive_score > NEG / 2) & ~done[:, None]), tf.int32)   # [R, 2]
-        sentence = rows[:, 0]
-        log_probs, new_state, alpha = model.decode_step(
-            tf.gather_nd(previous, rows), tf.gather_nd(state, rows),
-            {key: tf.gather(v, sentence) for key, v in per_sentence.items()}, weights)
-        scores = (tf.gather_nd(alive_score, rows)[:, None] + log_probs
-                  + tf.gather(penalties, tf.gather(_penalty_kind(t, min_len, max_len), sentence)))
-        row_score, row_token = tf.math.top_k(scores, k=per_row)                         # [R, per_row]
-        candidates = tf.tensor_scatter_nd_update(tf.fill([batch, k, per_row], NEG), rows, row_score)
-        tokens_of = tf.tensor_scatter_nd_update(tf.zeros([batch, k, per_row], tf.int32), rows, row_token)
-        top_score, top_index = tf.math.top_k(tf.reshape(candidates, [batch, k * per_row]), k=k)  # best first
-        parent = top_index // per_row
-        token = tf.gather(tf.reshape(tokens_of, [batch, k * per_row]), top_index, batch_dims=1)
+    def advance(t, top_score, token, parent, new_state, alpha, fin_norm, fin_id, fin_count, done, history):
+        """Step t's bookkeeping, given the best extensions of the beam."""
         # The beam shrinks by one for every finished hypothesis (SPEC §6).
-        rank = tf.range(k)[None, :]
-        valid = (rank < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
+        valid = (slots < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
         is_eos = token == EOS_ID
+        # Histories are kept as back-pointers (read once, at the end).
+        history = tuple(h.write(t, x) for h, x in zip(history, (token, parent, alpha, top_score)))
 
-        at_t = tf.equal(positions, t)
-        tokens = tf.where(at_t[None, None, :], token[:, :, None], _gather(alive_tokens, parent))
-        alpha = _gather(tf.tensor_scatter_nd_update(tf.zeros_like(alive_align[:, :, 0]), rows, alpha), parent)
-        align = tf.where(at_t[None, None, :, None], alpha[:, :, None, :], _gather(alive_align, parent))
-
+        # The finished pool: the K best finished so far (by normalised score),
+        # each known by where it ended, t * K + slot.
         finished_now = valid & is_eos
-        length = tf.fill([batch, k], t + 1)
-        pool_norm = tf.concat([fin_norm, tf.where(finished_now, top_score / length_penalty(t + 1, options), NEG)], 1)
+        pool_norm = tf.concat([fin_norm, tf.where(finished_now, top_score / finish_penalty[t], NEG)], 1)
         fin_norm, pick = tf.math.top_k(pool_norm, k=k)                    # at most K valid: none lost
-        fin_logp = _gather(tf.concat([fin_logp, top_score], 1), pick)
-        fin_len = _gather(tf.concat([fin_len, length], 1), pick)
-        fin_tokens = _gather(tf.concat([fin_tokens, tokens], 1), pick)
-        fin_align = _gather(tf.concat([fin_align, align], 1), pick)
+        fin_id = tf.gather(tf.concat([fin_id, t * k + slot_ids], 1), pick, batch_dims=1)
         fin_count += tf.reduce_sum(tf.cast(finished_now, tf.int32), axis=1)
 
         alive = valid & ~is_eos
         alive_score = tf.where(alive, top_score, NEG)
-        state = _gather(tf.tensor_scatter_nd_update(tf.zeros_like(state), rows,
-                                                    tf.cast(new_state, state.dtype)), parent)
+        state = tf.gather(new_state, parent, batch_dims=1)
         # Exact early stop for the n best: log-probabilities only fall and the
         # length penalty only grows, so a live hypothesis with log p = a < 0
         # can at best finish with a / penalty(max_len). Once no live one can
@@ -251,24 +320,62 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         hopeless = (fin_count >= n) & (tf.reduce_max(alive_score, axis=1) / best_final_penalty
                                        <= fin_norm[:, n - 1])
         done = done | hopeless | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
-        return (t + 1, token, state, alive_score, tokens, align, fin_norm, fin_logp,
-                fin_len, fin_tokens, fin_align, fin_count, done)
+        return t + 1, token, state, alive_score, fin_norm, fin_id, fin_count, done, history
 
-    first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)
-    zeros_tokens = tf.zeros([batch, k, steps], tf.int32)
-    zeros_align = tf.zeros([batch, k, steps, src_len], tf.float32)
-    init = (tf.constant(0), tf.fill([batch, k], BOS_ID), state, first_live, zeros_tokens, zeros_align,
-            tf.fill([batch, k], NEG), tf.fill([batch, k], NEG), tf.zeros([batch, k], tf.int32),
-            zeros_tokens, zeros_align, tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool))
-    out = _while(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[-1]), body, init)
-    t, fin_norm, fin_logp, fin_len, fin_tokens, fin_align = out[0], *out[6:11]
-    found = fin_norm[:, :n] > NEG / 2
+    def expand(t, previous, state, alive_score):
+        """The model's step for every slot, and the k best extensions."""
+        log_probs, new_state, alpha = model.decode_step(previous, state, per_sentence, weights)
+        log_probs += tf.gather(penalties, kinds[t])[:, None, :]
+        top_score, token, parent = _best_extensions(log_probs, alive_score, k)
+        return top_score, token, parent, tf.cast(new_state, encoded["state"].dtype), alpha
+
+    def body(t, previous, state, alive_score, *rest):
+        # All K slots of every sentence are computed (a [batch, K] grid: no
+        # compaction ops; the K hypotheses of a sentence share its encoder
+        # outputs); dead slots carry NEG and never reach the top K.
+        return advance(t, *expand(t, previous, state, alive_score), *rest)
+
+    history = tuple(tf.TensorArray(dtype, size=rows, element_shape=shape)
+                    for dtype, shape in ((tf.int32, [None, k]), (tf.int32, [None, k]),
+                                         (tf.float32, [None, k, None]), (tf.float32, [None, k])))
+    pool = (tf.fill([batch, k], NEG), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.int32),
+            tf.zeros([batch], tf.bool), history)
+    if model.target_vocab_size >= k:
+        # Step 0 has one hypothesis per sentence ([BOS]): computed for it
+        # alone, its k best extensions fill the beam.
+        first = tf.constant(0)
+        top_score, token, parent, new_state, alpha = expand(
+            first, tf.fill([batch, 1], BOS_ID), encoded["state"][:, None], tf.zeros([batch, 1]))
+        init = advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), *pool)
+    else:      # fewer words than slots: step 0 runs in the loop, K - 1 slots dead
+        first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)
+        init = (tf.constant(0), tf.fill([batch, k], BOS_ID), tf.repeat(encoded["state"][:, None], k, axis=1),
+                first_live, *pool)
+    out = _while(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[-2]), body, init)
+    t, fin_norm, fin_id, history = out[0], out[4][:, :n], out[5][:, :n], out[8]
+    found = fin_norm > NEG / 2
+    t_end = tf.where(found, fin_id // k, -1)                 # -1: nothing (all [PAD], zero alignment)
+    slot = fin_id % k
+
+    def read_histories():
+        tokens, parents, alphas, step_scores = (h.stack() for h in history)
+        out_tokens, alignments = _backtrack(tokens, parents, alphas, t_end, slot)
+        log_probs = tf.gather_nd(tf.transpose(step_scores, [1, 0, 2]),
+                                 tf.stack([tf.maximum(t_end, 0), slot], -1), batch_dims=1)
+        return out_tokens, alignments, log_probs
+
+    def nothing():     # an empty batch stops before the first step
+        shape = tf.stack([batch, n, 0])
+        return (tf.zeros(shape, tf.int32), tf.zeros(tf.concat([shape, tf.shape(source_ids)[1:]], 0)),
+                tf.zeros(shape[:2]))
+
+    out_tokens, alignments, log_probs = tf.cond(t > 0, read_histories, nothing)
     return {
-        "tokens": tf.where(found[:, :, None], fin_tokens[:, :n, :t], PAD_ID),
-        "scores": fin_norm[:, :n],
-        "log_probs": tf.where(found, fin_logp[:, :n], NEG),
-        "lengths": tf.where(found, fin_len[:, :n], 0),
-        "alignments": fin_align[:, :n, :t] * tf.cast(found, tf.float32)[:, :, None, None],
+        "tokens": out_tokens,
+        "scores": fin_norm,
+        "log_probs": tf.where(found, log_probs, NEG),
+        "lengths": tf.where(found, t_end + 1, 0),
+        "alignments": alignments,
     }
 
 

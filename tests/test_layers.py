@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import reference as ref
 from nmt_tf.layers import (AdditiveAttention, AttentionDecoder, BidirectionalGRU, BlockOrthogonal,
-                           ConditionalGRUCell, MaxoutReadout, gru_update, masked_softmax)
+                           ConditionalGRUCell, MaxoutReadout, gru_update, score_bias)
 
 RNG = np.random.default_rng(7)
 TOL = dict(rtol=1e-4, atol=1e-5)
@@ -107,9 +107,12 @@ def test_attention_matches_reference_and_ignores_padding():
     np.testing.assert_allclose(att(s, H2, mask)[0].numpy(), context, **TOL)
 
 
-def test_masked_softmax_fully_masked_row_is_finite():
-    out = masked_softmax(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([[True, False], [False, False]]))
-    np.testing.assert_allclose(out.numpy(), [[1.0, 0.0], [0.0, 0.0]])
+def test_score_bias_zeroes_padding_even_against_huge_scores():
+    scores = tf.constant([[80.0, 1e4, -3.0], [0.0, 0.0, 0.0]])
+    bias = score_bias(tf.constant([[True, False, True], [True, True, False]]))
+    alpha = tf.nn.softmax(scores + bias).numpy()
+    assert alpha[0, 1] == 0.0 and alpha[1, 2] == 0.0
+    np.testing.assert_allclose(alpha.sum(1), [1.0, 1.0], rtol=1e-6)
 
 
 def test_maxout_matches_reference():
@@ -134,13 +137,37 @@ def test_decoder_step_equals_teacher_forced_loop():
     randomize(dec)
     s0 = RNG.normal(size=(2, n)).astype("float32")
     states, contexts, alphas = (t.numpy() for t in dec(emb, s0, H, mask))
-    keys = dec.precompute(tf.constant(H))
+    keys, bias = dec.precompute(tf.constant(H)), score_bias(mask)
+    projected = dec.project_annotations(H, np.eye(k, dtype="float32"))     # h_j [C | I]: c_i comes back
     s = tf.constant(s0)
     for i in range(4):
-        s, c, a = dec.step(emb[:, i], s, keys, H, mask)
+        s, c, a = dec.step(emb[:, i], s, keys, projected, bias)
         np.testing.assert_allclose(s.numpy(), states[:, i], **TOL)
         np.testing.assert_allclose(c.numpy(), contexts[:, i], **TOL)
-        np.testing.assert_allclose(a.numpy(), alphas[:, i], **TOL)
+        np.testing.assert_allclose(a.numpy()[:, 0], alphas[:, i], **TOL)
+
+
+def test_decoder_step_with_a_beam_of_hypotheses_per_sentence():
+    """Rows grouped by sentence (beam 3) read their own sentence's annotations
+    and equal the one-hypothesis step row by row."""
+    n, m, k, units, beam = 4, 3, 6, 5, 3
+    dec = AttentionDecoder(n, units, k)
+    _, H, mask = _padded([3, 5], k)
+    dec.build((2, 1, m))
+    randomize(dec)
+    keys, bias = dec.precompute(tf.constant(H)), score_bias(mask)
+    projected = dec.project_annotations(H, np.eye(k, dtype="float32"))
+    emb = RNG.normal(size=(2 * beam, m)).astype("float32")
+    s = RNG.normal(size=(2 * beam, n)).astype("float32")
+    s_all, c_all, a_all = (t.numpy() for t in dec.step(emb, s, keys, projected, bias, beam=beam))
+    assert a_all.shape == (2, beam, 5)
+    for row in range(2 * beam):
+        sentence = row // beam
+        one = dec.step(emb[row:row + 1], s[row:row + 1], keys[sentence:sentence + 1],
+                       projected[sentence:sentence + 1], bias[sentence:sentence + 1])
+        np.testing.assert_allclose(s_all[row], one[0].numpy()[0], **TOL)
+        np.testing.assert_allclose(c_all[row], one[1].numpy()[0], **TOL)
+        np.testing.assert_allclose(a_all[sentence, row % beam], one[2].numpy()[0, 0], **TOL)
 
 
 def test_block_orthogonal_blocks_are_orthogonal():

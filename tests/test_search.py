@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from nmt_tf.models.rnnsearch import RNNSearch
-from nmt_tf.search import NEG, SearchOptions, beam_search, greedy_search, search
+from nmt_tf.search import NEG, SearchOptions, _best_extensions, _block_size, beam_search, greedy_search, search
 from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 RNG = np.random.default_rng(11)
@@ -159,3 +159,22 @@ def test_search_defaults_equal_the_flag_defaults():
         f["beam_size"].default, f["n_best"].default, f["length_penalty"].default, f["length_alpha"].default,
         f["max_length_ratio"].default, f["min_length_ratio"].default, f["max_output_length"].default,
         f["suppress_unk"].default)
+
+
+@pytest.mark.parametrize("vocab", [6, 97, 1003, 10000])
+def test_best_extensions_equal_a_top_k_over_all_candidates(vocab):
+    """The blocked selection is exact, also when the vocabulary is not a
+    multiple of the block width (97 is prime: padded) and with dead slots."""
+    assert 1 <= _block_size(vocab) <= vocab
+    rng = np.random.default_rng(vocab)
+    batch, beam = 3, 4
+    log_probs = rng.normal(-5, 3, size=(batch, beam, vocab)).astype("float32")
+    log_probs[:, :, PAD_ID] = NEG                                   # a forbidden token
+    alive = rng.normal(-4, 2, size=(batch, beam)).astype("float32")
+    alive[0, 1:] = NEG                                              # one live hypothesis
+    alive[1, 2] = NEG
+    score, token, parent = (t.numpy() for t in _best_extensions(tf.constant(log_probs), tf.constant(alive), beam))
+    flat = (alive[:, :, None] + log_probs).reshape(batch, beam * vocab)
+    want = np.argsort(-flat, axis=1, kind="stable")[:, :beam]
+    np.testing.assert_array_equal(parent * vocab + token, want)
+    np.testing.assert_allclose(score, np.take_along_axis(flat, want, 1), rtol=1e-6)

@@ -1,6 +1,6 @@
 """Keras 3 layers of the papers' models (TensorFlow backend)."""
 
-from nmt_tf.layers.attention import AdditiveAttention, masked_softmax
+from nmt_tf.layers.attention import AdditiveAttention, score_bias
 from nmt_tf.layers.decoder import AttentionDecoder, ContextDecoder
 from nmt_tf.layers.grconv import GatedRecursiveConvolution
 from nmt_tf.layers.gru import GRU, BidirectionalGRU, ConditionalGRUCell, gru_update
@@ -9,5 +9,5 @@ from nmt_tf.layers.readout import MaxoutReadout
 
 __all__ = [
     "AdditiveAttention", "AttentionDecoder", "BidirectionalGRU", "BlockOrthogonal", "ConditionalGRUCell",
-    "ContextDecoder", "GRU", "GatedRecursiveConvolution", "MaxoutReadout", "gru_update", "masked_softmax",
+    "ContextDecoder", "GRU", "GatedRecursiveConvolution", "MaxoutReadout", "gru_update", "score_bias",
 ]

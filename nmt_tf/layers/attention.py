@@ -7,7 +7,8 @@
 This is additive ("Bahdanau") attention with the *previous* decoder state as
 the query. U_a h_j does not depend on i, so `precompute_keys` runs once per
 sentence; each decoder step then costs one [n, n'] matmul for the query, an
-elementwise tanh over [batch, Tx, n'] and two batched products.
+elementwise tanh over [batch, Tx, n'] and a batched product for c_i. A beam's
+hypotheses query their sentence's keys together ([batch, K, n'] queries).
 """
 
 from __future__ import annotations
@@ -19,21 +20,15 @@ from nmt_tf.layers.initializers import alignment_init
 from nmt_tf.layers.ops import project
 
 
-def masked_softmax(scores, mask):
-    """Softmax over the last axis where `mask` is True; exactly 0 elsewhere.
+MASKED = -1e9    # added to the scores of padding: exp() of it is exactly 0
 
-    Args:
-      scores: [batch, Tx] (any float dtype; computed in float32).
-      mask: [batch, Tx] bool.
 
-    Returns:
-      [batch, Tx] float32 weights summing to 1 over the masked-in positions.
-    """
-    scores = tf.cast(scores, tf.float32)
-    scores = tf.where(mask, scores, tf.float32.min)
-    scores = scores - tf.reduce_max(scores, axis=-1, keepdims=True)
-    weights = tf.exp(scores) * tf.cast(mask, tf.float32)
-    return weights / tf.maximum(tf.reduce_sum(weights, axis=-1, keepdims=True), 1e-30)
+def score_bias(mask):
+    """[batch, Tx] bool mask -> [batch, Tx] float32: 0 at real source
+    positions, MASKED at padding. Added to the alignment scores before the
+    softmax, it gives padding a weight of exactly 0 (one add per step instead
+    of masking ops); computed once per sentence."""
+    return tf.where(mask, 0.0, MASKED)
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -78,23 +73,32 @@ class AdditiveAttention(keras.layers.Layer):
         dtype = self.compute_dtype
         return project(tf.cast(annotations, dtype), self.key_kernel, self.bias)
 
-    def attend(self, query_proj, keys, annotations, mask):
-        """One decoder step given W_a s_{i-1} (`query_proj`, [batch, units]).
+    def attend(self, query_proj, keys, annotations, bias):
+        """One decoder step given W_a s_{i-1} (`query_proj`).
 
-        Returns (context [batch, key_dim], alpha [batch, Tx] float32).
+        `query_proj` is [batch, units] (one query per sentence) or
+        [batch, K, units] (K queries per sentence: the hypotheses of a beam,
+        which all read their sentence's keys and annotations, untiled).
+        `bias` is `score_bias(mask)` [batch, Tx].
+
+        Returns (context [batch, (K,) key_dim], alpha [batch, (K,) Tx] float32).
         """
         dtype = self.compute_dtype
-        hidden = tf.tanh(keys + query_proj[:, None, :])                        # [B, Tx, n']
-        scores = tf.linalg.matvec(hidden, tf.cast(self.score_vector, dtype))    # [B, Tx]
-        alpha = masked_softmax(scores, mask)
-        context = tf.linalg.matvec(annotations, tf.cast(alpha, dtype), transpose_a=True)
+        grouped = query_proj.shape.rank == 3
+        query = query_proj if grouped else query_proj[:, None, :]
+        hidden = tf.tanh(keys[:, None, :, :] + query[:, :, None, :])               # [B, K, Tx, n']
+        scores = tf.reduce_sum(hidden * tf.cast(self.score_vector, dtype), axis=-1)  # [B, K, Tx]
+        alpha = tf.nn.softmax(tf.cast(scores, tf.float32) + bias[:, None, :])
+        context = tf.matmul(tf.cast(alpha, dtype), annotations)                     # [B, K, key_dim]
+        if not grouped:
+            return context[:, 0], alpha[:, 0]
         return context, alpha
 
     def call(self, query, annotations, mask):
         dtype = self.compute_dtype
         query_proj = tf.matmul(tf.cast(query, dtype), tf.cast(self.query_kernel, dtype))
         annotations = tf.cast(annotations, dtype)
-        return self.attend(query_proj, self.precompute_keys(annotations), annotations, mask)
+        return self.attend(query_proj, self.precompute_keys(annotations), annotations, score_bias(mask))
 
     def get_config(self):
         return {**super().get_config(), "units": self.units}

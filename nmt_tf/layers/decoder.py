@@ -20,8 +20,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from nmt_tf.layers.attention import AdditiveAttention
+from nmt_tf.layers.attention import AdditiveAttention, score_bias
 from nmt_tf.layers.gru import ConditionalGRUCell
+from nmt_tf.layers.ops import project
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -73,46 +74,74 @@ class AttentionDecoder(keras.layers.Layer):
         state_kernel = tf.concat([self.attention.query_kernel, self.cell.recurrent_kernel[:, :2 * n]], axis=1)
         return {"state": tf.cast(state_kernel, self.compute_dtype), "cell": self.cell.step_kernels()}
 
-    def _step(self, x_proj, state, weights, keys, annotations, mask):
-        """Shared step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n]."""
+    def _step(self, x_proj, state, weights, keys, annotations, bias):
+        """Teacher forcing's step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n].
+        Returns (s_i [B, n], c_i [B, context_dim], alpha_i [B, Tx])."""
         projected = tf.matmul(state, weights["state"])
-        query_proj, state_rz = projected[:, :self.attention_units], projected[:, self.attention_units:]
-        context, alpha = self.attention.attend(query_proj, keys, annotations, mask)
-        new_state = self.cell.step(x_proj, state, context, state_rz=state_rz, kernels=weights["cell"])
+        context, alpha = self.attention.attend(projected[:, :self.attention_units], keys, annotations, bias)
+        new_state = self.cell.step(x_proj, state, context, state_rz=projected[:, self.attention_units:],
+                                   kernels=weights["cell"])
         return new_state, context, alpha
 
-    def step(self, previous_embedding, state, keys, annotations, mask, weights=None):
+    def project_annotations(self, annotations, extra_kernel, weights=None):
+        """h_j [C | R] for every source position: [batch, Tx, 3n + r], for `step`.
+
+        C c_i = sum_j alpha_ij (C h_j), so with these products (once per
+        sentence) a search step needs no [context_dim, 3n] matmul per
+        hypothesis. R [context_dim, r] are columns the caller wants weighted
+        the same way (RNNsearch: the readout's C_o).
+        """
+        weights = weights or self.step_weights()
+        dtype = self.compute_dtype
+        annotations = tf.cast(annotations, dtype)
+        # Two products, then one concat of the (small) results: concatenating
+        # the matrices instead would copy megabytes per call.
+        return tf.concat([project(annotations, weights["cell"]["context"]),
+                          project(annotations, tf.cast(extra_kernel, dtype))], axis=-1)
+
+    def step(self, previous_embedding, state, keys, projected_annotations, bias, weights=None, beam=1):
         """One decoding step for search.
 
         Args:
-          previous_embedding: [batch, m] E y_{i-1}.
-          state: [batch, n] s_{i-1}.
+          previous_embedding: [N, m] E y_{i-1}, N = batch x beam hypotheses
+            grouped by sentence (rows k*beam .. k*beam + beam-1 belong to
+            sentence k).
+          state: [N, n] s_{i-1}.
           keys: [batch, Tx, n'] from `precompute`.
-          annotations: [batch, Tx, context_dim].
-          mask: [batch, Tx] bool.
+          projected_annotations: [batch, Tx, 3n + r] from `project_annotations`.
+          bias: [batch, Tx] `score_bias(mask)`.
           weights: `step_weights()`, taken once outside the search loop
             (built here when None).
+          beam: hypotheses per sentence (static).
 
         Returns:
-          (s_i [batch, n], c_i [batch, context_dim], alpha_i [batch, Tx] float32).
+          (s_i [N, n], sum_j alpha_ij (h_j R) [N, r], alpha_i [batch, beam, Tx] float32).
         """
         dtype = self.compute_dtype
         weights = weights or self.step_weights()
-        return self._step(self.cell.project_inputs(previous_embedding, weights["cell"]), tf.cast(state, dtype),
-                          weights, keys, tf.cast(annotations, dtype), mask)
+        state = tf.cast(state, dtype)
+        x_proj = self.cell.project_inputs(previous_embedding, weights["cell"])
+        projected = tf.matmul(state, weights["state"])
+        query_proj = tf.reshape(projected[:, :self.attention_units], [-1, beam, self.attention_units])
+        weighted, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
+        weighted = tf.reshape(weighted, [-1, projected_annotations.shape[-1]])
+        gates = 3 * self.units
+        new_state = self.cell.step(x_proj, state, state_rz=projected[:, self.attention_units:],
+                                   kernels=weights["cell"], context_proj=weighted[:, :gates])
+        return new_state, weighted[:, gates:], alpha
 
     def call(self, target_embeddings, initial_state, annotations, mask, keys=None):
         dtype = self.compute_dtype
         annotations = tf.cast(annotations, dtype)
         if keys is None:
             keys = self.precompute(annotations)
+        bias = score_bias(mask)
         weights = self.step_weights()
         # [Ty, B, 3n], time-major for the loop.
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
 
         def step(carry, x_t):
-            state = carry[0]
-            return self._step(x_t, state, weights, keys, annotations, mask)
+            return self._step(x_t, carry[0], weights, keys, annotations, bias)
 
         batch = tf.shape(annotations)[0]
         init = (tf.cast(initial_state, dtype),

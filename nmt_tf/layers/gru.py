@@ -119,11 +119,11 @@ class BidirectionalGRU(keras.layers.Layer):
         n = self.units
         dtype = self.compute_dtype
         inputs = tf.cast(inputs, dtype)
-        kernel = tf.concat(self.kernels, axis=1)                           # [d, 6n]
-        bias = tf.concat(self.biases, axis=0)                              # [6n]
-        x_proj = project(tf.transpose(inputs, [1, 0, 2]), kernel, bias)    # [T, B, 6n]
+        time_major = tf.transpose(inputs, [1, 0, 2])
+        forward_x, backward_x = (project(time_major, kernel, bias)                  # [T, B, 3n] each
+                                 for kernel, bias in zip(self.kernels, self.biases))
         # [T, 2, B, 3n]: row 0 read left to right, row 1 right to left.
-        x_proj = tf.stack([x_proj[..., :3 * n], tf.reverse(x_proj[..., 3 * n:], [0])], axis=1)
+        x_proj = tf.stack([forward_x, tf.reverse(backward_x, [0])], axis=1)
         m = tf.cast(tf.transpose(mask), dtype)[:, None, :, None]          # [T, 1, B, 1]
         m = tf.concat([m, tf.reverse(m, [0])], axis=1)                    # [T, 2, B, 1]
         u = tf.cast(tf.stack([tf.convert_to_tensor(k) for k in self.recurrent_kernels]), dtype)  # [2, n, 3n]
@@ -232,17 +232,20 @@ class ConditionalGRUCell(keras.layers.Layer):
                 "recurrent_rz": u[:, :2 * n], "recurrent_candidate": u[:, 2 * n:],
                 "context": tf.cast(self.context_kernel, dtype)}
 
-    def step(self, x_proj, state, context, state_rz=None, kernels=None):
+    def step(self, x_proj, state, context=None, state_rz=None, kernels=None, context_proj=None):
         """One step from x_proj = W x + b.
 
         `state_rz` is U_rz s_{i-1} when the caller computed it already (the
-        decoder fuses it with the attention's W_a s_{i-1}); `kernels` is
-        `step_kernels()`, taken once per sequence.
+        decoder fuses it with the attention's W_a s_{i-1}); `context_proj` is
+        C c_i when the caller has it (search: sum_j alpha_ij (C h_j) from
+        products taken once per sentence), else C c_i is computed from
+        `context`; `kernels` is `step_kernels()`, taken once per sequence.
         """
         kernels = kernels or self.step_kernels()
         if state_rz is None:
             state_rz = tf.matmul(state, kernels["recurrent_rz"])
-        context_proj = tf.matmul(context, kernels["context"])
+        if context_proj is None:
+            context_proj = tf.matmul(context, kernels["context"])
         return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"], extra=context_proj)
 
     def call(self, inputs, state, context):

@@ -55,17 +55,35 @@ class MaxoutReadout(keras.layers.Layer):
 
     def fused_kernel(self):
         """[U_o; V_o; C_o] [n + m + 2n, 2l] in the compute dtype: one matmul
-        over [s; E y; c] instead of three. Search loops build it once, outside."""
+        over [s; E y; c] instead of three."""
         return tf.cast(tf.concat([self.state_kernel, self.embedding_kernel, self.context_kernel], 0),
                        self.compute_dtype)
 
-    def call(self, state, previous_embedding, context, kernel=None):
+    def step_kernel(self):
+        """[U_o; V_o] [n + m, 2l] in the compute dtype, for `step`. Search
+        loops build it once, outside."""
+        return tf.cast(tf.concat([self.state_kernel, self.embedding_kernel], 0), self.compute_dtype)
+
+    def _maxout(self, pre):
+        if pre.shape.rank == 2:      # search: a static shape, no shape ops in the loop
+            pairs = tf.reshape(pre, [-1, self.units, 2])
+        else:
+            pairs = tf.reshape(pre, tf.concat([tf.shape(pre)[:-1], [self.units, 2]], 0))
+        return tf.reduce_max(pairs, axis=-1)
+
+    def call(self, state, previous_embedding, context):
         dtype = self.compute_dtype
         features = tf.concat([tf.cast(state, dtype), tf.cast(previous_embedding, dtype),
                               tf.cast(context, dtype)], axis=-1)
-        pre = project(features, self.fused_kernel() if kernel is None else kernel, self.bias)
-        pairs = tf.reshape(pre, tf.concat([tf.shape(pre)[:-1], [self.units, 2]], 0))
-        return tf.reduce_max(pairs, axis=-1)
+        return self._maxout(project(features, self.fused_kernel(), self.bias))
+
+    def step(self, state, previous_embedding, context_proj, kernel):
+        """One search step with C_o c_i already computed (`context_proj`
+        [N, 2l]: search gets it as sum_j alpha_ij (C_o h_j), from products
+        taken once per sentence); `kernel` is `step_kernel()`."""
+        dtype = self.compute_dtype
+        features = tf.concat([tf.cast(state, dtype), tf.cast(previous_embedding, dtype)], axis=-1)
+        return self._maxout(project(features, kernel, self.bias) + tf.cast(context_proj, dtype))
 
     def compute_output_shape(self, state_shape, previous_embedding_shape=None, context_shape=None):
         return tuple(state_shape[:-1]) + (self.units,)

@@ -50,11 +50,13 @@ class Seq2SeqModel(keras.Model):
 
       call(inputs, training) -> logits [batch, Ty, K_y] (teacher forcing),
       encode(source_ids) -> dict with "state" s_0 and per-sentence tensors,
-      decode_step(previous_ids, state, encoded, weights) -> (log-probs, state, alpha),
+      search_inputs(source_ids, weights) -> `encode`'s dict plus the
+          per-sentence products that decode_step uses,
+      decode_step(previous_ids [batch, K], state [batch, K, n], inputs, weights)
+          -> (log-probs [batch, K, K_y], state [batch, K, n], alpha [batch, K, Tx]),
 
     which with `step_weights()` here is the interface of nmt_tf.search; search
-    takes `step_weights()` once, outside its loop (building them copies
-    megabytes).
+    takes `step_weights()` and `search_inputs` once, outside its loop.
 
     Metrics (reset every epoch by Keras): `loss` is the NLL per target token
     over the epoch so far, `perplexity` its exponential. Each step also reports
@@ -94,27 +96,38 @@ class Seq2SeqModel(keras.Model):
         self.output_projection.build((None, self.maxout_size))
 
     def step_weights(self) -> dict:
-        """Matrices of one decoding step, fused and cast to the compute dtype, that
-        `decode_step` would otherwise rebuild at every step: the readout's, the
-        output layer's and the subclass's `self.decoder.step_weights()`."""
+        """Matrices of one search step, fused and cast to the compute dtype, that
+        `decode_step` would otherwise rebuild at every step (copying megabytes):
+        the target embeddings, the readout's [U_o; V_o] and C_o, the output
+        layer's and the subclass's `self.decoder.step_weights()`."""
         dtype = self.compute_dtype
-        return {"readout": self.readout.fused_kernel(),
+        return {"target_embedding": tf.cast(self.target_embedding.embeddings, dtype),
+                "readout": self.readout.step_kernel(),
+                "readout_context": tf.cast(self.readout.context_kernel, dtype),
                 "output": (tf.cast(self.output_projection.kernel, dtype),
                            tf.cast(self.output_projection.bias, dtype)),
                 "decoder": self.decoder.step_weights()}
 
-    def logits(self, states, previous_embeddings, contexts, training=False, weights=None):
-        """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32.
+    def logits(self, states, previous_embeddings, contexts, training=False):
+        """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32."""
+        features = self.readout(states, previous_embeddings, contexts)
+        features = self.readout_dropout(features, training=training)
+        return tf.cast(self.output_projection(features), tf.float32)
 
-        `weights` (from `step_weights`) replaces the layers' own variables in
-        search; that path is inference only (no dropout).
-        """
-        if weights is None:
-            features = self.readout(states, previous_embeddings, contexts)
-            features = self.readout_dropout(features, training=training)
-            return tf.cast(self.output_projection(features), tf.float32)
-        features = self.readout(states, previous_embeddings, contexts, kernel=weights["readout"])
-        return tf.cast(project(features, *weights["output"]), tf.float32)
+    def step_log_probs(self, state, previous_embedding, readout_context, weights):
+        """Search's output distribution: s_i [N, n], E y_{i-1} [N, m] and
+        C_o c_i [N, 2l] -> log p(y_i | y_<i, x) [N, K_y] float32 (no dropout)."""
+        features = self.readout.step(state, previous_embedding, readout_context, weights["readout"])
+        return tf.nn.log_softmax(tf.cast(project(features, *weights["output"]), tf.float32))
+
+    def _search_step_inputs(self, previous_ids, state, weights):
+        """decode_step's [batch, K] hypotheses as rows: (K (static), E y_{i-1}
+        [batch * K, m] (looked up in `weights`), s_{i-1} [batch * K, n])."""
+        beam = previous_ids.shape[1]
+        if beam is None:
+            raise ValueError("decode_step needs a static number of hypotheses per sentence")
+        previous = tf.gather(weights["target_embedding"], tf.reshape(tf.cast(previous_ids, tf.int32), [-1]))
+        return beam, previous, tf.reshape(state, [-1, self.hidden_size])
 
     def embed_target(self, target_ids, training=False):
         return self.embedding_dropout(self.target_embedding(tf.cast(target_ids, tf.int32)), training=training)

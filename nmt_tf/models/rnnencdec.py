@@ -103,17 +103,29 @@ class RNNEncDec(Seq2SeqModel):
             out["gates"] = gates
         return out
 
-    def decode_step(self, previous_ids, state, encoded, weights=None):
-        """One step of search; the alignment is all zeros (no attention).
+    def search_inputs(self, source_ids, weights):
+        """`encode` for search, plus the readout's C_o c (c is the same at every
+        step, so its product is taken once per sentence)."""
+        encoded = self.encode(source_ids)
+        readout_context = tf.matmul(tf.cast(encoded["context"], self.compute_dtype), weights["readout_context"])
+        return {"context_proj": encoded["context_proj"], "readout_context": readout_context,
+                "state": encoded["state"], "mask": encoded["mask"]}
 
-        `weights` is `step_weights()`, taken once outside the search loop.
+    def decode_step(self, previous_ids, state, inputs, weights=None):
+        """One step of search for K hypotheses per sentence (see RNNSearch.decode_step);
+        the alignment is all zeros (no attention).
+
+        `inputs` is `search_inputs`' dict; `weights` is `step_weights()`,
+        taken once outside the search loop.
         """
         weights = weights or self.step_weights()
-        previous = self.target_embedding(tf.cast(previous_ids, tf.int32))
-        new_state = self.decoder.step(previous, state, encoded["context_proj"], weights["decoder"])
-        log_probs = tf.nn.log_softmax(self.logits(new_state, previous, encoded["context"],
-                                                  weights=weights))
-        return log_probs, new_state, tf.zeros(tf.shape(encoded["mask"]), tf.float32)
+        beam, previous, state = self._search_step_inputs(previous_ids, state, weights)
+        per_row = lambda x: tf.repeat(x, beam, axis=0)          # [batch, d] -> [batch * K, d]
+        new_state = self.decoder.step(previous, state, per_row(inputs["context_proj"]), weights["decoder"])
+        log_probs = self.step_log_probs(new_state, previous, per_row(inputs["readout_context"]), weights)
+        alpha = tf.zeros(tf.concat([tf.shape(previous_ids), tf.shape(inputs["mask"])[1:]], 0), tf.float32)
+        return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),
+                tf.reshape(new_state, [-1, beam, self.hidden_size]), alpha)
 
     def call(self, inputs, training=False, return_alignment=False):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from nmt_tf.layers import AttentionDecoder, BidirectionalGRU
+from nmt_tf.layers import AttentionDecoder, BidirectionalGRU, score_bias
 from nmt_tf.layers.initializers import weight_init
 from nmt_tf.models.base import Seq2SeqModel, count_parameters
 from nmt_tf.text import PAD_ID
@@ -71,34 +71,48 @@ class RNNSearch(Seq2SeqModel):
 
         Returns:
           dict with "annotations" [batch, Tx, 2n], "mask" [batch, Tx] bool,
-          "state" s_0 [batch, n] and "keys" U_a h_j + b_a [batch, Tx, n'].
+          "bias" `score_bias(mask)` [batch, Tx], "state" s_0 [batch, n] and
+          "keys" U_a h_j + b_a [batch, Tx, n'].
         """
         mask = tf.not_equal(source_ids, PAD_ID)
         annotations = self.encoder(self.embed_source(source_ids, training), mask)
         state = self.initial_state(annotations[:, 0, self.hidden_size:])   # tanh(W_s <-h_1)
-        return {"annotations": annotations, "mask": mask, "state": state,
+        return {"annotations": annotations, "mask": mask, "bias": score_bias(mask), "state": state,
                 "keys": self.decoder.precompute(annotations)}
 
-    def decode_step(self, previous_ids, state, encoded, weights=None):
-        """One step of search.
+    def search_inputs(self, source_ids, weights):
+        """`encode` for search: keys, score bias, s_0 and the annotations
+        projected once per sentence by [C | C_o] (the GRU's and the readout's
+        context matrices; see `AttentionDecoder.project_annotations`)."""
+        encoded = self.encode(source_ids)
+        projected = self.decoder.project_annotations(encoded["annotations"], weights["readout_context"],
+                                                     weights["decoder"])
+        return {"keys": encoded["keys"], "bias": encoded["bias"], "state": encoded["state"],
+                "projected_annotations": projected}
+
+    def decode_step(self, previous_ids, state, inputs, weights=None):
+        """One step of search for K hypotheses per sentence.
 
         Args:
-          previous_ids: [N] int, y_{i-1} ([BOS] at the first step).
-          state: [N, n] s_{i-1}.
-          encoded: `encode`'s dict, rows aligned with `previous_ids` (tiled
-            for a beam).
+          previous_ids: [batch, K] int, y_{i-1} ([BOS] at the first step).
+          state: [batch, K, n] s_{i-1}.
+          inputs: `search_inputs`' dict, one row per sentence (never tiled:
+            the K hypotheses of a sentence attend to its annotations together).
           weights: `step_weights()`, taken once outside the search loop
             (built here when None).
 
         Returns:
-          (log p(y_i | y_<i, x) [N, K_y] float32, s_i [N, n], alpha_i [N, Tx] float32).
+          (log p(y_i | y_<i, x) [batch, K, K_y] float32, s_i [batch, K, n],
+           alpha_i [batch, K, Tx] float32).
         """
         weights = weights or self.step_weights()
-        previous = self.target_embedding(tf.cast(previous_ids, tf.int32))
-        new_state, context, alpha = self.decoder.step(
-            previous, state, encoded["keys"], encoded["annotations"], encoded["mask"], weights["decoder"])
-        log_probs = tf.nn.log_softmax(self.logits(new_state, previous, context, weights=weights))
-        return log_probs, new_state, alpha
+        beam, previous, state = self._search_step_inputs(previous_ids, state, weights)
+        new_state, readout_context, alpha = self.decoder.step(
+            previous, state, inputs["keys"], inputs["projected_annotations"], inputs["bias"],
+            weights["decoder"], beam)
+        log_probs = self.step_log_probs(new_state, previous, readout_context, weights)
+        return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),
+                tf.reshape(new_state, [-1, beam, self.hidden_size]), alpha)
 
     def call(self, inputs, training=False, return_alignment=False):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)
