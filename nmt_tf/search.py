@@ -19,9 +19,10 @@ where every live hypothesis is closed with [EOS]). Live hypotheses compete on
 their log-probability; finished ones are ranked by log-probability divided by
 a length penalty (the papers divide by the length). This is batched by keeping
 `beam_size` slots per sentence, of which `beam_size - finished` may be live.
-Every step computes all K slots of every sentence of the batch (a fixed
-[B, K] grid: no gathering of live rows, and a sentence's hypotheses share its
-encoder outputs); dead slots score NEG and never win. The first step, with
+Every step computes all K slots of every unfinished sentence (a [B, K] grid:
+no per-hypothesis gathers, and a sentence's hypotheses share its encoder
+outputs; once a sentence of the batch is done, the step runs on the others
+only); dead slots score NEG and never win. The first step, with
 one hypothesis per sentence, is computed for that one alone. Histories are
 back-pointers, followed once at the end. A sentence stops as soon as no live
 hypothesis can still enter its n best (an exact bound: see the code), which
@@ -322,18 +323,34 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         done = done | hopeless | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
         return t + 1, token, state, alive_score, fin_norm, fin_id, fin_count, done, history
 
-    def expand(t, previous, state, alive_score):
+    def expand(t, previous, state, alive_score, inputs=per_sentence, kinds_t=None):
         """The model's step for every slot, and the k best extensions."""
-        log_probs, new_state, alpha = model.decode_step(previous, state, per_sentence, weights)
-        log_probs += tf.gather(penalties, kinds[t])[:, None, :]
+        log_probs, new_state, alpha = model.decode_step(previous, state, inputs, weights)
+        log_probs += tf.gather(penalties, kinds[t] if kinds_t is None else kinds_t)[:, None, :]
         top_score, token, parent = _best_extensions(log_probs, alive_score, k)
         return top_score, token, parent, tf.cast(new_state, encoded["state"].dtype), alpha
 
+    def expand_unfinished(t, previous, state, alive_score, done):
+        """`expand` for the sentences not done yet only, the others filled in
+        (dead: NEG scores). Used once a sentence of the batch is done, so that
+        long and short sentences batched together do not cost the long one's
+        steps for all."""
+        rows = tf.cast(tf.where(~done)[:, 0], tf.int32)
+        take = lambda x: tf.gather(x, rows)
+        out = expand(t, take(previous), take(state), take(alive_score),
+                     {key: take(v) for key, v in per_sentence.items()}, take(kinds[t]))
+        fill = lambda x, value: tf.tensor_scatter_nd_update(
+            tf.fill(tf.concat([[batch], tf.shape(x)[1:]], 0), tf.cast(value, x.dtype)), rows[:, None], x)
+        return tuple(fill(x, value) for x, value in zip(out, (NEG, 0, 0, 0, 0)))
+
     def body(t, previous, state, alive_score, *rest):
-        # All K slots of every sentence are computed (a [batch, K] grid: no
-        # compaction ops; the K hypotheses of a sentence share its encoder
-        # outputs); dead slots carry NEG and never reach the top K.
-        return advance(t, *expand(t, previous, state, alive_score), *rest)
+        # All K slots of every unfinished sentence are computed (a [batch, K]
+        # grid: no per-hypothesis gathers; the K hypotheses of a sentence share
+        # its encoder outputs); dead slots carry NEG and never reach the top K.
+        done = rest[3]
+        extensions = tf.cond(tf.reduce_any(done), lambda: expand_unfinished(t, previous, state, alive_score, done),
+                             lambda: expand(t, previous, state, alive_score))
+        return advance(t, *extensions, *rest)
 
     history = tuple(tf.TensorArray(dtype, size=rows, element_shape=shape)
                     for dtype, shape in ((tf.int32, [None, k]), (tf.int32, [None, k]),
