@@ -35,6 +35,7 @@ absl_flags.DEFINE_string("model_base_path", None, "Export directory to serve wit
 absl_flags.DEFINE_list("clients_list", ["1", "32"], "Numbers of concurrent clients to measure.")
 absl_flags.DEFINE_integer("requests", 400, "Timed requests per measurement.", lower_bound=1)
 absl_flags.DEFINE_integer("warmup", 20, "Untimed requests first.", lower_bound=0)
+absl_flags.DEFINE_boolean("server_onednn", False, "Start nmt_tf.serve with --onednn (its CPU kernels).")
 absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_flickr.en.gz"), "Sentences.")
 
 
@@ -44,10 +45,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(base_path: str, model_name: str):
+def start_server(base_path: str, model_name: str, onednn: bool):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "nmt_tf.serve", f"--port={port}", "--host=127.0.0.1",
-                             f"--model_base_path={base_path}", f"--model_name={model_name}", "--threads=32"],
+                             f"--model_base_path={base_path}", f"--model_name={model_name}", "--threads=32",
+                             f"--{'' if onednn else 'no'}onednn"],
                             cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:                     # wait for "Serving model ..."
@@ -123,7 +125,7 @@ def main(argv):
     if not address:
         if not FLAGS.model_base_path:
             raise app.UsageError("give --server or --model_base_path")
-        proc, address = start_server(FLAGS.model_base_path, FLAGS.model_name)
+        proc, address = start_server(FLAGS.model_base_path, FLAGS.model_name, FLAGS.server_onednn)
     try:
         results = [run(address, FLAGS.model_name, sentences, int(c), FLAGS.requests, FLAGS.warmup)
                    for c in FLAGS.clients_list]
@@ -131,7 +133,10 @@ def main(argv):
         if proc:
             proc.terminate()
             proc.wait()
-    print(json.dumps({"server": "nmt_tf.serve" if proc else address, "results": results}))
+    server = address
+    if proc:
+        server = "nmt_tf.serve --onednn" if FLAGS.server_onednn else "nmt_tf.serve"
+    print(json.dumps({"server": server, "results": results}))
 
 
 if __name__ == "__main__":

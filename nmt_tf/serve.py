@@ -47,6 +47,11 @@ absl_flags.DEFINE_float("poll_seconds", 2.0, "How often to look for a new versio
 absl_flags.DEFINE_integer("threads", 8, "Concurrent requests served.", lower_bound=1)
 absl_flags.DEFINE_float("max_message_mb", 32.0, "Largest request or response message, in MiB.", lower_bound=0.01)
 absl_flags.DEFINE_integer("max_batch_size", 1024, "Most sentences one request may carry.", lower_bound=1)
+absl_flags.DEFINE_boolean(
+    "onednn", False,
+    "Use TensorFlow's oneDNN CPU kernels (sets TF_ENABLE_ONEDNN_OPTS for this process). Off by default: "
+    "on the 2-core reference machine one-sentence requests are faster with TensorFlow's Eigen kernels, "
+    "batches of 64 faster with oneDNN (BUILD_NOTES.md, 'Serving latency').")
 
 DEFAULT_SIGNATURE = "serving_default"
 
@@ -317,12 +322,22 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
     return server, registry, bound
 
 
+def choose_kernels(onednn: bool) -> str:
+    """Sets TF_ENABLE_ONEDNN_OPTS, which TensorFlow reads when it is imported
+    (so this must run first), and says which CPU kernels the process uses."""
+    if "tensorflow" in sys.modules:
+        raise RuntimeError("choose_kernels() must run before TensorFlow is imported")
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
+    return "oneDNN" if onednn else "Eigen (TensorFlow's default kernels without oneDNN)"
+
+
 def main(argv):
     nmt_flags.start_cli(argv, verbose=True)
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_base_path:
         print("error: --model_base_path is required.", file=sys.stderr)
         return 1
+    print(f"CPU kernels: {choose_kernels(FLAGS.onednn)}", flush=True)
     try:
         server, registry, port = start_server(
             FLAGS.model_name, FLAGS.model_base_path, FLAGS.port, FLAGS.host, FLAGS.threads,

@@ -13,6 +13,11 @@ precomputed keys U_a h_j, one matmul of c_i by [C_r | C_z | C] and one of
 r * s_{i-1} by U. The input projections W E y_{i-1} of all steps are one
 matmul before the loop; the maxout readout and softmax of all steps run after
 it (nmt_tf.layers.readout).
+
+Search (`step`) goes one step further: C c_i = sum_j alpha_ij (C h_j), and
+C h_j is computed once per sentence (`project_annotations`), so a search step
+has no [context_dim, 3n] matmul per hypothesis, only alpha_i times a
+[Tx, 3n] matrix.
 """
 
 from __future__ import annotations

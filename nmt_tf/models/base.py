@@ -50,8 +50,9 @@ class Seq2SeqModel(keras.Model):
 
       call(inputs, training) -> logits [batch, Ty, K_y] (teacher forcing),
       encode(source_ids) -> dict with "state" s_0 and per-sentence tensors,
-      search_inputs(source_ids, weights) -> `encode`'s dict plus the
-          per-sentence products that decode_step uses,
+      search_inputs(source_ids, weights) -> dict with "state" s_0 and the
+          per-sentence tensors decode_step uses (encoder outputs and their
+          products with step matrices, one row per sentence),
       decode_step(previous_ids [batch, K], state [batch, K, n], inputs, weights)
           -> (log-probs [batch, K, K_y], state [batch, K, n], alpha [batch, K, Tx]),
 
