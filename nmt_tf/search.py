@@ -375,7 +375,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
     slot = fin_id % k
 
     def read_histories():
-        tokens, parents, alphas, step_scores = (h.stack() for h in history)
+        written = tf.range(t)      # the steps taken (the arrays have room for the length limit)
+        tokens, parents, alphas, step_scores = (h.gather(written) for h in history)
         out_tokens, alignments = _backtrack(tokens, parents, alphas, t_end, slot)
         log_probs = tf.gather_nd(tf.transpose(step_scores, [1, 0, 2]),
                                  tf.stack([tf.maximum(t_end, 0), slot], -1), batch_dims=1)
