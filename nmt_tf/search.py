@@ -289,9 +289,9 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
     # Per-step values, computed once: which token mask each sentence uses, the
     # length penalty of a hypothesis finishing at step t, and t * K + slot.
     # (At least one row: step 0 runs before the loop, also for an empty batch.)
-    rows = tf.maximum(steps, 1)
-    kinds = _penalty_kind(tf.range(rows)[:, None], min_len, max_len)             # [steps, B]
-    finish_penalty = length_penalty(tf.range(1, rows + 1), options)                # [steps]
+    table_steps = tf.maximum(steps, 1)
+    kinds = _penalty_kind(tf.range(table_steps)[:, None], min_len, max_len)      # [steps, B]
+    finish_penalty = length_penalty(tf.range(1, table_steps + 1), options)         # [steps]
     slots = tf.range(k)[None, :]
     slot_ids = tf.zeros([batch, k], tf.int32) + slots
 
@@ -323,10 +323,11 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         done = done | hopeless | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
         return t + 1, token, state, alive_score, fin_norm, fin_id, fin_count, done, history
 
-    def expand(t, previous, state, alive_score, inputs=per_sentence, kinds_t=None):
-        """The model's step for every slot, and the k best extensions."""
+    def expand(previous, state, alive_score, inputs, kind):
+        """The model's step for every slot, and the k best extensions (`kind`:
+        each sentence's row of the token penalties)."""
         log_probs, new_state, alpha = model.decode_step(previous, state, inputs, weights)
-        log_probs += tf.gather(penalties, kinds[t] if kinds_t is None else kinds_t)[:, None, :]
+        log_probs += tf.gather(penalties, kind)[:, None, :]
         top_score, token, parent = _best_extensions(log_probs, alive_score, k)
         return top_score, token, parent, tf.cast(new_state, encoded["state"].dtype), alpha
 
@@ -337,7 +338,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         steps for all."""
         rows = tf.cast(tf.where(~done)[:, 0], tf.int32)
         take = lambda x: tf.gather(x, rows)
-        out = expand(t, take(previous), take(state), take(alive_score),
+        out = expand(take(previous), take(state), take(alive_score),
                      {key: take(v) for key, v in per_sentence.items()}, take(kinds[t]))
         fill = lambda x, value: tf.tensor_scatter_nd_update(
             tf.fill(tf.concat([[batch], tf.shape(x)[1:]], 0), tf.cast(value, x.dtype)), rows[:, None], x)
@@ -349,10 +350,10 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         # its encoder outputs); dead slots carry NEG and never reach the top K.
         done = rest[3]
         extensions = tf.cond(tf.reduce_any(done), lambda: expand_unfinished(t, previous, state, alive_score, done),
-                             lambda: expand(t, previous, state, alive_score))
+                             lambda: expand(previous, state, alive_score, per_sentence, kinds[t]))
         return advance(t, *extensions, *rest)
 
-    history = tuple(tf.TensorArray(dtype, size=rows, element_shape=shape)
+    history = tuple(tf.TensorArray(dtype, size=table_steps, element_shape=shape)
                     for dtype, shape in ((tf.int32, [None, k]), (tf.int32, [None, k]),
                                          (tf.float32, [None, k, None]), (tf.float32, [None, k])))
     pool = (tf.fill([batch, k], NEG), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.int32),
@@ -362,7 +363,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         # alone, its k best extensions fill the beam.
         first = tf.constant(0)
         top_score, token, parent, new_state, alpha = expand(
-            first, tf.fill([batch, 1], BOS_ID), encoded["state"][:, None], tf.zeros([batch, 1]))
+            tf.fill([batch, 1], BOS_ID), encoded["state"][:, None], tf.zeros([batch, 1]), per_sentence, kinds[0])
         init = advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), *pool)
     else:      # fewer words than slots: step 0 runs in the loop, K - 1 slots dead
         first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)

@@ -71,23 +71,22 @@ class RNNSearch(Seq2SeqModel):
 
         Returns:
           dict with "annotations" [batch, Tx, 2n], "mask" [batch, Tx] bool,
-          "bias" `score_bias(mask)` [batch, Tx], "state" s_0 [batch, n] and
-          "keys" U_a h_j + b_a [batch, Tx, n'].
+          "state" s_0 [batch, n] and "keys" U_a h_j + b_a [batch, Tx, n'].
         """
         mask = tf.not_equal(source_ids, PAD_ID)
         annotations = self.encoder(self.embed_source(source_ids, training), mask)
         state = self.initial_state(annotations[:, 0, self.hidden_size:])   # tanh(W_s <-h_1)
-        return {"annotations": annotations, "mask": mask, "bias": score_bias(mask), "state": state,
+        return {"annotations": annotations, "mask": mask, "state": state,
                 "keys": self.decoder.precompute(annotations)}
 
     def search_inputs(self, source_ids, weights):
-        """`encode` for search: keys, score bias, s_0 and the annotations
-        projected once per sentence by [C | C_o] (the GRU's and the readout's
-        context matrices; see `AttentionDecoder.project_annotations`)."""
+        """`encode` for search: keys, the padding's score bias, s_0 and the
+        annotations projected once per sentence by [C | C_o] (the GRU's and the
+        readout's context matrices; see `AttentionDecoder.project_annotations`)."""
         encoded = self.encode(source_ids)
         projected = self.decoder.project_annotations(encoded["annotations"], weights["readout_context"],
                                                      weights["decoder"])
-        return {"keys": encoded["keys"], "bias": encoded["bias"], "state": encoded["state"],
+        return {"keys": encoded["keys"], "bias": score_bias(encoded["mask"]), "state": encoded["state"],
                 "projected_annotations": projected}
 
     def decode_step(self, previous_ids, state, inputs, weights=None):
