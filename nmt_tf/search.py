@@ -5,10 +5,11 @@ a `tf.function` (the exported SavedModel runs them in its graph; only core
 TensorFlow ops are used). A model provides
 
     step_weights() -> dict of tensors (fused / cast matrices), taken once per search
-    search_inputs(source_ids, weights) -> dict with "state" s_0 [B, n] and
+    search_inputs(source_ids, weights) -> dict with "state" [B, d] (the
+        decoder state s_0 in whatever form decode_step takes it) and
         per-sentence tensors (one row per sentence), taken once per search
-    decode_step(previous_ids [B, K], state [B, K, n], inputs, weights)
-        -> (log-probs [B, K, V], state [B, K, n], alpha [B, K, Tx])
+    decode_step(previous_ids [B, K], state [B, K, d], inputs, weights)
+        -> (log-probs [B, K, V], state [B, K, d], alpha [B, K, Tx])
 
 for K hypotheses per sentence (K = 1 in greedy search).
 

@@ -139,12 +139,16 @@ def test_decoder_step_equals_teacher_forced_loop():
     states, contexts, alphas = (t.numpy() for t in dec(emb, s0, H, mask))
     keys, bias = dec.precompute(tf.constant(H)), score_bias(mask)
     projected = dec.project_annotations(H, np.eye(k, dtype="float32"))     # h_j [C | I]: c_i comes back
-    s = tf.constant(s0)
+    search_state = dec.search_state(tf.constant(s0))
+    weights = dec.step_weights()
     for i in range(4):
-        s, c, a = dec.step(emb[:, i], s, keys, projected, bias)
+        s, search_state, c, a = dec.step(emb[:, i], search_state, keys, projected, bias)
         np.testing.assert_allclose(s.numpy(), states[:, i], **TOL)
         np.testing.assert_allclose(c.numpy(), contexts[:, i], **TOL)
         np.testing.assert_allclose(a.numpy()[:, 0], alphas[:, i], **TOL)
+        # The search state is [s_i ; W_a s_i ; U_rz s_i].
+        np.testing.assert_allclose(search_state.numpy(), np.concatenate([s, s @ weights["state"].numpy()], -1),
+                                   **TOL)
 
 
 def test_decoder_step_with_a_beam_of_hypotheses_per_sentence():
@@ -158,16 +162,16 @@ def test_decoder_step_with_a_beam_of_hypotheses_per_sentence():
     keys, bias = dec.precompute(tf.constant(H)), score_bias(mask)
     projected = dec.project_annotations(H, np.eye(k, dtype="float32"))
     emb = RNG.normal(size=(2 * beam, m)).astype("float32")
-    s = RNG.normal(size=(2 * beam, n)).astype("float32")
-    s_all, c_all, a_all = (t.numpy() for t in dec.step(emb, s, keys, projected, bias, beam=beam))
+    s = dec.search_state(tf.constant(RNG.normal(size=(2 * beam, n)).astype("float32"))).numpy()
+    s_all, _, c_all, a_all = (t.numpy() for t in dec.step(emb, s, keys, projected, bias, beam=beam))
     assert a_all.shape == (2, beam, 5)
     for row in range(2 * beam):
         sentence = row // beam
         one = dec.step(emb[row:row + 1], s[row:row + 1], keys[sentence:sentence + 1],
                        projected[sentence:sentence + 1], bias[sentence:sentence + 1])
         np.testing.assert_allclose(s_all[row], one[0].numpy()[0], **TOL)
-        np.testing.assert_allclose(c_all[row], one[1].numpy()[0], **TOL)
-        np.testing.assert_allclose(a_all[sentence, row % beam], one[2].numpy()[0, 0], **TOL)
+        np.testing.assert_allclose(c_all[row], one[2].numpy()[0], **TOL)
+        np.testing.assert_allclose(a_all[sentence, row % beam], one[3].numpy()[0, 0], **TOL)
 
 
 def test_block_orthogonal_blocks_are_orthogonal():

@@ -127,3 +127,24 @@ def test_mixed_bfloat16_forward_close_to_float32():
         np.testing.assert_allclose(got.numpy(), want, rtol=0.1, atol=0.15)
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
+
+
+def test_search_step_log_probs_in_output_blocks_equal_one_output_layer():
+    """Search's output layer, in column blocks, gives the softmax of the whole
+    layer; the blocks tile the vocabulary."""
+    from nmt_tf.models.base import OUTPUT_BLOCKS, output_block_bounds
+
+    for vocab in (1, 3, 11, 10_000):
+        bounds = output_block_bounds(vocab)
+        assert len(bounds) == min(OUTPUT_BLOCKS, vocab)
+        assert [a for a, _ in bounds[1:]] == [b for _, b in bounds[:-1]] and bounds[0][0] == 0
+        assert bounds[-1][1] == vocab and all(b > a for a, b in bounds)
+    model = tiny_model()
+    weights = model.step_weights()
+    state, embedded, context = (RNG.normal(size=(7, d)).astype("float32") for d in (4, 5, 6))
+    got = model.step_log_probs(state, embedded, context, weights).numpy()
+    ro = model.readout
+    pre = state @ ro.state_kernel.numpy() + embedded @ ro.embedding_kernel.numpy() + context + ro.bias.numpy()
+    logits = pre.reshape(7, 3, 2).max(-1) @ model.output_projection.kernel.numpy() + \
+        model.output_projection.bias.numpy()
+    np.testing.assert_allclose(got, logits - np.log(np.exp(logits).sum(-1, keepdims=True)), rtol=1e-5, atol=1e-5)

@@ -17,7 +17,11 @@ it (nmt_tf.layers.readout).
 Search (`step`) goes one step further: C c_i = sum_j alpha_ij (C h_j), and
 C h_j is computed once per sentence (`project_annotations`), so a search step
 has no [context_dim, 3n] matmul per hypothesis, only alpha_i times a
-[Tx, 3n] matrix.
+[Tx, 3n] matrix. And search's state carries its own products: [s_i ; W_a s_i ;
+U_rz s_i] (`search_state`), taken as soon as s_i exists. That product is the
+first thing step i + 1 needs; taken at the end of step i (before the beam is
+reordered: a row of the product follows its row of s_i), it runs while the
+readout, output layer and top-k of step i run, instead of after them.
 """
 
 from __future__ import annotations
@@ -104,6 +108,13 @@ class AttentionDecoder(keras.layers.Layer):
         return tf.concat([project(annotations, weights["cell"]["context"]),
                           project(annotations, tf.cast(extra_kernel, dtype))], axis=-1)
 
+    def search_state(self, state, weights=None):
+        """s [N, n] -> search's state [N, n + n' + 2n]: [s ; W_a s ; U_rz s]
+        (the products `step` needs from it, taken once here)."""
+        weights = weights or self.step_weights()
+        state = tf.cast(state, self.compute_dtype)
+        return tf.concat([state, tf.matmul(state, weights["state"])], axis=-1)
+
     def step(self, previous_embedding, state, keys, projected_annotations, bias, weights=None, beam=1):
         """One decoding step for search.
 
@@ -111,7 +122,7 @@ class AttentionDecoder(keras.layers.Layer):
           previous_embedding: [N, m] E y_{i-1}, N = batch x beam hypotheses
             grouped by sentence (rows k*beam .. k*beam + beam-1 belong to
             sentence k).
-          state: [N, n] s_{i-1}.
+          state: [N, n + n' + 2n] `search_state` of s_{i-1}.
           keys: [batch, Tx, n'] from `precompute`.
           projected_annotations: [batch, Tx, 3n + r] from `project_annotations`.
           bias: [batch, Tx] `score_bias(mask)`.
@@ -120,20 +131,24 @@ class AttentionDecoder(keras.layers.Layer):
           beam: hypotheses per sentence (static).
 
         Returns:
-          (s_i [N, n], sum_j alpha_ij (h_j R) [N, r], alpha_i [batch, beam, Tx] float32).
+          (s_i [N, n], its `search_state` [N, n + n' + 2n] for the next step,
+           sum_j alpha_ij (h_j R) [N, r], alpha_i [batch, beam, Tx] float32).
+          (s_i is returned by itself so that what needs only s_i does not
+          wait for the product in its search state.)
         """
         dtype = self.compute_dtype
         weights = weights or self.step_weights()
+        n, units = self.units, self.attention_units
         state = tf.cast(state, dtype)
+        previous_state, projected = state[:, :n], state[:, n:]
         x_proj = self.cell.project_inputs(previous_embedding, weights["cell"])
-        projected = tf.matmul(state, weights["state"])
-        query_proj = tf.reshape(projected[:, :self.attention_units], [-1, beam, self.attention_units])
+        query_proj = tf.reshape(projected[:, :units], [-1, beam, units])
         weighted, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
         weighted = tf.reshape(weighted, [-1, projected_annotations.shape[-1]])
-        gates = 3 * self.units
-        new_state = self.cell.step(x_proj, state, state_rz=projected[:, self.attention_units:],
+        gates = 3 * n
+        new_state = self.cell.step(x_proj, previous_state, state_rz=projected[:, units:],
                                    kernels=weights["cell"], context_proj=weighted[:, :gates])
-        return new_state, weighted[:, gates:], alpha
+        return new_state, self.search_state(new_state, weights), weighted[:, gates:], alpha
 
     def call(self, target_embeddings, initial_state, annotations, mask, keys=None):
         dtype = self.compute_dtype

@@ -59,10 +59,12 @@ class MaxoutReadout(keras.layers.Layer):
         return tf.cast(tf.concat([self.state_kernel, self.embedding_kernel, self.context_kernel], 0),
                        self.compute_dtype)
 
-    def step_kernel(self):
-        """[U_o; V_o] [n + m, 2l] in the compute dtype, for `step`. Search
-        loops build it once, outside."""
-        return tf.cast(tf.concat([self.state_kernel, self.embedding_kernel], 0), self.compute_dtype)
+    def step_kernels(self) -> dict:
+        """U_o and V_o in the compute dtype, for `step` (search loops take them
+        once, outside). Kept apart, not stacked as [U_o; V_o], so that the
+        V_o E y_{i-1} product, which does not wait for s_i, can run earlier."""
+        dtype = self.compute_dtype
+        return {"state": tf.cast(self.state_kernel, dtype), "embedding": tf.cast(self.embedding_kernel, dtype)}
 
     def _maxout(self, pre):
         if pre.shape.rank == 2:      # search: a static shape, no shape ops in the loop
@@ -77,13 +79,18 @@ class MaxoutReadout(keras.layers.Layer):
                               tf.cast(context, dtype)], axis=-1)
         return self._maxout(project(features, self.fused_kernel(), self.bias))
 
-    def step(self, state, previous_embedding, context_proj, kernel):
+    def step(self, state, previous_embedding, context_proj, kernels):
         """One search step with C_o c_i already computed (`context_proj`
         [N, 2l]: search gets it as sum_j alpha_ij (C_o h_j), from products
-        taken once per sentence); `kernel` is `step_kernel()`."""
+        taken once per sentence); `kernels` is `step_kernels()`.
+
+        U_o s_i and V_o E y_{i-1} + b_o are two products: the second depends
+        only on the previous word, so TensorFlow's executor runs it while the
+        step's attention and GRU (which s_i waits for) are still running."""
         dtype = self.compute_dtype
-        features = tf.concat([tf.cast(state, dtype), tf.cast(previous_embedding, dtype)], axis=-1)
-        return self._maxout(project(features, kernel, self.bias) + tf.cast(context_proj, dtype))
+        embedding_term = project(tf.cast(previous_embedding, dtype), kernels["embedding"], self.bias)
+        pre = tf.matmul(tf.cast(state, dtype), kernels["state"]) + embedding_term + tf.cast(context_proj, dtype)
+        return self._maxout(pre)
 
     def compute_output_shape(self, state_shape, previous_embedding_shape=None, context_shape=None):
         return tuple(state_shape[:-1]) + (self.units,)

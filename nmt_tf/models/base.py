@@ -18,6 +18,22 @@ from nmt_tf.layers.ops import project
 from nmt_tf.text import PAD_ID
 
 
+# Search computes the output layer W_o t_i in this many column blocks (at
+# most; fewer for a vocabulary smaller than that). Each block is its own
+# matmul, so with one intra-op thread per op (nmt_tf.serve's default, the
+# fastest setting for one-sentence requests) the executor's inter-op threads
+# run the blocks in parallel instead of one thread doing the largest product
+# of a step alone. The logits are the same either way.
+OUTPUT_BLOCKS = 4
+
+
+def output_block_bounds(vocab_size: int, blocks: int = OUTPUT_BLOCKS) -> list[tuple[int, int]]:
+    """[(start, end)] column ranges of `blocks` near-equal blocks of the vocabulary."""
+    blocks = max(1, min(blocks, vocab_size))
+    edges = [vocab_size * i // blocks for i in range(blocks + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
 def count_parameters(*weights) -> int:
     """Total number of values in `weights`."""
     return sum(int(w.numpy().size) for w in weights)
@@ -50,11 +66,13 @@ class Seq2SeqModel(keras.Model):
 
       call(inputs, training) -> logits [batch, Ty, K_y] (teacher forcing),
       encode(source_ids) -> dict with "state" s_0 and per-sentence tensors,
-      search_inputs(source_ids, weights) -> dict with "state" s_0 and the
-          per-sentence tensors decode_step uses (encoder outputs and their
-          products with step matrices, one row per sentence),
-      decode_step(previous_ids [batch, K], state [batch, K, n], inputs, weights)
-          -> (log-probs [batch, K, K_y], state [batch, K, n], alpha [batch, K, Tx]),
+      search_inputs(source_ids, weights) -> dict with "state" (search's
+          decoder state [batch, d] for s_0: s_0 itself, or s_0 with products
+          the next step needs) and the per-sentence tensors decode_step uses
+          (encoder outputs and their products with step matrices, one row
+          per sentence),
+      decode_step(previous_ids [batch, K], state [batch, K, d], inputs, weights)
+          -> (log-probs [batch, K, K_y], state [batch, K, d], alpha [batch, K, Tx]),
 
     which with `step_weights()` here is the interface of nmt_tf.search; search
     takes `step_weights()` and `search_inputs` once, outside its loop.
@@ -97,16 +115,18 @@ class Seq2SeqModel(keras.Model):
         self.output_projection.build((None, self.maxout_size))
 
     def step_weights(self) -> dict:
-        """Matrices of one search step, fused and cast to the compute dtype, that
+        """Matrices of one search step, split and cast to the compute dtype, that
         `decode_step` would otherwise rebuild at every step (copying megabytes):
-        the target embeddings, the readout's [U_o; V_o] and C_o, the output
-        layer's and the subclass's `self.decoder.step_weights()`."""
+        the target embeddings, the readout's U_o, V_o and C_o, the output
+        layer's in `OUTPUT_BLOCKS` column blocks and the subclass's
+        `self.decoder.step_weights()`."""
         dtype = self.compute_dtype
+        kernel, bias = self.output_projection.kernel, self.output_projection.bias
+        bounds = output_block_bounds(self.target_vocab_size)
         return {"target_embedding": tf.cast(self.target_embedding.embeddings, dtype),
-                "readout": self.readout.step_kernel(),
+                "readout": self.readout.step_kernels(),
                 "readout_context": tf.cast(self.readout.context_kernel, dtype),
-                "output": (tf.cast(self.output_projection.kernel, dtype),
-                           tf.cast(self.output_projection.bias, dtype)),
+                "output": [(tf.cast(kernel[:, a:b], dtype), tf.cast(bias[a:b], dtype)) for a, b in bounds],
                 "decoder": self.decoder.step_weights()}
 
     def logits(self, states, previous_embeddings, contexts, training=False):
@@ -117,18 +137,24 @@ class Seq2SeqModel(keras.Model):
 
     def step_log_probs(self, state, previous_embedding, readout_context, weights):
         """Search's output distribution: s_i [N, n], E y_{i-1} [N, m] and
-        C_o c_i [N, 2l] -> log p(y_i | y_<i, x) [N, K_y] float32 (no dropout)."""
+        C_o c_i [N, 2l] -> log p(y_i | y_<i, x) [N, K_y] float32 (no dropout).
+
+        The output layer is one product per column block of W_o (see
+        `OUTPUT_BLOCKS`), joined before the softmax: the same numbers as one
+        product, but independent ops that the executor can run side by side."""
         features = self.readout.step(state, previous_embedding, readout_context, weights["readout"])
-        return tf.nn.log_softmax(tf.cast(project(features, *weights["output"]), tf.float32))
+        blocks = [project(features, kernel, bias) for kernel, bias in weights["output"]]
+        logits = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=-1)
+        return tf.nn.log_softmax(tf.cast(logits, tf.float32))
 
     def _search_step_inputs(self, previous_ids, state, weights):
         """decode_step's [batch, K] hypotheses as rows: (K (static), E y_{i-1}
-        [batch * K, m] (looked up in `weights`), s_{i-1} [batch * K, n])."""
+        [batch * K, m] (looked up in `weights`), the state [batch * K, d])."""
         beam = previous_ids.shape[1]
         if beam is None:
             raise ValueError("decode_step needs a static number of hypotheses per sentence")
         previous = tf.gather(weights["target_embedding"], tf.reshape(tf.cast(previous_ids, tf.int32), [-1]))
-        return beam, previous, tf.reshape(state, [-1, self.hidden_size])
+        return beam, previous, tf.reshape(state, [-1, state.shape[-1]])
 
     def embed_target(self, target_ids, training=False):
         return self.embedding_dropout(self.target_embedding(tf.cast(target_ids, tf.int32)), training=training)

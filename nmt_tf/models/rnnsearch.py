@@ -80,13 +80,16 @@ class RNNSearch(Seq2SeqModel):
                 "keys": self.decoder.precompute(annotations)}
 
     def search_inputs(self, source_ids, weights):
-        """`encode` for search: keys, the padding's score bias, s_0 and the
-        annotations projected once per sentence by [C | C_o] (the GRU's and the
-        readout's context matrices; see `AttentionDecoder.project_annotations`)."""
+        """`encode` for search: keys, the padding's score bias, the search
+        state of s_0 (`AttentionDecoder.search_state`: s_0 with its products
+        by W_a and U_rz) and the annotations projected once per sentence by
+        [C | C_o] (the GRU's and the readout's context matrices; see
+        `AttentionDecoder.project_annotations`)."""
         encoded = self.encode(source_ids)
         projected = self.decoder.project_annotations(encoded["annotations"], weights["readout_context"],
                                                      weights["decoder"])
-        return {"keys": encoded["keys"], "bias": score_bias(encoded["mask"]), "state": encoded["state"],
+        return {"keys": encoded["keys"], "bias": score_bias(encoded["mask"]),
+                "state": self.decoder.search_state(encoded["state"], weights["decoder"]),
                 "projected_annotations": projected}
 
     def decode_step(self, previous_ids, state, inputs, weights=None):
@@ -94,24 +97,25 @@ class RNNSearch(Seq2SeqModel):
 
         Args:
           previous_ids: [batch, K] int, y_{i-1} ([BOS] at the first step).
-          state: [batch, K, n] s_{i-1}.
+          state: [batch, K, d] search state of s_{i-1} (d = n + n' + 2n: s
+            with its products by W_a and U_rz, `AttentionDecoder.search_state`).
           inputs: `search_inputs`' dict, one row per sentence (never tiled:
             the K hypotheses of a sentence attend to its annotations together).
           weights: `step_weights()`, taken once outside the search loop
             (built here when None).
 
         Returns:
-          (log p(y_i | y_<i, x) [batch, K, K_y] float32, s_i [batch, K, n],
-           alpha_i [batch, K, Tx] float32).
+          (log p(y_i | y_<i, x) [batch, K, K_y] float32, search state of s_i
+           [batch, K, d], alpha_i [batch, K, Tx] float32).
         """
         weights = weights or self.step_weights()
         beam, previous, state = self._search_step_inputs(previous_ids, state, weights)
-        new_state, readout_context, alpha = self.decoder.step(
+        new_state, search_state, readout_context, alpha = self.decoder.step(
             previous, state, inputs["keys"], inputs["projected_annotations"], inputs["bias"],
             weights["decoder"], beam)
         log_probs = self.step_log_probs(new_state, previous, readout_context, weights)
         return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),
-                tf.reshape(new_state, [-1, beam, self.hidden_size]), alpha)
+                tf.reshape(search_state, [-1, beam, search_state.shape[-1]]), alpha)
 
     def call(self, inputs, training=False, return_alignment=False):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)
