@@ -63,14 +63,17 @@ def _padded(lengths, d):
     return xs, batch, mask
 
 
-def test_bidirectional_gru_matches_reference_per_sentence_with_padding():
-    """A padded batch gives, at real positions, exactly each sentence's own unpadded result."""
+@pytest.mark.parametrize("separate_loops", [False, True])
+def test_bidirectional_gru_matches_reference_per_sentence_with_padding(separate_loops):
+    """A padded batch gives, at real positions, exactly each sentence's own
+    unpadded result, with the directions in one batched loop (training) or in
+    two loops (search)."""
     n, d = 4, 3
     layer = BidirectionalGRU(n)
     xs, batch, mask = _padded([5, 2, 7, 1], d)
     layer.build(batch.shape)
     randomize(layer)
-    got = layer(batch, mask).numpy()
+    got = layer(batch, mask, separate_loops=separate_loops).numpy()
     fw = tuple(w.numpy() for w in (layer.kernels[0], layer.recurrent_kernels[0], layer.biases[0]))
     bw = tuple(w.numpy() for w in (layer.kernels[1], layer.recurrent_kernels[1], layer.biases[1]))
     for i, x in enumerate(xs):

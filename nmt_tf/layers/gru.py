@@ -115,21 +115,32 @@ class BidirectionalGRU(keras.layers.Layer):
     def biases(self):
         return [self.forward_bias, self.backward_bias]
 
-    def call(self, inputs, mask):
+    def call(self, inputs, mask, separate_loops=False):
+        """`separate_loops`: run the two directions as two time loops instead
+        of one (same results). Independent loops run side by side on
+        TensorFlow's inter-op threads, which is faster when each op gets one
+        thread (nmt_tf.serve's default) and needs no stacked copy of the two
+        recurrent matrices per call; training keeps the one batched loop."""
         n = self.units
         dtype = self.compute_dtype
         inputs = tf.cast(inputs, dtype)
         time_major = tf.transpose(inputs, [1, 0, 2])
         forward_x, backward_x = (project(time_major, kernel, bias)                  # [T, B, 3n] each
                                  for kernel, bias in zip(self.kernels, self.biases))
-        # [T, 2, B, 3n]: row 0 read left to right, row 1 right to left.
-        x_proj = tf.stack([forward_x, tf.reverse(backward_x, [0])], axis=1)
-        m = tf.cast(tf.transpose(mask), dtype)[:, None, :, None]          # [T, 1, B, 1]
-        m = tf.concat([m, tf.reverse(m, [0])], axis=1)                    # [T, 2, B, 1]
-        u = tf.cast(tf.stack([tf.convert_to_tensor(k) for k in self.recurrent_kernels]), dtype)  # [2, n, 3n]
-        h0 = tf.zeros(tf.stack([2, tf.shape(inputs)[0], n]), dtype)
-        states = masked_gru_scan(x_proj, m, u, h0)                        # [T, 2, B, n]
-        forward, backward = states[:, 0], tf.reverse(states[:, 1], [0])
+        m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                # [T, B, 1]
+        h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
+        if separate_loops:
+            forward_u, backward_u = (tf.cast(k, dtype) for k in self.recurrent_kernels)
+            forward = masked_gru_scan(forward_x, m, forward_u, h0)                              # [T, B, n]
+            backward = tf.reverse(masked_gru_scan(tf.reverse(backward_x, [0]), tf.reverse(m, [0]),
+                                                  backward_u, h0), [0])
+        else:
+            # [T, 2, B, 3n]: row 0 read left to right, row 1 right to left.
+            x_proj = tf.stack([forward_x, tf.reverse(backward_x, [0])], axis=1)
+            m = tf.concat([m[:, None], tf.reverse(m, [0])[:, None]], axis=1)             # [T, 2, B, 1]
+            u = tf.cast(tf.stack([tf.convert_to_tensor(k) for k in self.recurrent_kernels]), dtype)  # [2, n, 3n]
+            states = masked_gru_scan(x_proj, m, u, tf.stack([h0, h0]))                   # [T, 2, B, n]
+            forward, backward = states[:, 0], tf.reverse(states[:, 1], [0])
         return tf.transpose(tf.concat([forward, backward], axis=-1), [1, 0, 2])
 
     def compute_output_shape(self, input_shape):

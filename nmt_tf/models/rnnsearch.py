@@ -74,7 +74,9 @@ class RNNSearch(Seq2SeqModel):
           "state" s_0 [batch, n] and "keys" U_a h_j + b_a [batch, Tx, n'].
         """
         mask = tf.not_equal(source_ids, PAD_ID)
-        annotations = self.encoder(self.embed_source(source_ids, training), mask)
+        # Outside training, the encoder's two directions run as two loops side
+        # by side (BidirectionalGRU); training keeps its one batched loop.
+        annotations = self.encoder(self.embed_source(source_ids, training), mask, separate_loops=not training)
         state = self.initial_state(annotations[:, 0, self.hidden_size:])   # tanh(W_s <-h_1)
         return {"annotations": annotations, "mask": mask, "state": state,
                 "keys": self.decoder.precompute(annotations)}
