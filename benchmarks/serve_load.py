@@ -36,6 +36,8 @@ absl_flags.DEFINE_list("clients_list", ["1", "32"], "Numbers of concurrent clien
 absl_flags.DEFINE_integer("requests", 400, "Timed requests per measurement.", lower_bound=1)
 absl_flags.DEFINE_integer("warmup", 20, "Untimed requests first.", lower_bound=0)
 absl_flags.DEFINE_boolean("server_onednn", False, "Start nmt_tf.serve with --onednn (its CPU kernels).")
+absl_flags.DEFINE_list("server_args", [], "More flags for the nmt_tf.serve it starts, e.g. "
+                       "--server_args=--intra_op_threads=0,--inter_op_threads=2.")
 absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_flickr.en.gz"), "Sentences.")
 
 
@@ -45,11 +47,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(base_path: str, model_name: str, onednn: bool):
+def start_server(base_path: str, model_name: str, onednn: bool, extra_args=()):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "nmt_tf.serve", f"--port={port}", "--host=127.0.0.1",
                              f"--model_base_path={base_path}", f"--model_name={model_name}", "--threads=32",
-                             f"--{'' if onednn else 'no'}onednn"],
+                             f"--{'' if onednn else 'no'}onednn", *extra_args],
                             cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:                     # wait for "Serving model ..."
@@ -125,7 +127,8 @@ def main(argv):
     if not address:
         if not FLAGS.model_base_path:
             raise app.UsageError("give --server or --model_base_path")
-        proc, address = start_server(FLAGS.model_base_path, FLAGS.model_name, FLAGS.server_onednn)
+        proc, address = start_server(FLAGS.model_base_path, FLAGS.model_name, FLAGS.server_onednn,
+                                     FLAGS.server_args)
     try:
         results = [run(address, FLAGS.model_name, sentences, int(c), FLAGS.requests, FLAGS.warmup)
                    for c in FLAGS.clients_list]
@@ -135,7 +138,7 @@ def main(argv):
             proc.wait()
     server = address
     if proc:
-        server = "nmt_tf.serve --onednn" if FLAGS.server_onednn else "nmt_tf.serve"
+        server = " ".join(["nmt_tf.serve"] + (["--onednn"] if FLAGS.server_onednn else []) + FLAGS.server_args)
     print(json.dumps({"server": server, "results": results}))
 
 

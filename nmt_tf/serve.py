@@ -53,6 +53,18 @@ absl_flags.DEFINE_boolean(
     "on the 2-core reference machine one-sentence requests are faster with TensorFlow's Eigen kernels, "
     "batches of 64 faster with oneDNN (BUILD_NOTES.md, 'Serving latency').")
 
+absl_flags.DEFINE_integer(
+    "intra_op_threads", 1,
+    "Threads one TensorFlow op may use (intra-op parallelism; 0: TensorFlow's default, one per core). "
+    "1 by default: one-sentence requests are fastest that way, the decoder's small matmuls losing more "
+    "to splitting than they gain, while independent ops (the output layer's column blocks, the next "
+    "step's state products) run side by side on the inter-op threads (BUILD_NOTES.md, 'Serving latency'). "
+    "TF Serving's flag: --tensorflow_intra_op_parallelism.", lower_bound=0)
+absl_flags.DEFINE_integer(
+    "inter_op_threads", 0,
+    "TensorFlow ops run at once (inter-op parallelism; 0: TensorFlow's default, one per core). "
+    "TF Serving's flag: --tensorflow_inter_op_parallelism.", lower_bound=0)
+
 DEFAULT_SIGNATURE = "serving_default"
 
 
@@ -331,6 +343,18 @@ def choose_kernels(onednn: bool) -> str:
     return "oneDNN" if onednn else "Eigen (TensorFlow's default kernels without oneDNN)"
 
 
+def set_threads(inter_op: int, intra_op: int) -> str:
+    """Sets TensorFlow's thread pools (before anything runs) and says what
+    TensorFlow reports back."""
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    describe = lambda n: "one per core" if n == 0 else str(n)
+    return (f"intra-op {describe(tf.config.threading.get_intra_op_parallelism_threads())}, "
+            f"inter-op {describe(tf.config.threading.get_inter_op_parallelism_threads())}")
+
+
 def main(argv):
     nmt_flags.start_cli(argv, verbose=True)
     FLAGS = absl_flags.FLAGS
@@ -338,6 +362,7 @@ def main(argv):
         print("error: --model_base_path is required.", file=sys.stderr)
         return 1
     print(f"CPU kernels: {choose_kernels(FLAGS.onednn)}", flush=True)
+    print(f"TensorFlow threads: {set_threads(FLAGS.inter_op_threads, FLAGS.intra_op_threads)}", flush=True)
     try:
         server, registry, port = start_server(
             FLAGS.model_name, FLAGS.model_base_path, FLAGS.port, FLAGS.host, FLAGS.threads,

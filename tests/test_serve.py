@@ -181,12 +181,15 @@ def test_translate_json_lines(exported):
 
 
 @pytest.mark.parametrize("onednn", [False, True])
-def test_serve_chooses_its_cpu_kernels_before_tensorflow_starts(onednn, tmp_path):
+def test_serve_chooses_its_cpu_kernels_and_threads_before_tensorflow_starts(onednn, tmp_path):
     """--onednn sets TF_ENABLE_ONEDNN_OPTS before TensorFlow is imported; TensorFlow
-    itself then says whether its oneDNN operations are on."""
-    flag = "--onednn" if onednn else "--noonednn"
-    result = run_cli("-m", "nmt_tf.serve", flag, f"--model_base_path={tmp_path}", timeout=120,
+    itself then says whether its oneDNN operations are on. The thread pools are
+    set before anything runs (TensorFlow reports them back: default intra-op 1)."""
+    flags = ["--onednn", "--intra_op_threads=2", "--inter_op_threads=3"] if onednn else ["--noonednn"]
+    result = run_cli("-m", "nmt_tf.serve", *flags, f"--model_base_path={tmp_path}", timeout=120,
                      env={"TF_CPP_MIN_LOG_LEVEL": "0", "TF_ENABLE_ONEDNN_OPTS": "0" if onednn else "1"})
     assert result.returncode == 1 and "no SavedModel version" in result.stderr
     assert ("CPU kernels: oneDNN" if onednn else "CPU kernels: Eigen") in result.stdout
     assert ("oneDNN custom operations are on" in result.stderr) == onednn
+    threads = "intra-op 2, inter-op 3" if onednn else "intra-op 1, inter-op one per core"
+    assert f"TensorFlow threads: {threads}" in result.stdout
