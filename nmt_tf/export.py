@@ -53,6 +53,12 @@ from nmt_tf.translator import Translator, restore_model
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
 absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more than the highest existing).", lower_bound=0)
+absl_flags.DEFINE_boolean(
+    "freeze_step_weights", True,
+    "Store the matrices of a search step (the output layer in column blocks, fused and sliced decoder "
+    "matrices) as variables of their own instead of building them from the model's weights on every "
+    "request: one-sentence requests answer about a fifth faster, and the export takes about 60% more "
+    "bytes (BUILD_NOTES.md, 'Serving latency').")
 
 WARMUP_SENTENCES = ["A man is walking his dog in the park.", "Two children are playing.", ""]
 
@@ -111,8 +117,10 @@ def read_metadata(saved_model_dir: str) -> dict:
 
 
 def export(model_dir: str, export_dir: str, options, version: int = 0, checkpoint: str = "best",
-           max_input_length: int = 100, log=print) -> str:
-    """Writes export_dir/<version>/ atomically; returns its path."""
+           max_input_length: int = 100, log=print, freeze_step_weights: bool = True) -> str:
+    """Writes export_dir/<version>/ atomically; returns its path.
+
+    `freeze_step_weights`: see `Seq2SeqModel.freeze_step_weights`."""
     import tensorflow as tf
 
     model, src_tok, tgt_tok, config, checkpoint_path = restore_model(model_dir, checkpoint, log=log)
@@ -123,7 +131,9 @@ def export(model_dir: str, export_dir: str, options, version: int = 0, checkpoin
     os.makedirs(export_dir, exist_ok=True)
     tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    step_weights = model.freeze_step_weights() if freeze_step_weights else []
     module = Translator(model, src_tok, tgt_tok, options, max_input_length).module()
+    module.step_weights = step_weights
     try:
         tf.saved_model.save(module, tmp, signatures={
             "serving_default": module.translate.get_concrete_function(),
@@ -149,7 +159,7 @@ def main(argv):
         return 1
     try:
         export(FLAGS.model_dir, FLAGS.export_dir, nmt_flags.search_options(), FLAGS.version,
-               FLAGS.checkpoint, FLAGS.max_input_length)
+               FLAGS.checkpoint, FLAGS.max_input_length, freeze_step_weights=FLAGS.freeze_step_weights)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

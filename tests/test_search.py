@@ -178,3 +178,17 @@ def test_best_extensions_equal_a_top_k_over_all_candidates(vocab):
     want = np.argsort(-flat, axis=1, kind="stable")[:, :beam]
     np.testing.assert_array_equal(parent * vocab + token, want)
     np.testing.assert_allclose(score, np.take_along_axis(flat, want, 1), rtol=1e-6)
+
+
+def test_frozen_step_weights_give_the_same_search():
+    """Exports keep the step matrices as variables of their own
+    (`freeze_step_weights`): the same hypotheses, scores and alignments."""
+    model = model_with_random_weights()
+    options = SearchOptions(beam_size=4, n_best=2)
+    before = beam_search(model, SOURCES, options)
+    variables = model.freeze_step_weights()
+    assert len(variables) == len(tf.nest.flatten(model.step_weights()))
+    assert all(isinstance(v, tf.Variable) and not v.trainable for v in variables)
+    after = beam_search(model, SOURCES, options)
+    for key in before:
+        np.testing.assert_array_equal(before[key].numpy(), after[key].numpy(), err_msg=key)
