@@ -71,9 +71,10 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0):
 class BidirectionalGRU(keras.layers.Layer):
     """A forward and a backward GRU over a right-padded batch (paper 000 §3.2).
 
-    Both directions advance in the same time loop (one batched matmul per
-    gate group and step), which halves the loop's length compared with two
-    separate RNNs. Padded positions never change a state: the backward GRU
+    In training both directions advance in the same time loop (one batched
+    matmul per gate group and step), which halves the loop's length compared
+    with two separate RNNs; search asks for two loops (`separate_loops`),
+    which run side by side. Padded positions never change a state: the backward GRU
     starts at each sentence's own last word, and the forward states past the
     end are copies of the last real one.
 
