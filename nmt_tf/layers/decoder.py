@@ -76,12 +76,16 @@ class AttentionDecoder(keras.layers.Layer):
         """The matrices of a step, fused, sliced and cast once per sequence.
 
         "state": [W_a | U_r | U_z], everything multiplying s_{i-1} before the
-        reset gate; "cell": the GRU's `step_kernels()`. Building them copies
-        megabytes, so time loops (teacher forcing, search) take them outside.
+        reset gate; "cell": the GRU's `step_kernels()` but its U_rz, which is
+        in "state" (every step here passes U_rz s_{i-1} to the cell, so a
+        second copy would only be built, or stored by a frozen export, for
+        nothing). Building them copies megabytes, so time loops (teacher
+        forcing, search) take them outside.
         """
         n = self.units
         state_kernel = tf.concat([self.attention.query_kernel, self.cell.recurrent_kernel[:, :2 * n]], axis=1)
-        return {"state": tf.cast(state_kernel, self.compute_dtype), "cell": self.cell.step_kernels()}
+        cell = {key: value for key, value in self.cell.step_kernels().items() if key != "recurrent_rz"}
+        return {"state": tf.cast(state_kernel, self.compute_dtype), "cell": cell}
 
     def _step(self, x_proj, state, weights, keys, annotations, bias):
         """Teacher forcing's step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n].
