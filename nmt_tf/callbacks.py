@@ -70,7 +70,7 @@ class DevBleu:
 
     def __init__(self, model, source_tokenizer, target_tokenizer, src_path, tgt_path, options,
                  sentences: int = 0, attention_examples: int = 4, batch_size: int = 64):
-        from nmt_tf import data
+        from nmt_tf import data, metrics
         from nmt_tf.translator import Translator, compiled_translate
 
         pairs = []
@@ -81,6 +81,8 @@ class DevBleu:
                     break
         self.sources = [s for s, _ in pairs]
         self.references = [t for _, t in pairs]
+        self.lang = target_tokenizer.lang
+        self.tokenized_references = metrics.moses_lc_tokenize(self.references, self.lang)
         self.attention_examples = attention_examples
         self.batch_size = batch_size
         translator = Translator(model, source_tokenizer, target_tokenizer, options, max_input_length=250)
@@ -91,11 +93,12 @@ class DevBleu:
         from nmt_tf.translator import translate_lines
 
         out = translate_lines(self.translate, self.sources, self.batch_size)
-        scores = metrics.corpus_scores(out["translation"], self.references)
+        scores = metrics.corpus_scores(out["translation"], self.references, self.lang, self.tokenized_references)
         images = [plots.attention_png(out["source_tokens"][i], out["target_tokens"][i], out["alignment"][i],
                                       title=out["translation"][i][:80])
                   for i in range(min(self.attention_examples, len(self.sources)))]
         return {"bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores["chrf"],
+                "bleu_lc_moses": scores["bleu_lc_moses"],
                 "bleu_signature": scores["bleu_signature"], "sentences": len(self.sources),
                 "examples": list(zip(out["translation"][:3], self.references[:3])), "images": images}
 
@@ -297,7 +300,7 @@ class TrainingController(keras.callbacks.Callback):
         dev = self.evaluator()
         bleu = self.bleu() if self.bleu is not None else None
         if bleu:
-            dev.update({k: bleu[k] for k in ("bleu", "bleu_lc", "chrf", "bleu_signature")})
+            dev.update({k: bleu[k] for k in ("bleu", "bleu_lc", "chrf", "bleu_lc_moses", "bleu_signature")})
             dev["bleu_sentences"] = bleu["sentences"]
         self.last_dev = {**dev, "step": step}
         self.state.last_eval_step.assign(step)
@@ -324,6 +327,8 @@ class TrainingController(keras.callbacks.Callback):
                 tf.summary.scalar("bleu", bleu["bleu"], description=bleu["bleu_signature"])
                 tf.summary.scalar("bleu_lc", bleu["bleu_lc"], description="lowercased BLEU")
                 tf.summary.scalar("chrf", bleu["chrf"])
+                tf.summary.scalar("bleu_lc_moses", bleu["bleu_lc_moses"],
+                                  description="lowercased Moses-tokenized BLEU, as the Multi30k papers score")
                 tf.summary.scalar("best_bleu", float(self.state.best_bleu.numpy()))
                 from nmt_tf.plots import png_to_tensor
 
@@ -337,7 +342,8 @@ class TrainingController(keras.callbacks.Callback):
             f" at step {int(self.state.best_step.numpy()):,}"
         self.log(f"  dev at step {step:,}: NLL/token {dev['nll_per_token']:.4f} (ppl {dev['perplexity']:.2f}), "
                  f"NLL/sentence {dev['nll_per_sentence']:.2f}"
-                 + (f", BLEU {bleu['bleu']:.2f} (lowercased {bleu['bleu_lc']:.2f})" if bleu else "")
+                 + (f", BLEU {bleu['bleu']:.2f} (lowercased {bleu['bleu_lc']:.2f}, "
+                    f"lc Moses-tok {bleu['bleu_lc_moses']:.2f})" if bleu else "")
                  + (" (best)" if improved else f" ({best})") + f" [{time.perf_counter() - t0:.1f}s]")
         if bleu and bleu["examples"]:
             hyp, ref = bleu["examples"][0]

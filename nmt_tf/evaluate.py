@@ -10,7 +10,9 @@ For each model: translates --src with beam search (--beam_size, default 10,
 and the other search flags; a --saved_model uses the settings fixed at its
 export), writes the hypotheses, and reports sacreBLEU on the detokenized
 output against the raw --ref: BLEU cased and lowercased with their signature
-strings, and chrF, as report.json and a table (printed and report.txt).
+strings, and chrF; and lowercased Moses-tokenized BLEU, the way the
+Multi30k / WMT multimodal papers score (nmt_tf.metrics.moses_lc_bleu), as
+report.json and a table (printed and report.txt).
 
 The papers' analyses, in the same report and as PNG plots:
 
@@ -168,8 +170,8 @@ def evaluate_subject(subject: Subject, sources: list[str], references: list[str]
 
     report = {
         "label": subject.label, "model": subject.description, "sentences": len(sources),
-        "all": metrics.corpus_scores(hyps, references),
-        "no_unk": {**metrics.corpus_scores(fixed, [references[i] for i in no_unk]),
+        "all": metrics.corpus_scores(hyps, references, subject.tgt_lang),
+        "no_unk": {**metrics.corpus_scores(fixed, [references[i] for i in no_unk], subject.tgt_lang),
                    "decoding": no_unk_decoding},
         "bleu_by_length": metrics.bleu_by_length([len(w) for w in src_words], hyps, references),
         "bleu_by_unknown": metrics.bleu_by_unknown(unknown, hyps, references),
@@ -192,10 +194,12 @@ def _fmt(value, digits=2):
 
 def format_table(reports: list[dict]) -> str:
     """A readable table of the main scores and the analyses."""
-    lines = [f"{'model':<22} {'BLEU':>6} {'BLEU lc':>8} {'chrF':>6} {'no-UNK BLEU':>12} {'(n)':>6}"]
+    lines = [f"{'model':<22} {'BLEU':>6} {'BLEU lc':>8} {'chrF':>6} {'lc Moses-tok BLEU':>18} "
+             f"{'no-UNK BLEU':>12} {'(n)':>6}"]
     for r in reports:
         lines.append(f"{r['label'][:22]:<22} {_fmt(r['all']['bleu']):>6} {_fmt(r['all']['bleu_lc']):>8} "
-                     f"{_fmt(r['all']['chrf']):>6} {_fmt(r['no_unk']['bleu']):>12} {r['no_unk']['sentences']:>6}")
+                     f"{_fmt(r['all']['chrf']):>6} {_fmt(r['all'].get('bleu_lc_moses')):>18} "
+                     f"{_fmt(r['no_unk']['bleu']):>12} {r['no_unk']['sentences']:>6}")
     lines.append("")
     bins = [b["bin"] for b in reports[0]["bleu_by_length"]]
     lines.append("BLEU by source length (words): " + " ".join(f"{b:>7}" for b in bins))
@@ -210,6 +214,7 @@ def format_table(reports: list[dict]) -> str:
     lines.append(f"BLEU: {reports[0]['all'].get('bleu_signature')}")
     lines.append(f"BLEU lc: {reports[0]['all'].get('bleu_lc_signature')}")
     lines.append(f"chrF: {reports[0]['all'].get('chrf_signature')}")
+    lines.append(f"lc Moses-tok BLEU (as the Multi30k papers score): {reports[0]['all'].get('bleu_lc_moses_signature')}")
     return "\n".join(lines)
 
 

@@ -30,6 +30,25 @@ def test_scores_equal_sacrebleus_own_api():
     assert "case:lc" in got["bleu_lc_signature"]
 
 
+
+def test_lowercased_moses_tokenized_bleu_is_sacrebleu_on_sacremoses_tokens():
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    hyps = ["L'homme porte un « T-shirt » bleu.", "Deux chiens jouent dans l'herbe !"]
+    refs = ["L’homme porte un T-shirt bleu.", "Deux chiens courent dans l'herbe."]
+    tokenized = metrics.moses_lc_tokenize(hyps, "fr")
+    # Lowercased, quotes normalised and escaped, French elision split off, hyphens kept.
+    assert tokenized[0] == "l&apos; homme porte un &quot; t-shirt &quot; bleu ."
+    norm, tok = MosesPunctNormalizer(lang="fr"), MosesTokenizer(lang="fr")
+    by_hand = lambda lines: [tok.tokenize(norm.normalize(l.lower()), escape=True, return_str=True) for l in lines]
+    assert tokenized == by_hand(hyps)
+    expected = sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(by_hand(hyps), [by_hand(refs)])
+    got = metrics.corpus_scores(hyps, refs, "fr")
+    assert got["bleu_lc_moses"] == pytest.approx(expected.score)
+    assert got["bleu_lc_moses"] != pytest.approx(got["bleu_lc"])      # a different tokenization, another number
+    assert "moses-tok-escape:fr" in got["bleu_lc_moses_signature"] and "tok:none" in got["bleu_lc_moses_signature"]
+    assert "bleu_lc_moses" not in metrics.corpus_scores(hyps, refs)     # needs the target language
+
 def test_bleu_by_length_puts_sentences_in_the_right_bins():
     lengths = [5, 10, 11, 25, 61, 100]
     hyps = ["a b c d", "x y z w", "a b c d", "a b c d", "p q r s", "p q r s"]
