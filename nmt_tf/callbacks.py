@@ -122,7 +122,8 @@ class TrainingController(keras.callbacks.Callback):
     """Runs everything between two updates of a training job.
 
     Every update: counts tokens and time (tokens/s), checks the loss is
-    finite, applies the budgets (--max_steps, --max_hours) and SIGINT/SIGTERM.
+    finite, applies the budgets (--max_steps, --max_hours) and SIGINT/SIGTERM;
+    during the first --warmup_steps updates, sets the learning rate.
     Every --log_every_steps: TensorBoard scalars (and a log line when stdout
     is not a terminal). Every --checkpoint_every_steps and at epoch ends:
     a checkpoint. Every --eval_every_steps or at epoch ends: the dev loss,
@@ -219,6 +220,12 @@ class TrainingController(keras.callbacks.Callback):
             self._reset_epoch()
 
     def on_train_batch_begin(self, batch, logs=None):
+        warmup = self.config.warmup_steps
+        if warmup and self.step <= warmup:
+            # Linear warm-up: update k (from 0) uses (k + 1) / warmup of the rate.
+            from nmt_tf.flags import learning_rate
+
+            self.model.optimizer.learning_rate.assign(learning_rate(self.config) * min(1.0, (self.step + 1) / warmup))
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):

@@ -216,6 +216,12 @@ def vocabulary_paths(model_dir: str) -> tuple[str, str]:
     return os.path.join(model_dir, "vocab.src.txt"), os.path.join(model_dir, "vocab.tgt.txt")
 
 
+def sentencepiece_paths(model_dir: str) -> tuple[str, str]:
+    """The SentencePiece models of --tokenizer=sentencepiece (the same bytes
+    twice with --joint_vocabulary)."""
+    return os.path.join(model_dir, "sentencepiece.src.model"), os.path.join(model_dir, "sentencepiece.tgt.model")
+
+
 def word_shortlist_paths(model_dir: str) -> tuple[str, str]:
     """The most frequent training words, as many as the vocabulary size: what
     counts as a known word for the papers' "no UNK" analyses, also for
@@ -227,17 +233,54 @@ def word_splitter(lang: str):
     return lambda lines: text.split_words(text.clean(lines), lang)
 
 
-def _wordpiece_from_corpus(src, tgt, side, lang, other_lang, size, max_len):
-    """Learns WordPiece on the words of one side of the used pairs."""
-    split_this, split_other = word_splitter(lang), word_splitter(other_lang)
+def load_tokenizers(config, model_dir: str):
+    """(source, target) `nmt_tf.text.Tokenizer`s of a model directory's vocabularies."""
+    models = sentencepiece_paths(model_dir) if config.tokenizer == "sentencepiece" else (None, None)
+    return tuple(text.Tokenizer(vocab, config.tokenizer, lang, name=f"{side}_tokenizer", sentencepiece_model=model)
+                 for vocab, model, lang, side in zip(vocabulary_paths(model_dir), models,
+                                                     (config.src_lang, config.tgt_lang), ("source", "target")))
 
-    def words(src_lines, tgt_lines):
-        s, t = (split_this(src_lines), split_other(tgt_lines)) if side == "src" else \
-               (split_other(src_lines), split_this(tgt_lines))
-        valid = _classify(s, t, max_len)[2]
-        return tf.ragged.boolean_mask(s if side == "src" else t, valid)
 
-    return text.wordpiece_vocabulary(parallel_lines(src, tgt).batch(_SCAN_BATCH).map(words), size)
+def _used_pairs(config) -> tf.data.Dataset:
+    """Batches of the training pairs that are used (judged by word counts:
+    sub-word vocabularies are learned from them): {"lines": (source, target)
+    cleaned lines, "words": (source, target) Moses-like words}."""
+    def used(src_lines, tgt_lines):
+        lines = (text.clean(src_lines), text.clean(tgt_lines))
+        words = (text.split_words(lines[0], config.src_lang), text.split_words(lines[1], config.tgt_lang))
+        valid = _classify(*words, config.max_len)[2]
+        return {"lines": tuple(tf.boolean_mask(l, valid) for l in lines),
+                "words": tuple(tf.ragged.boolean_mask(w, valid) for w in words)}
+
+    return parallel_lines(config.train_src, config.train_tgt).batch(_SCAN_BATCH).map(used)
+
+
+def _cleaned_sentences(config, sides):
+    """The cleaned lines of the given sides (0 source, 1 target) of the used pairs, streamed."""
+    for batch in _used_pairs(config).map(lambda b: b["lines"]).prefetch(2).as_numpy_iterator():
+        for side in sides:
+            for line in batch[side]:
+                yield line.decode("utf-8")
+
+
+def _learn_sentencepiece(config, model_dir, log):
+    """Learns the SentencePiece model(s); writes them; returns (source, target) vocabularies."""
+    learn = lambda sides, size: text.learn_sentencepiece(
+        _cleaned_sentences(config, sides), size, config.sentencepiece_type,
+        config.sentencepiece_character_coverage, config.sentencepiece_sample_size, config.seed)
+    if config.joint_vocabulary:
+        joint = learn((0, 1), config.src_vocab_size)
+        models = (joint, joint)
+    else:
+        models = (learn((0,), config.src_vocab_size), learn((1,), config.tgt_vocab_size))
+    for model, path in zip(models, sentencepiece_paths(model_dir)):
+        with open(path + ".tmp", "wb") as f:
+            f.write(model)
+        os.replace(path + ".tmp", path)
+    vocabularies = [text.sentencepiece_vocabulary(m) for m in models]
+    log(f"  SentencePiece ({config.sentencepiece_type}{', joint' if config.joint_vocabulary else ''}) "
+        f"vocabularies: {len(vocabularies[0]):,} source and {len(vocabularies[1]):,} target pieces")
+    return vocabularies
 
 
 def build_vocabularies(config, model_dir: str, log=print):
@@ -266,18 +309,19 @@ def build_vocabularies(config, model_dir: str, log=print):
                 covered = sum(counts[t] for t in vocab[len(text.SPECIAL_TOKENS):])
                 log(f"  {side}: {len(counts):,} word types; the {len(vocab):,}-entry shortlist "
                     f"covers {covered / max(1, sum(counts.values())):.2%} of the words")
+        elif config.tokenizer == "sentencepiece":
+            stats = None   # piece lengths differ from word lengths: scan again later
+            src_vocab, tgt_vocab = _learn_sentencepiece(config, model_dir, log)
         else:
-            stats = None   # sub-word lengths differ from word lengths: scan again later
-            src_vocab = _wordpiece_from_corpus(config.train_src, config.train_tgt, "src", config.src_lang,
-                                               config.tgt_lang, config.src_vocab_size, config.max_len)
-            tgt_vocab = _wordpiece_from_corpus(config.train_src, config.train_tgt, "tgt", config.tgt_lang,
-                                               config.src_lang, config.tgt_vocab_size, config.max_len)
+            stats = None
+            src_vocab, tgt_vocab = (
+                text.wordpiece_vocabulary(_used_pairs(config).map(lambda b, side=side: b["words"][side]), size)
+                for side, size in ((0, config.src_vocab_size), (1, config.tgt_vocab_size)))
             log(f"  WordPiece vocabularies: {len(src_vocab):,} source and {len(tgt_vocab):,} target entries")
         text.write_vocabulary(src_vocab, src_path)
         text.write_vocabulary(tgt_vocab, tgt_path)
-    return (text.Tokenizer(src_path, config.tokenizer, config.src_lang, name="source_tokenizer"),
-            text.Tokenizer(tgt_path, config.tokenizer, config.tgt_lang, name="target_tokenizer"),
-            stats)
+    src_tok, tgt_tok = load_tokenizers(config, model_dir)
+    return src_tok, tgt_tok, stats
 
 
 def no_pairs_message(stats: CorpusStats) -> str:

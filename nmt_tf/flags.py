@@ -28,13 +28,29 @@ flags.DEFINE_string("dev_src", None, "Development (validation) source text, for 
 flags.DEFINE_string("dev_tgt", None, "Development target text, line-aligned with --dev_src.")
 flags.DEFINE_string("src_lang", "en", "Source language code; selects the tokenizer's apostrophe and abbreviation rules (en, fr, de; others get generic rules).")
 flags.DEFINE_string("tgt_lang", "fr", "Target language code (see --src_lang).")
-flags.DEFINE_enum("tokenizer", "word", ["word", "wordpiece"],
+flags.DEFINE_enum("tokenizer", "word", ["word", "wordpiece", "sentencepiece"],
                   "word: the paper's Moses-like words with a shortlist of the most frequent words plus [UNK]. "
                   "wordpiece: the same words cut into WordPiece sub-words (tensorflow-text FastWordpieceTokenizer, "
-                  "vocabulary learned by keras-hub compute_word_piece_vocabulary).")
+                  "vocabulary learned by keras-hub compute_word_piece_vocabulary). "
+                  "sentencepiece: SentencePiece sub-words of the raw text (learned with the sentencepiece package, "
+                  "applied by tensorflow-text's SentencepieceTokenizer; see --sentencepiece_type, --joint_vocabulary).")
+flags.DEFINE_enum("sentencepiece_type", "unigram", ["unigram", "bpe"],
+                  "SentencePiece model of --tokenizer=sentencepiece: unigram language model (Kudo 2018) or BPE "
+                  "(Sennrich et al. 2016).")
+flags.DEFINE_boolean("joint_vocabulary", False,
+                     "--tokenizer=sentencepiece: learn one vocabulary on source and target text together "
+                     "(--src_vocab_size pieces; --tgt_vocab_size must be equal), as BPE recipes often do; needed "
+                     "by --tied_embeddings=all.")
+flags.DEFINE_float("sentencepiece_character_coverage", 1.0,
+                   "Share of the training characters that get pieces of their own; the rest become [UNK] "
+                   "(1.0 for alphabetic scripts, 0.9995 is usual for Chinese or Japanese).",
+                   lower_bound=0.9, upper_bound=1.0)
+flags.DEFINE_integer("sentencepiece_sample_size", 1_000_000,
+                     "Sentences (a random sample of the training lines) SentencePiece learns from, per model.",
+                     lower_bound=1)
 flags.DEFINE_integer("src_vocab_size", 30000, "Source vocabulary size, the special tokens [PAD] [UNK] [BOS] [EOS] included (paper: 30,000).", lower_bound=5)
 flags.DEFINE_integer("tgt_vocab_size", 30000, "Target vocabulary size, special tokens included (paper: 30,000).", lower_bound=5)
-flags.DEFINE_integer("max_len", 50, "Training pairs with more tokens than this on either side are skipped and counted (paper: 30 or 50 words). Tokens are words, or sub-words with --tokenizer=wordpiece.", lower_bound=1)
+flags.DEFINE_integer("max_len", 50, "Training pairs with more tokens than this on either side are skipped and counted (paper: 30 or 50 words). Tokens are words, or sub-words with --tokenizer=wordpiece / sentencepiece.", lower_bound=1)
 flags.DEFINE_integer("batch_size", 80, "Batch size, in sentence pairs (--batch_type=sentences; paper: 80) or in padded tokens of the longer side (--batch_type=tokens).", lower_bound=1)
 flags.DEFINE_enum("batch_type", "sentences", ["sentences", "tokens"], "Unit of --batch_size.")
 flags.DEFINE_integer("pool_size", 1600, "Pairs read, sorted by length and cut into batches together, as in the paper (1,600 pairs = 20 batches of 80); larger pools give batches of more similar length.", lower_bound=1)
@@ -53,11 +69,26 @@ flags.DEFINE_integer("hidden_size", 1000, "GRU state size n, per encoder directi
 flags.DEFINE_integer("attention_size", 1000, "Hidden size n' of the alignment model (paper: 1000).", lower_bound=1)
 flags.DEFINE_integer("maxout_size", 500, "Number of maxout units l of the deep output (paper: 500).", lower_bound=1)
 flags.DEFINE_float("dropout", 0.0, "Dropout rate on embeddings and maxout features during training (paper: none).", lower_bound=0.0, upper_bound=0.95)
+flags.DEFINE_float("annotation_dropout", 0.0,
+                   "Dropout rate on the encoder's outputs during training: RNNsearch's annotations h_j, "
+                   "RNNencdec's summary c (paper: none; nmtpytorch's Multi30k recipes: 0.5).",
+                   lower_bound=0.0, upper_bound=0.95)
+flags.DEFINE_enum("tied_embeddings", "none", ["none", "target", "all"],
+                  "Weight tying (Press & Wolf 2017; paper: none): target: the output layer is the transposed "
+                  "target embedding matrix (needs --maxout_size equal to --embedding_size); all: the source "
+                  "embeddings are that matrix too (needs --joint_vocabulary).")
+flags.DEFINE_float("label_smoothing", 0.0,
+                   "Label smoothing eps of the training loss: (1 - eps) NLL + eps x cross-entropy with the uniform "
+                   "distribution (paper: 0). Reported losses and perplexities stay the plain NLL.",
+                   lower_bound=0.0, upper_bound=0.5)
 
 # ---------------------------------------------------------------- training
 flags.DEFINE_string("model_dir", None, "Directory for vocabularies, resolved flags, checkpoints, TensorBoard logs and the training summary. Rerunning with the same directory resumes.")
 flags.DEFINE_enum("optimizer", "adadelta", ["adadelta", "adam", "sgd", "rmsprop"], "Optimizer (paper: Adadelta).")
 flags.DEFINE_float("learning_rate", None, "Learning rate; default per optimizer: adadelta 1.0 (paper), adam 0.001, rmsprop 0.001, sgd 0.1.", lower_bound=0.0)
+flags.DEFINE_integer("warmup_steps", 0,
+                     "Raise the learning rate linearly from 0 to --learning_rate over this many first updates "
+                     "(0: none, as in the paper).", lower_bound=0)
 flags.DEFINE_float("adadelta_rho", 0.95, "Adadelta decay rate rho (paper: 0.95).")
 flags.DEFINE_float("adadelta_epsilon", 1e-6, "Adadelta epsilon (paper: 1e-6).")
 flags.DEFINE_float("clip_norm", 1.0, "Rescale the gradient when its global L2 norm exceeds this (paper: 1). 0 disables.", lower_bound=0.0)
@@ -113,8 +144,10 @@ flags.DEFINE_string("output", None, "Output file; default stdout.")
 # Flags whose values define the model or its vocabularies: a run resumed in
 # an existing --model_dir must keep them.
 FROZEN_FLAGS = (
-    "tokenizer", "src_lang", "tgt_lang", "src_vocab_size", "tgt_vocab_size", "model", "encoder", "grconv_size",
-    "embedding_size", "hidden_size", "attention_size", "maxout_size", "optimizer",
+    "tokenizer", "sentencepiece_type", "joint_vocabulary", "sentencepiece_character_coverage",
+    "sentencepiece_sample_size", "src_lang", "tgt_lang", "src_vocab_size", "tgt_vocab_size", "model", "encoder",
+    "grconv_size", "embedding_size", "hidden_size", "attention_size", "maxout_size", "tied_embeddings",
+    "optimizer",
 )
 # Flags that are stored in flags.json (everything above but the per-run ones).
 _NOT_STORED = ("dry_run",)
@@ -133,6 +166,14 @@ def start_cli(argv: list[str], verbose: bool = False) -> None:
 def nmt_flag_names() -> list[str]:
     """Names of the training flags (those stored in flags.json)."""
     return list(TRAINING_FLAGS)
+
+
+DEFAULT_LEARNING_RATES = {"adadelta": 1.0, "adam": 1e-3, "rmsprop": 1e-3, "sgd": 0.1}
+
+
+def learning_rate(config) -> float:
+    """--learning_rate, or the default of --optimizer."""
+    return config.learning_rate if config.learning_rate is not None else DEFAULT_LEARNING_RATES[config.optimizer]
 
 
 def search_options():

@@ -5,7 +5,7 @@ with `tf.strings` / tensorflow-text ops, so that the same code runs in the
 tf.data training pipeline and inside an exported SavedModel's graph: a model
 can never see text prepared differently at serving time.
 
-Two tokenizers:
+Three tokenizers:
 
 * ``word`` (the paper's setting): Moses-like splitting of punctuation with the
   case kept, then a shortlist of the most frequent words; every other word
@@ -14,6 +14,12 @@ Two tokenizers:
   WordPiece sub-words by tensorflow-text's ``FastWordpieceTokenizer``; the
   vocabulary is learned from the training data by keras-hub's
   ``compute_word_piece_vocabulary``.
+* ``sentencepiece``: SentencePiece (Kudo & Richardson 2018; unigram or BPE)
+  on the cleaned raw text, no pre-tokenization: the model is learned with
+  the ``sentencepiece`` package (`learn_sentencepiece`) and applied by
+  tensorflow-text's ``SentencepieceTokenizer`` (in TF Serving's op set).
+  Its pieces in id order are the vocabulary; detokenization joins them and
+  turns "▁" back into spaces.
 
 Vocabulary files hold one token per line; the first four lines are always
 the special tokens ``[PAD] [UNK] [BOS] [EOS]`` (ids 0..3). A vocabulary size
@@ -38,7 +44,9 @@ PAD, UNK, BOS, EOS = "[PAD]", "[UNK]", "[BOS]", "[EOS]"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
-TOKENIZERS = ("word", "wordpiece")
+TOKENIZERS = ("word", "wordpiece", "sentencepiece")
+# SentencePiece's word-boundary marker (U+2581), which starts a piece that follows a space.
+SENTENCEPIECE_SPACE = "\u2581"
 # Languages with their own apostrophe and punctuation-spacing rules; any
 # other language code gets the generic rules (apostrophes split off).
 LANGUAGES_WITH_RULES = ("en", "fr", "de")
@@ -257,6 +265,46 @@ def wordpiece_vocabulary(word_batches: tf.data.Dataset, size: int) -> list[str]:
     return [t for t in vocab if t.strip() and not any(c.isspace() for c in t)]
 
 
+def learn_sentencepiece(sentences, size: int, model_type: str = "unigram", character_coverage: float = 1.0,
+                       sample_size: int = 1_000_000, seed: int = 0) -> bytes:
+    """Learns a SentencePiece model of at most `size` pieces; returns the serialized model.
+
+    Args:
+      sentences: iterable of cleaned sentences (str), streamed to the trainer,
+        which keeps a random sample of `sample_size` of them (all if fewer).
+      size: vocabulary size, the special tokens included. The specials get
+        the ids of `SPECIAL_TOKENS` ([PAD] 0, [UNK] 1, [BOS] 2, [EOS] 3), so
+        the model's ids are the model's vocabulary ids. A corpus too small for
+        `size` pieces gives fewer (not an error).
+      model_type: "unigram" (Kudo 2018) or "bpe" (Sennrich et al. 2016).
+      character_coverage: share of the characters covered by the alphabet
+        (1.0 for alphabetic languages; 0.9995 is usual for CJK).
+      seed: seeds the trainer's sampling of sentences.
+    """
+    import io
+
+    import sentencepiece as spm
+
+    spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, model_type=model_type, vocab_size=size,
+        character_coverage=character_coverage, input_sentence_size=sample_size,
+        shuffle_input_sentence=True, hard_vocab_limit=False,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        pad_piece=PAD, unk_piece=UNK, bos_piece=BOS, eos_piece=EOS,
+        num_threads=os.cpu_count() or 1, minloglevel=2)
+    return model.getvalue()
+
+
+def sentencepiece_vocabulary(model: bytes) -> list[str]:
+    """The pieces of a serialized SentencePiece model, in id order."""
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
 # --------------------------------------------------------------------------
 # The tokenizer used by the pipeline and the exported graph
 
@@ -267,8 +315,11 @@ class Tokenizer(tf.Module):
     Args:
       vocabulary: list of tokens (specials first) or the path of a
         vocabulary file.
-      kind: "word" or "wordpiece".
+      kind: "word", "wordpiece" or "sentencepiece".
       lang: language code for the Moses-like rules ("en", "fr", "de", ...).
+      sentencepiece_model: with kind "sentencepiece", the path of the model
+        file (`vocabulary` is then its pieces in id order). An export keeps
+        the file as an asset; tensorflow-text's op holds its bytes.
 
     Shapes:
       tokenize:   [batch] string -> [batch, (tokens)] string (ragged)
@@ -276,10 +327,13 @@ class Tokenizer(tf.Module):
       decode:     [batch, len] int32 (ids after EOS are ignored) -> [batch] string
     """
 
-    def __init__(self, vocabulary, kind: str = "word", lang: str = "en", name=None):
+    def __init__(self, vocabulary, kind: str = "word", lang: str = "en", name=None,
+                 sentencepiece_model: str | None = None):
         super().__init__(name=name)
         if kind not in TOKENIZERS:
             raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZERS)}")
+        if (kind == "sentencepiece") != (sentencepiece_model is not None):
+            raise ValueError("a SentencePiece model file goes with kind 'sentencepiece', and only with it")
         self.kind = kind
         self.lang = lang
         if isinstance(vocabulary, (str, os.PathLike)):
@@ -308,13 +362,25 @@ class Tokenizer(tf.Module):
                 vocab=self.vocabulary, suffix_indicator="##", unknown_token=UNK,
                 no_pretokenization=True, support_detokenization=True,
                 token_out_type=tf.string)
+        if kind == "sentencepiece":
+            import tensorflow_text as tft
+
+            with tf.io.gfile.GFile(sentencepiece_model, "rb") as f:
+                model = f.read()
+            if sentencepiece_vocabulary(model) != self.vocabulary:
+                raise ValueError(f"{sentencepiece_model} does not hold the pieces of the vocabulary "
+                                 f"{vocabulary if isinstance(vocabulary, str) else '(list)'}")
+            self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_model)
+            self._sentencepiece = tft.SentencepieceTokenizer(model=model, out_type=tf.string)
 
     def words(self, text: tf.Tensor) -> tf.RaggedTensor:
         """[batch] raw string -> [batch, (words)] Moses-like words."""
         return split_words(clean(text), self.lang)
 
     def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
-        """[batch] raw string -> [batch, (tokens)] string tokens (sub-words if wordpiece)."""
+        """[batch] raw string -> [batch, (tokens)] string tokens (sub-words unless word)."""
+        if self.kind == "sentencepiece":
+            return self._sentencepiece.tokenize(clean(text))
         words = self.words(text)
         if self.kind == "word":
             return words
@@ -335,6 +401,9 @@ class Tokenizer(tf.Module):
 
     def detokenize(self, tokens: tf.RaggedTensor) -> tf.Tensor:
         """[batch, (tokens)] string tokens -> [batch] text."""
+        if self.kind == "sentencepiece":
+            text = tf.strings.reduce_join(tokens, axis=-1)
+            return tf.strings.strip(tf.strings.regex_replace(text, SENTENCEPIECE_SPACE, " "))
         if self.kind == "wordpiece":
             text = tf.strings.reduce_join(tokens, axis=-1, separator=" ")
             text = tf.strings.regex_replace(text, r"(^| )##", "")

@@ -36,7 +36,6 @@ from absl import app
 
 from nmt_tf import flags as nmt_flags
 
-DEFAULT_LEARNING_RATES = {"adadelta": 1.0, "adam": 1e-3, "rmsprop": 1e-3, "sgd": 0.1}
 EXIT_NAN = 3
 
 
@@ -53,17 +52,38 @@ class NaNLossError(TrainingError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
+def check_config(config) -> None:
+    """Flag combinations that cannot work, as one TrainingError before anything runs."""
+    if config.model == "rnnsearch" and config.encoder != "rnn":
+        raise TrainingError("--encoder=grconv goes with --model=rnnencdec; RNNsearch always uses its "
+                            "bidirectional GRU.")
+    if config.joint_vocabulary:
+        if config.tokenizer != "sentencepiece":
+            raise TrainingError("--joint_vocabulary needs --tokenizer=sentencepiece.")
+        if config.src_vocab_size != config.tgt_vocab_size:
+            raise TrainingError(f"--joint_vocabulary learns one vocabulary: --src_vocab_size "
+                                f"({config.src_vocab_size}) and --tgt_vocab_size ({config.tgt_vocab_size}) "
+                                "must be equal.")
+    if config.tied_embeddings != "none" and config.maxout_size != config.embedding_size:
+        raise TrainingError(f"--tied_embeddings={config.tied_embeddings} needs --maxout_size equal to "
+                            f"--embedding_size (now {config.maxout_size} and {config.embedding_size}): the "
+                            "output layer multiplies the maxout units by the target embeddings.")
+    if config.tied_embeddings == "all" and not config.joint_vocabulary:
+        raise TrainingError("--tied_embeddings=all shares one embedding matrix between source and target "
+                            "words: it needs --joint_vocabulary (with --tokenizer=sentencepiece).")
+
+
 def build_model(config, source_vocab_size: int, target_vocab_size: int):
     """The model named by --model (and --encoder), built (all weights created)."""
     from nmt_tf.models.rnnencdec import RNNEncDec
     from nmt_tf.models.rnnsearch import RNNSearch
 
+    check_config(config)
     common = dict(embedding_size=config.embedding_size, hidden_size=config.hidden_size,
-                  maxout_size=config.maxout_size, dropout=config.dropout)
+                  maxout_size=config.maxout_size, dropout=config.dropout,
+                  annotation_dropout=config.annotation_dropout, tied_embeddings=config.tied_embeddings,
+                  label_smoothing=config.label_smoothing)
     if config.model == "rnnsearch":
-        if config.encoder != "rnn":
-            raise TrainingError("--encoder=grconv goes with --model=rnnencdec; RNNsearch always uses its "
-                                "bidirectional GRU.")
         model = RNNSearch(source_vocab_size, target_vocab_size, attention_size=config.attention_size,
                           name="rnnsearch", **common)
     elif config.model == "rnnencdec":
@@ -78,7 +98,7 @@ def build_model(config, source_vocab_size: int, target_vocab_size: int):
 def make_optimizer(config):
     import keras
 
-    lr = config.learning_rate if config.learning_rate is not None else DEFAULT_LEARNING_RATES[config.optimizer]
+    lr = nmt_flags.learning_rate(config)
     clip = config.clip_norm or None
     if config.optimizer == "adadelta":
         return keras.optimizers.Adadelta(learning_rate=lr, rho=config.adadelta_rho,
@@ -147,6 +167,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     model_dir = config.model_dir
     if os.path.exists(nmt_flags.flags_path(model_dir)):
         config = _check_resume(config, model_dir, set(config) if explicit is None else explicit, log)
+    check_config(config)
     os.makedirs(model_dir, exist_ok=True)
 
     # Corpus checks before anything expensive.

@@ -144,12 +144,10 @@ def restore_model(model_dir: str, checkpoint: str = "best", log=print) -> Restor
     """The trained model of `model_dir` with the chosen weights, and its tokenizers."""
     import tensorflow as tf
 
-    from nmt_tf import data, text, train
+    from nmt_tf import data, train
 
     config = nmt_flags.load_config(model_dir)
-    src_path, tgt_path = data.vocabulary_paths(model_dir)
-    source_tokenizer = text.Tokenizer(src_path, config.tokenizer, config.src_lang, name="source_tokenizer")
-    target_tokenizer = text.Tokenizer(tgt_path, config.tokenizer, config.tgt_lang, name="target_tokenizer")
+    source_tokenizer, target_tokenizer = data.load_tokenizers(config, model_dir)
     model = train.build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     if checkpoint in ("best", "last"):
         path = tf.train.latest_checkpoint(os.path.join(model_dir, "best")) if checkpoint == "best" else None

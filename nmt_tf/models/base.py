@@ -6,7 +6,10 @@ A batch is ``(x, y)`` with ``x = {"source_ids": [B, Tx], "target_ids": [B, Ty]}`
 
 The objective is the mean negative log-likelihood of the target tokens of the
 batch (paper 000 §4 trains on the NLL; the papers report it per sentence too,
-and `train_summary.json` has both).
+and `train_summary.json` has both); with `label_smoothing` = eps > 0 training
+minimises (1 - eps) NLL + eps x (cross-entropy with the uniform distribution)
+per token instead (Szegedy et al. 2016), while every reported loss and
+perplexity stays the plain NLL.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from nmt_tf.text import PAD_ID
 # of a step alone. The logits are the same either way.
 OUTPUT_BLOCKS = 4
 
+TIED_EMBEDDINGS = ("none", "target", "all")
+
 
 def output_block_bounds(vocab_size: int, blocks: int = OUTPUT_BLOCKS) -> list[tuple[int, int]]:
     """[(start, end)] column ranges of `blocks` near-equal blocks of the vocabulary."""
@@ -37,6 +42,28 @@ def output_block_bounds(vocab_size: int, blocks: int = OUTPUT_BLOCKS) -> list[tu
 def count_parameters(*weights) -> int:
     """Total number of values in `weights`."""
     return sum(int(w.numpy().size) for w in weights)
+
+
+def smoothed_token_loss(labels, logits, label_smoothing: float):
+    """Per-token training loss with label smoothing: (1 - eps) (-log p(y)) +
+    eps x mean over the vocabulary of (-log p(v)), without materialising
+    log p: -log p(v) = logsumexp(logits) - logit_v.
+
+    Args:
+      labels: [batch, Ty] int target ids (PAD_ID at padding).
+      logits: [batch, Ty, vocab].
+      label_smoothing: eps in [0, 1).
+
+    Returns:
+      [batch, Ty] float32, zero at padding.
+    """
+    labels = tf.cast(labels, tf.int32)
+    logits = tf.cast(logits, tf.float32)
+    weights = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
+    lse = tf.reduce_logsumexp(logits, axis=-1)
+    label_logit = tf.gather(logits, labels, batch_dims=2)
+    loss = lse - (1.0 - label_smoothing) * label_logit - label_smoothing * tf.reduce_mean(logits, axis=-1)
+    return loss * weights
 
 
 def token_nll(labels, logits):
@@ -60,7 +87,15 @@ class Seq2SeqModel(keras.Model):
 
     Holds what RNNsearch and RNNencdec share: the source and target word
     embeddings (N(0, 0.01^2)), the maxout readout and the output layer, and
-    dropout (on embeddings and maxout features; not in the papers). Subclasses
+    the options that are not in the papers: dropout (`dropout` on embeddings
+    and maxout features, `annotation_dropout` on the encoder's outputs, which
+    subclasses apply), tied embeddings and label smoothing.
+
+    `tied_embeddings` (Press & Wolf 2017): "none" (the papers: an output
+    matrix W_o of its own); "target": W_o = E_y^T, the target embeddings
+    transposed (needs maxout_size == embedding_size; the output layer keeps
+    only its bias); "all": also the source embeddings are E_y (one
+    vocabulary for both sides, e.g. a joint SentencePiece model). Subclasses
     add an encoder and a decoder (`self.decoder`, with its own
     `step_weights()`) and implement
 
@@ -84,26 +119,40 @@ class Seq2SeqModel(keras.Model):
     """
 
     def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int,
-                 hidden_size: int, maxout_size: int, dropout: float = 0.0, **kwargs):
+                 hidden_size: int, maxout_size: int, dropout: float = 0.0, annotation_dropout: float = 0.0,
+                 tied_embeddings: str = "none", label_smoothing: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         from nmt_tf.layers import MaxoutReadout
         from nmt_tf.layers.initializers import weight_init
 
+        if tied_embeddings not in TIED_EMBEDDINGS:
+            raise ValueError(f"tied_embeddings must be one of {', '.join(TIED_EMBEDDINGS)}, got {tied_embeddings!r}")
+        if tied_embeddings != "none" and maxout_size != embedding_size:
+            raise ValueError(f"tied embeddings need maxout_size == embedding_size (the output layer multiplies "
+                             f"the {maxout_size} maxout units by the {embedding_size}-wide target embeddings)")
+        if tied_embeddings == "all" and source_vocab_size != target_vocab_size:
+            raise ValueError("tied_embeddings='all' needs one vocabulary for both sides, got sizes "
+                             f"{source_vocab_size} and {target_vocab_size}")
         self.source_vocab_size = source_vocab_size
         self.target_vocab_size = target_vocab_size
         self.embedding_size = embedding_size
         self.hidden_size = hidden_size
         self.maxout_size = maxout_size
         self.dropout = dropout
-        self.source_embedding = keras.layers.Embedding(
-            source_vocab_size, embedding_size, embeddings_initializer=weight_init(), name="source_embedding")
+        self.annotation_dropout_rate = annotation_dropout
+        self.tied_embeddings = tied_embeddings
+        self.label_smoothing = label_smoothing
         self.target_embedding = keras.layers.Embedding(
             target_vocab_size, embedding_size, embeddings_initializer=weight_init(), name="target_embedding")
+        self.source_embedding = self.target_embedding if tied_embeddings == "all" else keras.layers.Embedding(
+            source_vocab_size, embedding_size, embeddings_initializer=weight_init(), name="source_embedding")
         self.readout = MaxoutReadout(maxout_size, name="readout")
-        self.output_projection = keras.layers.Dense(
-            target_vocab_size, kernel_initializer=weight_init(), name="output_projection")
+        if tied_embeddings == "none":
+            self.output_projection = keras.layers.Dense(
+                target_vocab_size, kernel_initializer=weight_init(), name="output_projection")
         self.embedding_dropout = keras.layers.Dropout(dropout, name="embedding_dropout")
         self.readout_dropout = keras.layers.Dropout(dropout, name="readout_dropout")
+        self.annotation_dropout = keras.layers.Dropout(annotation_dropout, name="annotation_dropout")
         self.nll_sum = keras.metrics.Sum(name="nll_sum")
         self.target_token_count = keras.metrics.Sum(name="target_tokens")
 
@@ -112,7 +161,18 @@ class Seq2SeqModel(keras.Model):
         self.source_embedding.build((None, None))
         self.target_embedding.build((None, None))
         self.readout.build_for(self.hidden_size, self.embedding_size, context_dim)
-        self.output_projection.build((None, self.maxout_size))
+        if self.tied_embeddings == "none":
+            self.output_projection.build((None, self.maxout_size))
+        else:
+            self.output_bias = self.add_weight(name="output_bias", shape=(self.target_vocab_size,),
+                                               initializer="zeros")
+
+    def output_weights(self):
+        """(W_o [l, K_y], b [K_y]) of the output layer; W_o is E_y^T when tied
+        (a transposed copy: for search, which takes it once)."""
+        if self.tied_embeddings == "none":
+            return self.output_projection.kernel, self.output_projection.bias
+        return tf.transpose(self.target_embedding.embeddings), self.output_bias
 
     def step_weights(self) -> dict:
         """Matrices of one search step, split and cast to the compute dtype, that
@@ -124,7 +184,7 @@ class Seq2SeqModel(keras.Model):
         if frozen is not None:
             return tf.nest.map_structure(tf.convert_to_tensor, frozen)
         dtype = self.compute_dtype
-        kernel, bias = self.output_projection.kernel, self.output_projection.bias
+        kernel, bias = self.output_weights()
         bounds = output_block_bounds(self.target_vocab_size)
         return {"target_embedding": tf.cast(self.target_embedding.embeddings, dtype),
                 "readout": self.readout.step_kernels(),
@@ -152,7 +212,11 @@ class Seq2SeqModel(keras.Model):
         """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32."""
         features = self.readout(states, previous_embeddings, contexts)
         features = self.readout_dropout(features, training=training)
-        return tf.cast(self.output_projection(features), tf.float32)
+        if self.tied_embeddings == "none":
+            return tf.cast(self.output_projection(features), tf.float32)
+        # t_i E_y^T + b, without a transposed copy of E_y.
+        return tf.cast(project(features, self.target_embedding.embeddings, self.output_bias,
+                               transpose_kernel=True), tf.float32)
 
     def step_log_probs(self, state, previous_embedding, readout_context, weights):
         """Search's output distribution: s_i [N, n], E y_{i-1} [N, m] and
@@ -182,20 +246,34 @@ class Seq2SeqModel(keras.Model):
         return self.embedding_dropout(self.source_embedding(source_ids), training=training)
 
     def shared_parameter_groups(self) -> dict:
-        return {"source embedding": count_parameters(*self.source_embedding.weights),
+        """Parameter counts of the shared parts; a tied matrix counts once,
+        with the target embedding."""
+        output = (self.output_projection.weights if self.tied_embeddings == "none" else [self.output_bias])
+        return {"source embedding": (0 if self.tied_embeddings == "all"
+                                     else count_parameters(*self.source_embedding.weights)),
                 "target embedding": count_parameters(*self.target_embedding.weights),
                 "maxout readout": count_parameters(*self.readout.weights),
-                "output layer": count_parameters(*self.output_projection.weights)}
+                "output layer": count_parameters(*output)}
 
     def get_config(self):
         return {**super().get_config(), "source_vocab_size": self.source_vocab_size,
                 "target_vocab_size": self.target_vocab_size, "embedding_size": self.embedding_size,
-                "hidden_size": self.hidden_size, "maxout_size": self.maxout_size, "dropout": self.dropout}
+                "hidden_size": self.hidden_size, "maxout_size": self.maxout_size, "dropout": self.dropout,
+                "annotation_dropout": self.annotation_dropout_rate, "tied_embeddings": self.tied_embeddings,
+                "label_smoothing": self.label_smoothing}
 
-    def batch_nll(self, x, y, training=False):
-        """(sum of token NLL, number of target tokens, number of sentences) of a batch."""
-        nll, weights = token_nll(y, self(x, training=training))
-        return tf.reduce_sum(nll), tf.reduce_sum(weights), tf.cast(tf.shape(y)[0], tf.float32)
+    def batch_nll(self, x, y, training=False, return_loss=False):
+        """(sum of token NLL, number of target tokens, number of sentences) of a
+        batch; with `return_loss`, also the sum of the training loss per token
+        (the NLL itself unless label smoothing is on), from the same logits."""
+        logits = self(x, training=training)
+        nll, weights = token_nll(y, logits)
+        out = (tf.reduce_sum(nll), tf.reduce_sum(weights), tf.cast(tf.shape(y)[0], tf.float32))
+        if return_loss:
+            loss = (smoothed_token_loss(y, logits, self.label_smoothing) if self.label_smoothing
+                    else nll)
+            out += (tf.reduce_sum(loss),)
+        return out
 
     def target_log_probs(self, x, y):
         """Forced decoding: log p(y_i | y_<i, x) of each target token.
@@ -213,8 +291,8 @@ class Seq2SeqModel(keras.Model):
     def train_step(self, data):
         x, y = data[0], data[1]
         with tf.GradientTape() as tape:
-            nll_sum, tokens, sentences = self.batch_nll(x, y, training=True)
-            loss = nll_sum / tf.maximum(tokens, 1.0)
+            nll_sum, tokens, sentences, loss_sum = self.batch_nll(x, y, training=True, return_loss=True)
+            loss = loss_sum / tf.maximum(tokens, 1.0)
             if self.losses:
                 loss = loss + tf.add_n([tf.cast(l, tf.float32) for l in self.losses])
             scaled_loss = self.optimizer.scale_loss(loss)
@@ -230,7 +308,7 @@ class Seq2SeqModel(keras.Model):
             self.optimizer.apply_gradients(zip(gradients, variables))
         self.nll_sum.update_state(nll_sum)
         self.target_token_count.update_state(tokens)
-        return {**self._epoch_logs(), "batch_loss": loss, "batch_tokens": tokens,
+        return {**self._epoch_logs(), "batch_loss": nll_sum / tf.maximum(tokens, 1.0), "batch_tokens": tokens,
                 "batch_sentences": sentences, "grad_norm": grad_norm}
 
     def test_step(self, data):

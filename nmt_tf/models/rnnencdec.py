@@ -40,7 +40,8 @@ class RNNEncDec(Seq2SeqModel):
 
     Args:
       source_vocab_size, target_vocab_size, embedding_size, maxout_size,
-        dropout: as for RNNSearch.
+        dropout: as for RNNSearch; **kwargs as for RNNSearch, where
+        annotation_dropout applies to the summary c.
       hidden_size: n, the encoder GRU's and the decoder's state size, and the
         size of the summary c.
       encoder: "rnn" (a GRU) or "grconv".
@@ -96,7 +97,7 @@ class RNNEncDec(Seq2SeqModel):
             last, gates = self.encoder(embedded, mask, return_gates=True)
         else:
             last = self.encoder(embedded, mask)
-        context = self.summarizer(last)
+        context = self.annotation_dropout(self.summarizer(last), training=training)
         out = {"context": context, "context_proj": self.decoder.precompute(context),
                "state": self.initial_state(context), "mask": mask}
         if gates is not None:

@@ -9,8 +9,11 @@
 With the paper's sizes (m=620, n=1000, n'=1000, l=500, 30k vocabularies)
 this model has 80.4 million parameters (SPEC §2; `--dry_run` prints it).
 
-Dropout (`dropout > 0`, not in the paper, useful on small corpora) is applied
-to both embeddings and to the maxout features t_i during training.
+Dropout (not in the paper, useful on small corpora): `dropout` on both
+embeddings and on the maxout features t_i, `annotation_dropout` on the
+annotations h_j (what the alignment model, the context vectors and s_0 see),
+during training only. Tied embeddings and label smoothing: see
+`Seq2SeqModel`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class RNNSearch(Seq2SeqModel):
       attention_size: n', the alignment model's hidden size.
       maxout_size: l, the number of maxout units (the readout has 2l).
       dropout: dropout rate on embeddings and maxout features (training only).
+      **kwargs: annotation_dropout (on h_j), tied_embeddings, label_smoothing
+        (see `Seq2SeqModel`) and Keras' own.
 
     Inputs: {"source_ids": [batch, Tx] int, "target_ids": [batch, Ty] int},
     right-padded with 0.
@@ -77,6 +82,7 @@ class RNNSearch(Seq2SeqModel):
         # Outside training, the encoder's two directions run as two loops side
         # by side (BidirectionalGRU); training keeps its one batched loop.
         annotations = self.encoder(self.embed_source(source_ids, training), mask, separate_loops=not training)
+        annotations = self.annotation_dropout(annotations, training=training)
         state = self.initial_state(annotations[:, 0, self.hidden_size:])   # tanh(W_s <-h_1)
         return {"annotations": annotations, "mask": mask, "state": state,
                 "keys": self.decoder.precompute(annotations)}
