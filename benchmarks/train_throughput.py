@@ -4,7 +4,7 @@ r"""Training throughput benchmark: prints one JSON object.
 
 Trains with exactly the code path of `python -m nmt_tf.train` (the same
 tf.data pipeline, model, optimizer and `model.fit`) on the corpus of the
-flags, and times windows of --window_steps updates after --warmup_steps
+flags, and times windows of --window_steps updates after --untimed_steps
 updates of warm-up (tracing, first allocations). Reports:
 
   target_tokens_per_sec   median over the windows of (target tokens, [EOS]
@@ -34,7 +34,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 
-absl_flags.DEFINE_integer("warmup_steps", 20, "Updates before timing starts.")
+absl_flags.DEFINE_integer("untimed_steps", 20, "Updates before timing starts (tracing, first allocations; not the learning-rate --warmup_steps).")
 absl_flags.DEFINE_integer("window_steps", 30, "Updates per timed window.")
 absl_flags.DEFINE_integer("windows", 5, "Number of timed windows.")
 
@@ -64,12 +64,12 @@ def main(argv):
         def on_train_batch_end(self, batch, logs=None):
             marks.append((time.perf_counter(), float(logs["batch_tokens"])))
 
-    total = FLAGS.warmup_steps + FLAGS.windows * FLAGS.window_steps
+    total = FLAGS.untimed_steps + FLAGS.windows * FLAGS.window_steps
     model.fit(ds.repeat(), steps_per_epoch=total, epochs=1, verbose=0, callbacks=[Timer()],
               shuffle=False)
     rates, step_times = [], []
     for w in range(FLAGS.windows):
-        start = FLAGS.warmup_steps + w * FLAGS.window_steps - 1
+        start = FLAGS.untimed_steps + w * FLAGS.window_steps - 1
         window = marks[start:start + FLAGS.window_steps + 1]
         seconds = window[-1][0] - window[0][0]
         tokens = sum(t for _, t in window[1:])
@@ -80,7 +80,7 @@ def main(argv):
         "windows": [round(r, 1) for r in rates],
         "seconds_per_step": round(statistics.median(step_times), 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "warmup_steps": FLAGS.warmup_steps, "window_steps": FLAGS.window_steps,
+        "untimed_steps": FLAGS.untimed_steps, "window_steps": FLAGS.window_steps,
         "mixed_precision": config.mixed_precision, "jit_compile": config.jit_compile,
         "batch_size": config.batch_size, "batch_type": config.batch_type,
         "sizes": {k: config[k] for k in ("embedding_size", "hidden_size", "attention_size",

@@ -131,14 +131,14 @@ class TrainingController(keras.callbacks.Callback):
     """
 
     def __init__(self, config, state: TrainingState, manager: tf.train.CheckpointManager,
-                 best_manager: tf.train.CheckpointManager | None, evaluator: DevEvaluator | None,
+                 best_checkpoints, evaluator: DevEvaluator | None,
                  log_dir: str, batches_per_epoch: int | None, log=print, print_lines=False,
                  bleu: DevBleu | None = None):
         super().__init__()
         self.config = config
         self.state = state
         self.manager = manager
-        self.best_manager = best_manager
+        self.best_checkpoints = best_checkpoints       # nmt_tf.checkpoints.BestCheckpoints or None
         self.evaluator = evaluator
         self.bleu = bleu
         self.batches_per_epoch = batches_per_epoch
@@ -317,11 +317,11 @@ class TrainingController(keras.callbacks.Callback):
         self.state.best_dev.assign(min(dev["nll_per_token"], float(self.state.best_dev.numpy())))
         if bleu:
             self.state.best_bleu.assign(max(dev["bleu"], float(self.state.best_bleu.numpy())))
+        if self.best_checkpoints is not None:       # a new best is always kept
+            self.best_checkpoints.save(step, dev["bleu"] if by_bleu else dev["nll_per_token"])
         if improved:
             self.state.best_step.assign(step)
             self.state.bad_evals.assign(0)
-            if self.best_manager is not None:
-                self.best_manager.save(checkpoint_number=step)
         else:
             self.state.bad_evals.assign_add(1)
             self._maybe_decay_learning_rate()

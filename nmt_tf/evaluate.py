@@ -5,6 +5,8 @@ Usage:
       --ref=data/multi30k/test_2016_flickr.fr.gz [--out_dir=O] [--beam_size=10]
   python -m nmt_tf.evaluate --model_dir=A --model_dir=B --label=RNNsearch --label=RNNencdec --src=F --ref=G
   python -m nmt_tf.evaluate --saved_model=exports/nmt/1 --src=F --ref=G
+  python -m nmt_tf.evaluate --model_dir=A --average_checkpoints=4 --src=F --ref=G    # mean of the 4 best
+  python -m nmt_tf.evaluate --model_dir=A --ensemble=B --src=F --ref=G                # A and B as one ensemble
 
 For each model: translates --src with beam search (--beam_size, default 10,
 and the other search flags; a --saved_model uses the settings fixed at its
@@ -89,13 +91,18 @@ def _word_set(path: str) -> set:
     return set(text.read_vocabulary(path)[len(text.SPECIAL_TOKENS):])
 
 
-def subject_from_model_dir(model_dir, label, options, checkpoint, max_input_length, out_dir, log):
+def subject_from_model_dir(model_dirs, label, options, weights, max_input_length, out_dir, log,
+                           unk_replacement=None):
+    """`model_dirs`: one model directory, or several decoded as one ensemble;
+    `unk_replacement`: a `nmt_tf.translator.UnkReplacement` or None."""
     from nmt_tf import data
-    from nmt_tf.translator import Translator, compiled_translate, restore_model
+    from nmt_tf.translator import Translator, compiled_translate, restore_ensemble
 
-    restored = restore_model(model_dir, checkpoint, log=log)
+    model_dirs = [model_dirs] if isinstance(model_dirs, str) else list(model_dirs)
+    model_dir = model_dirs[0]
+    restored = restore_ensemble(model_dirs, weights, log=log)
     model, src_tok, tgt_tok, config = restored[:4]
-    make = lambda o: compiled_translate(Translator(model, src_tok, tgt_tok, o, max_input_length))
+    make = lambda o: compiled_translate(Translator(model, src_tok, tgt_tok, o, max_input_length, unk_replacement))
     words = data.word_shortlist_paths(model_dir)
     if not all(os.path.exists(p) for p in words):
         words = data.vocabulary_paths(model_dir) if config.tokenizer == "word" else None
@@ -103,7 +110,8 @@ def subject_from_model_dir(model_dir, label, options, checkpoint, max_input_leng
         raise EvaluationError(f"{model_dir} has no words.src.txt / words.tgt.txt (trained by an older nmt_tf)")
     return Subject(label, make(options), make(dataclasses.replace(options, suppress_unk=True)),
                    config.src_lang, config.tgt_lang, _word_set(words[0]), _word_set(words[1]), out_dir,
-                   f"{model_dir} ({os.path.basename(restored.checkpoint)}, beam {options.beam_size})")
+                   f"{' + '.join(model_dirs)} ({restored.checkpoint}, beam {options.beam_size}"
+                   f"{', [UNK] replaced' if unk_replacement is not None else ''})")
 
 
 def subject_from_saved_model(path, label, out_dir):
@@ -253,14 +261,21 @@ def split_model_args(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]
 
 
 def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: str, out_dir: str | None,
-        options, checkpoint: str, max_input_length: int, batch_size: int, log=print) -> list[dict]:
-    """Evaluates every (kind, path) model; returns their reports."""
+        options, weights, max_input_length: int, batch_size: int, log=print,
+        ensemble: list[str] | None = None, unk_replacement=None) -> list[dict]:
+    """Evaluates every (kind, path) model; returns their reports.
+
+    `weights`: a `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value,
+    for model directories. `ensemble`: further model directories decoded with
+    the (one) --model_dir as one ensemble."""
     sources, references = read_text(src, "src"), read_text(ref, "ref")
     if len(sources) != len(references):
         raise EvaluationError(f"{src} (--src) has {len(sources):,} lines but {ref} (--ref) has "
                               f"{len(references):,} lines.")
     if not models:
         raise EvaluationError("give --model_dir or --saved_model (either may be repeated).")
+    if ensemble and (len(models) != 1 or models[0][0] != "model_dir"):
+        raise EvaluationError("--ensemble goes with exactly one --model_dir (the ensemble's first member).")
     labels = list(labels or [])
     if len(labels) > len(models):
         raise EvaluationError(f"{len(labels)} --label flags for {len(models)} models.")
@@ -273,7 +288,8 @@ def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: 
             raise EvaluationError(f"{path} does not exist (--{kind}).")
         default_dir = os.path.join(path, "eval", src_name) if kind == "model_dir" else os.path.join("eval", src_name)
         model_out = os.path.join(out_dir, label) if out_dir and several else (out_dir or default_dir)
-        subject = (subject_from_model_dir(path, label, options, checkpoint, max_input_length, model_out, log)
+        subject = (subject_from_model_dir([path, *(ensemble or [])], label, options, weights, max_input_length,
+                                          model_out, log, unk_replacement)
                    if kind == "model_dir" else subject_from_saved_model(path, label, model_out))
         reports.append(evaluate_subject(subject, sources, references, batch_size, log))
         write_plots([reports[-1]], model_out, src_name)
@@ -289,8 +305,9 @@ def main(argv):
     FLAGS = absl_flags.FLAGS
     try:
         reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
-                      FLAGS.checkpoint, FLAGS.max_input_length, FLAGS.lines_per_batch)
-    except (EvaluationError, FileNotFoundError) as e:
+                      nmt_flags.weights_choice(), FLAGS.max_input_length, FLAGS.lines_per_batch,
+                      ensemble=FLAGS.ensemble, unk_replacement=nmt_flags.unk_replacement())
+    except (EvaluationError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(format_table(reports))

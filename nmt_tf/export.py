@@ -2,7 +2,14 @@ r"""Exports a trained model as a versioned SavedModel for TensorFlow Serving.
 
 Usage:
   python -m nmt_tf.export --model_dir=runs/m30k --export_dir=exports/nmt [--version=N]
-      [--checkpoint=best|last|PATH] [--beam_size=10 --n_best=1 ...]
+      [--checkpoint=best|last|averaged|PATH] [--beam_size=10 --n_best=1 ...]
+  python -m nmt_tf.export --model_dir=runs/m30k --average_checkpoints=4 --average_from=best --export_dir=E
+  python -m nmt_tf.export --model_dir=runs/a --ensemble=runs/b --ensemble=runs/c --export_dir=E
+
+--average_checkpoints exports the mean of the weights of several checkpoints
+(of each model); --ensemble exports several models as one: at every beam
+step their log-probabilities are averaged inside the graph, so TF Serving
+serves the ensemble as one model (nmt_tf.models.ensemble).
 
 Writes EXPORT_DIR/<version>/ (the next free integer unless --version is
 given) atomically: the SavedModel is written to a hidden temporary folder
@@ -25,6 +32,9 @@ serving_default (= "translate"):
            truncated           [batch] bool, True where the source had more than
                                --max_input_length tokens and was cut to that length
            nbest_translations  [batch, N] string, N = --n_best fixed at export, best first
+  With --replace_unk the translations have each [UNK] replaced by the most
+  attended source word (or its --unk_dictionary translation); target_tokens
+  keep [UNK].
            nbest_scores        [batch, N] float (-1e9 where fewer hypotheses finished)
   An empty or whitespace-only input gives an empty translation with score 0.
 
@@ -49,7 +59,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.translator import Translator, restore_model
+from nmt_tf.translator import Translator, restore_ensemble
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
 absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more than the highest existing).", lower_bound=0)
@@ -88,19 +98,23 @@ def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
 METADATA = "nmt_tf.json"
 
 
-def write_metadata(saved_model_dir: str, model_dir: str, config, options, max_input_length: int,
-                   checkpoint_path: str) -> None:
-    """assets.extra/nmt_tf.json (languages, tokenizer, search settings) and the
-    training word shortlists, for nmt_tf.evaluate / visualize on the export."""
+def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options, max_input_length: int,
+                   weights: str, unk_replacement=None) -> None:
+    """assets.extra/nmt_tf.json (languages, tokenizer, search settings, which
+    weights) and the training word shortlists (of the first model), for
+    nmt_tf.evaluate / visualize on the export."""
     import dataclasses
 
     from nmt_tf import data
 
+    model_dir = model_dirs[0]
     extra = os.path.join(saved_model_dir, "assets.extra")
     os.makedirs(extra, exist_ok=True)
     meta = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
             "model": config.model, "search": dataclasses.asdict(options), "max_input_length": max_input_length,
-            "checkpoint": os.path.basename(checkpoint_path)}
+            "checkpoint": weights, "model_dirs": [os.path.abspath(d) for d in model_dirs],
+            "replace_unk": unk_replacement is not None,
+            "unk_dictionary": unk_replacement.dictionary if unk_replacement is not None else None}
     with open(os.path.join(extra, METADATA), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
     for path in data.word_shortlist_paths(model_dir):
@@ -116,14 +130,19 @@ def read_metadata(saved_model_dir: str) -> dict:
         return json.load(f)
 
 
-def export(model_dir: str, export_dir: str, options, version: int = 0, checkpoint: str = "best",
-           max_input_length: int = 100, log=print, freeze_step_weights: bool = True) -> str:
+def export(model_dir, export_dir: str, options, version: int = 0, weights="best",
+           max_input_length: int = 100, log=print, freeze_step_weights: bool = True,
+           unk_replacement=None) -> str:
     """Writes export_dir/<version>/ atomically; returns its path.
 
+    `model_dir`: a model directory, or a list of several (an ensemble).
+    `weights`: a `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value.
+    `unk_replacement`: a `nmt_tf.translator.UnkReplacement`, or None.
     `freeze_step_weights`: see `Seq2SeqModel.freeze_step_weights`."""
     import tensorflow as tf
 
-    model, src_tok, tgt_tok, config, checkpoint_path = restore_model(model_dir, checkpoint, log=log)
+    model_dirs = [model_dir] if isinstance(model_dir, str) else list(model_dir)
+    model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log)
     version = version or next_version(export_dir)
     final = os.path.join(export_dir, str(version))
     if os.path.exists(final):
@@ -132,7 +151,7 @@ def export(model_dir: str, export_dir: str, options, version: int = 0, checkpoin
     tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     step_weights = model.freeze_step_weights() if freeze_step_weights else []
-    module = Translator(model, src_tok, tgt_tok, options, max_input_length).module()
+    module = Translator(model, src_tok, tgt_tok, options, max_input_length, unk_replacement).module()
     module.step_weights = step_weights
     try:
         tf.saved_model.save(module, tmp, signatures={
@@ -140,12 +159,13 @@ def export(model_dir: str, export_dir: str, options, version: int = 0, checkpoin
             "translate": module.translate.get_concrete_function(),
             "score": module.score.get_concrete_function()})
         write_warmup(tmp)
-        write_metadata(tmp, model_dir, config, options, max_input_length, checkpoint_path)
+        write_metadata(tmp, model_dirs, config, options, max_input_length, checkpoint_path, unk_replacement)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}).\n"
+    log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}"
+        f"{f', an ensemble of {len(model_dirs)} models' if len(model_dirs) > 1 else ''}).\n"
         f"  saved_model_cli show --dir {final} --all\n"
         f"  python -m nmt_tf.translate --saved_model={final} < input.txt")
     return final
@@ -158,8 +178,9 @@ def main(argv):
         print("error: --model_dir and --export_dir are required.", file=sys.stderr)
         return 1
     try:
-        export(FLAGS.model_dir, FLAGS.export_dir, nmt_flags.search_options(), FLAGS.version,
-               FLAGS.checkpoint, FLAGS.max_input_length, freeze_step_weights=FLAGS.freeze_step_weights)
+        export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir, nmt_flags.search_options(),
+               FLAGS.version, nmt_flags.weights_choice(), FLAGS.max_input_length,
+               freeze_step_weights=FLAGS.freeze_step_weights, unk_replacement=nmt_flags.unk_replacement())
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

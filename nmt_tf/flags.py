@@ -96,7 +96,8 @@ flags.DEFINE_integer("max_epochs", 10, "Stop after this many passes over the tra
 flags.DEFINE_integer("max_steps", 0, "Stop after this many updates in total (0: no limit).", lower_bound=0)
 flags.DEFINE_float("max_hours", 0.0, "Stop after this many hours of training, summed over resumed runs (0: no limit).", lower_bound=0.0)
 flags.DEFINE_integer("checkpoint_every_steps", 500, "Save a checkpoint every this many updates (and at the end of every epoch and of the run). A killed run loses at most this many updates.", lower_bound=1)
-flags.DEFINE_integer("keep_checkpoints", 3, "Number of recent checkpoints kept (the best one by dev score is kept apart).", lower_bound=1)
+flags.DEFINE_integer("keep_checkpoints", 3, "Number of recent checkpoints kept (the best ones by dev score are kept apart, see --keep_best_checkpoints).", lower_bound=1)
+flags.DEFINE_integer("keep_best_checkpoints", 1, "Number of checkpoints with the best dev scores kept in best/ (ranked in best/scores.json; more than one for averaging the best, --average_from=best).", lower_bound=1)
 flags.DEFINE_integer("eval_every_steps", 0, "Compute the dev loss every this many updates (0: at the end of every epoch).", lower_bound=0)
 flags.DEFINE_enum("early_stopping_metric", "bleu", ["bleu", "loss"], "Dev metric that selects the best checkpoint (best/), decays the learning rate and stops training early (bleu needs --dev_bleu).")
 flags.DEFINE_boolean("dev_bleu", True, "At every dev evaluation, also translate the dev set and log its BLEU (sacreBLEU, detokenized output against the raw reference) and attention heatmaps.")
@@ -128,12 +129,18 @@ flags.DEFINE_float("min_length_ratio", 0.5, "[EOS] is forbidden before this frac
 flags.DEFINE_integer("max_output_length", 256, "Absolute cap on output tokens.", lower_bound=1)
 flags.DEFINE_boolean("suppress_unk", False, "Never generate [UNK] (how the 'no UNK' column of the paper's Table 1 was decoded).")
 
+flags.DEFINE_boolean("replace_unk", False, "Replace every generated [UNK] by the source word it attended to most (Luong et al. 2015; Jean et al. 2015), or by its translation in --unk_dictionary; for word models. The target_tokens output keeps [UNK].")
+flags.DEFINE_string("unk_dictionary", None, "With --replace_unk: a 'source<TAB>target' file; an attended source word found in it is replaced by its translation instead of being copied (an export keeps the file as an asset).")
+
 SEARCH_FLAGS = tuple(sorted(set(f.name for f in FLAGS.get_flags_for_module(__name__)) - set(TRAINING_FLAGS)))
 
 # ---------------------------------------------------------------- using a trained model (export, translate, evaluate, visualize, serve)
 flags.DEFINE_string("model_name", "nmt", "Model name in TF Serving requests (ModelSpec.name).")
 flags.DEFINE_string("saved_model", None, "A SavedModel version directory written by nmt_tf.export (instead of --model_dir).")
-flags.DEFINE_string("checkpoint", "best", "Weights to use from --model_dir: best (by the dev metric; falls back to last), last, or a checkpoint path.")
+flags.DEFINE_string("checkpoint", "best", "Weights to use from --model_dir: best (by the dev metric; falls back to last), last, averaged (written by nmt_tf.average), or a checkpoint path.")
+flags.DEFINE_integer("average_checkpoints", 1, "Use the mean of the weights of this many checkpoints of --model_dir, taken from --average_from, instead of --checkpoint (1: no averaging).", lower_bound=1)
+flags.DEFINE_multi_string("ensemble", None, "Further model directories decoded together with --model_dir as one ensemble: their log-probabilities are averaged at every search step (nmt_tf.export puts the ensemble into one SavedModel). Repeat the flag for each; the models must share their vocabularies.")
+flags.DEFINE_enum("average_from", "best", ["best", "last"], "Checkpoints that --average_checkpoints averages: best (by dev score, best/; train with --keep_best_checkpoints) or last (checkpoints/; --keep_checkpoints).")
 flags.DEFINE_integer("max_input_length", 100, "Longer inputs are cut to this many tokens (the 'truncated' output says so); bounds the work one sentence can cause.", lower_bound=1)
 flags.DEFINE_integer("lines_per_batch", 64, "Sentences translated together.", lower_bound=1)
 flags.DEFINE_string("server", None, "HOST:PORT of a TF Serving-compatible gRPC server (the official tensorflow_model_server or nmt_tf.serve), instead of --saved_model.")
@@ -174,6 +181,22 @@ DEFAULT_LEARNING_RATES = {"adadelta": 1.0, "adam": 1e-3, "rmsprop": 1e-3, "sgd":
 def learning_rate(config) -> float:
     """--learning_rate, or the default of --optimizer."""
     return config.learning_rate if config.learning_rate is not None else DEFAULT_LEARNING_RATES[config.optimizer]
+
+
+def weights_choice():
+    """`nmt_tf.checkpoints.WeightsChoice` from --checkpoint, --average_checkpoints and --average_from."""
+    from nmt_tf.checkpoints import WeightsChoice
+
+    return WeightsChoice(FLAGS.checkpoint, FLAGS.average_checkpoints, FLAGS.average_from)
+
+
+def unk_replacement():
+    """`nmt_tf.translator.UnkReplacement` from --replace_unk / --unk_dictionary, or None."""
+    from nmt_tf.translator import UnkReplacement
+
+    if FLAGS.unk_dictionary and not FLAGS.replace_unk:
+        raise ValueError("--unk_dictionary goes with --replace_unk.")
+    return UnkReplacement(FLAGS.unk_dictionary) if FLAGS.replace_unk else None
 
 
 def search_options():

@@ -410,11 +410,15 @@ class Tokenizer(tf.Module):
             tokens = tf.strings.split(text)
         return join_words(tokens, self.lang)
 
-    def decode(self, ids: tf.Tensor) -> tf.Tensor:
-        """[batch, len] ids -> [batch] text; stops at the first EOS, drops PAD/BOS."""
+    def decode(self, ids: tf.Tensor, tokens: tf.Tensor | None = None) -> tf.Tensor:
+        """[batch, len] ids -> [batch] text; stops at the first EOS, drops PAD/BOS.
+
+        `tokens`: [batch, len] strings to write instead of the ids' own
+        (`[UNK]` replacement), kept where the ids are kept."""
         ids = tf.convert_to_tensor(ids)
         ids = tf.cast(ids, tf.int32)
         before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=-1) == 0
         keep = before_eos & (ids != PAD_ID) & (ids != BOS_ID)
-        kept = tf.ragged.boolean_mask(ids, keep)
-        return self.detokenize(tf.ragged.map_flat_values(self.id_to_token, kept))
+        if tokens is None:
+            return self.detokenize(tf.ragged.map_flat_values(self.id_to_token, tf.ragged.boolean_mask(ids, keep)))
+        return self.detokenize(tf.ragged.boolean_mask(tokens, keep))

@@ -18,7 +18,7 @@ Outputs in --model_dir:
   vocab.src.txt, vocab.tgt.txt
   corpus_stats.json         what validation found (counts of skipped lines)
   checkpoints/              the last --keep_checkpoints checkpoints
-  best/                     the weights with the best dev loss
+  best/                     the --keep_best_checkpoints weights with the best dev scores (scores.json)
   logs/train, logs/dev      TensorBoard
   train_summary.json        steps, epochs, time, train / dev NLL, tokens/s
 """
@@ -160,7 +160,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     import tensorflow as tf
 
     from nmt_tf import callbacks as cb
-    from nmt_tf import data
+    from nmt_tf import checkpoints, data
 
     if not config.model_dir:
         raise TrainingError("--model_dir is required.")
@@ -203,11 +203,8 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
 
     state = cb.TrainingState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, state=state)
-    manager = tf.train.CheckpointManager(checkpoint, os.path.join(model_dir, "checkpoints"),
+    manager = tf.train.CheckpointManager(checkpoint, checkpoints.checkpoints_dir(model_dir),
                                          max_to_keep=config.keep_checkpoints, checkpoint_name="ckpt")
-    best_manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
-                                              os.path.join(model_dir, "best"), max_to_keep=1,
-                                              checkpoint_name="best") if has_dev else None
     if manager.latest_checkpoint:
         # Weights and optimizer must match exactly; training-state counters
         # added by a newer nmt_tf keep their defaults when a checkpoint lacks them.
@@ -236,8 +233,11 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                           sentences=config.dev_bleu_sentences, attention_examples=config.attention_examples)
     elif config.early_stopping_metric == "bleu" and has_dev:
         log("Dev BLEU is off (--nodev_bleu): the best checkpoint and early stopping use the dev loss.")
+    best_checkpoints = checkpoints.BestCheckpoints(
+        tf.train.Checkpoint(model=model), checkpoints.best_dir(model_dir), config.keep_best_checkpoints,
+        higher_is_better=bleu is not None and config.early_stopping_metric == "bleu") if has_dev else None
     print_lines = not cb.is_terminal()
-    controller = cb.TrainingController(config, state, manager, best_manager, evaluator,
+    controller = cb.TrainingController(config, state, manager, best_checkpoints, evaluator,
                                        os.path.join(model_dir, "logs"), n_batches, log=log,
                                        print_lines=print_lines, bleu=bleu)
     controller.set_model(model)
@@ -303,7 +303,8 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                       "lowest_perplexity": math.exp(min(float(state.best_dev.numpy()), 700.0))}
                      if int(state.best_step.numpy()) >= 0 else None),
         "checkpoint": manager.latest_checkpoint,
-        "best_checkpoint": best_manager.latest_checkpoint if best_manager else None,
+        "best_checkpoint": (os.path.join(checkpoints.best_dir(model_dir), best_checkpoints.ranking[0]["path"])
+                            if best_checkpoints and best_checkpoints.ranking else None),
         "corpus": {"train": _stats_dict(stats), "dev": _stats_dict(dev_stats) if dev_stats else None},
     }
     path = os.path.join(model_dir, "train_summary.json")

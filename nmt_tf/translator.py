@@ -25,6 +25,72 @@ class RestoredModel(NamedTuple):
     checkpoint: str        # the checkpoint path the weights came from
 
 
+class UnkReplacement:
+    """[UNK] replacement from attention (Luong et al. 2015; Jean et al. 2015),
+    in TF ops: each generated [UNK] becomes the source token it attended to
+    most (the largest alpha_ij over the source words, [EOS] excluded), or
+    that token's translation when `dictionary` has one.
+
+    Args:
+      dictionary: optional path of a "source<TAB>target" file, one entry per
+        line and per source word (checked: a malformed or repeated entry is a
+        ValueError naming its line); an export keeps it as an asset.
+
+    Meant for word models, where [UNK] stands for a rare word (names,
+    numbers) that often passes unchanged; with sub-word models [UNK] is rare.
+    """
+
+    def __init__(self, dictionary: str | None = None):
+        import tensorflow as tf
+
+        self.dictionary = dictionary
+        self.table = None
+        if dictionary:
+            check_dictionary(dictionary)
+            self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+                dictionary, tf.string, 0, tf.string, 1, delimiter="\t"), default_value="")
+
+    def __call__(self, ids, alignments, source_tokens):
+        """ids [B, N, T] int, alignments [B, N, T, S] float, source_tokens [B, S]
+        string ("" padding, "[EOS]" last) -> [B, N, T] string tokens with the
+        replacements (other positions: ""; the caller keeps the ids' own there)."""
+        import tensorflow as tf
+
+        from nmt_tf.text import EOS
+
+        shape = tf.shape(ids)
+        words = (source_tokens != "") & (source_tokens != EOS)                                   # [B, S]
+        scores = tf.where(words[:, None, None, :], alignments, -1.0)
+        position = tf.reshape(tf.argmax(scores, axis=-1, output_type=tf.int32), [shape[0], -1])
+        copied = tf.reshape(tf.gather(source_tokens, position, batch_dims=1), shape)
+        if self.table is not None:
+            translated = self.table.lookup(copied)
+            copied = tf.where(translated != "", translated, copied)
+        # A source of no words (all padding) has nothing to copy.
+        return tf.where(tf.reduce_any(words, axis=1)[:, None, None], copied, "")
+
+
+def check_dictionary(path: str) -> int:
+    """Checks a "source<TAB>target" dictionary file (UTF-8, one entry per line,
+    no source word twice, no empty field); returns its number of entries."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist (--unk_dictionary)")
+    seen = {}
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path} line {number}: not UTF-8") from None
+            fields = line.split("\t")
+            if len(fields) != 2 or not all(fields):
+                raise ValueError(f"{path} line {number}: expected 'source<TAB>target', got {line[:80]!r}")
+            if fields[0] in seen:
+                raise ValueError(f"{path} line {number}: {fields[0]!r} has an entry already (line {seen[fields[0]]})")
+            seen[fields[0]] = number
+    return len(seen)
+
+
 class Translator:
     """Builds the serving functions around a model and its tokenizers.
 
@@ -33,7 +99,8 @@ class Translator:
     assets) and the two tf.functions.
     """
 
-    def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int):
+    def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int,
+                 unk_replacement: UnkReplacement | None = None):
         import tensorflow as tf
 
         self.tf = tf
@@ -42,6 +109,7 @@ class Translator:
         self.target_tokenizer = target_tokenizer
         self.options = options
         self.max_input_length = max_input_length
+        self.unk_replacement = unk_replacement
 
     def _ids(self, tokenizer, text, add_bos=False):
         """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
@@ -68,7 +136,7 @@ class Translator:
 
     def translate(self, text):
         from nmt_tf.search import search
-        from nmt_tf.text import PAD_ID
+        from nmt_tf.text import PAD_ID, UNK_ID
 
         tf = self.tf
         source, _, source_tokens, truncated, empty = self._ids(self.source_tokenizer, text)
@@ -76,7 +144,13 @@ class Translator:
         out = search(self.model, source, self.options)
         batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
         flat = tf.reshape(out["tokens"], [batch * n, -1])
-        texts = tf.reshape(self.target_tokenizer.decode(flat), [batch, n])
+        replaced = None
+        if self.unk_replacement is not None:
+            replacements = self.unk_replacement(out["tokens"], out["alignments"], source_tokens)
+            tokens = self.target_tokenizer.id_to_token(out["tokens"])
+            use = (out["tokens"] == UNK_ID) & (replacements != "")
+            replaced = tf.reshape(tf.where(use, replacements, tokens), tf.shape(flat))
+        texts = tf.reshape(self.target_tokenizer.decode(flat, replaced), [batch, n])
         keep = ~empty
         texts = tf.where(keep[:, None], texts, "")
         scores = tf.where(keep[:, None], out["scores"], 0.0)
@@ -122,6 +196,8 @@ class Translator:
         module.model_variables = tf_variables(self.model)
         module.source_tokenizer = self.source_tokenizer
         module.target_tokenizer = self.target_tokenizer
+        if self.unk_replacement is not None and self.unk_replacement.table is not None:
+            module.unk_dictionary = self.unk_replacement.table      # the dictionary file becomes an asset
         module.translate = tf.function(self.translate, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
         module.score = tf.function(self.score, input_signature=[
@@ -130,9 +206,12 @@ class Translator:
 
 
 def tf_variables(model) -> list:
-    """The tf.Variables under a Keras 3 model's variables (TensorFlow backend)."""
+    """The tf.Variables under a Keras 3 model's variables (TensorFlow backend),
+    of every member of an ensemble."""
     import tensorflow as tf
 
+    if hasattr(model, "members"):
+        return [v for member in model.members for v in tf_variables(member)]
     out = [v.value for v in model.variables]
     wrong = [v.path for v, value in zip(model.variables, out) if not isinstance(value, tf.Variable)]
     if wrong:
@@ -140,25 +219,61 @@ def tf_variables(model) -> list:
     return out
 
 
-def restore_model(model_dir: str, checkpoint: str = "best", log=print) -> RestoredModel:
-    """The trained model of `model_dir` with the chosen weights, and its tokenizers."""
+def restore_model(model_dir: str, weights="best", log=print) -> RestoredModel:
+    """The trained model of `model_dir` with the chosen weights, and its tokenizers.
+
+    `weights`: a `nmt_tf.checkpoints.WeightsChoice`, or just the checkpoint
+    (best, last, averaged or a path). With averaging, RestoredModel.checkpoint
+    says which checkpoints were averaged."""
     import tensorflow as tf
 
-    from nmt_tf import data, train
+    from nmt_tf import checkpoints, data, train
 
+    if isinstance(weights, str):
+        weights = checkpoints.WeightsChoice(checkpoint=weights)
     config = nmt_flags.load_config(model_dir)
     source_tokenizer, target_tokenizer = data.load_tokenizers(config, model_dir)
     model = train.build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-    if checkpoint in ("best", "last"):
-        path = tf.train.latest_checkpoint(os.path.join(model_dir, "best")) if checkpoint == "best" else None
-        path = path or tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-        if path is None:
-            raise FileNotFoundError(f"no checkpoint in {model_dir} (train first)")
+    if weights.average > 1:
+        paths = checkpoints.checkpoint_paths(model_dir, weights.average_from, weights.average)
+        if len(paths) < weights.average:
+            log(f"Only {len(paths)} {weights.average_from} checkpoints in {model_dir}, not {weights.average}: "
+                "averaging those.")
+        checkpoints.average_into(model, paths)
+        path = (f"mean of {len(paths)} {weights.average_from} checkpoints "
+                f"({', '.join(os.path.basename(p) for p in paths)})")
     else:
-        path = checkpoint
-    tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
+        path = checkpoints.resolve(model_dir, weights.checkpoint)
+        tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
     log(f"Loaded {path}")
     return RestoredModel(model, source_tokenizer, target_tokenizer, config, path)
+
+
+def restore_ensemble(model_dirs: list[str], weights="best", log=print) -> RestoredModel:
+    """Several trained models as one `nmt_tf.models.Ensemble` (a single model
+    directory gives that model itself). They must share tokenizer, languages
+    and vocabularies (the source is tokenized once and the log-probabilities
+    of the same target tokens are averaged); the first one's tokenizers and
+    flags are returned."""
+    from nmt_tf import data
+    from nmt_tf.models.ensemble import Ensemble
+
+    restored = [restore_model(d, weights, log=log) for d in model_dirs]
+    if len(restored) == 1:
+        return restored[0]
+    first = restored[0]
+    for model_dir, member in zip(model_dirs[1:], restored[1:]):
+        for key in ("tokenizer", "src_lang", "tgt_lang"):
+            if member.config[key] != first.config[key]:
+                raise ValueError(f"{model_dir} has --{key}={member.config[key]}, {model_dirs[0]} has "
+                                 f"{first.config[key]}: ensemble members must share it")
+        pairs = ((first.source_tokenizer, member.source_tokenizer), (first.target_tokenizer, member.target_tokenizer))
+        for side, path, (a, b) in zip(("source", "target"), data.vocabulary_paths(model_dir), pairs):
+            if a.vocabulary != b.vocabulary:
+                raise ValueError(f"{path} differs from the {side} vocabulary of {model_dirs[0]}: ensemble "
+                                 "members must share their vocabularies")
+    return RestoredModel(Ensemble([r.model for r in restored]), first.source_tokenizer, first.target_tokenizer,
+                         first.config, "; ".join(f"{d}: {r.checkpoint}" for d, r in zip(model_dirs, restored)))
 
 
 def load_saved_model(path: str):

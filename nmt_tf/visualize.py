@@ -45,7 +45,7 @@ class VisualizeError(ValueError):
     """A problem with the user's flags or files, in one sentence."""
 
 
-def translate_function(saved_model: str | None, model_dir: str | None, options, checkpoint: str,
+def translate_function(saved_model: str | None, model_dir: str | None, options, checkpoint,
                        max_input_length: int):
     """[batch] string -> the serving signature's outputs, from a SavedModel or a model directory."""
     import tensorflow as tf
@@ -97,7 +97,7 @@ def render(translate_fn, sentences: list[str], names: list[str], out_paths: list
     return drawn
 
 
-def render_grconv(model_dir: str, checkpoint: str, sentences: list[str], names: list[str], out_paths: list[str],
+def render_grconv(model_dir: str, checkpoint, sentences: list[str], names: list[str], out_paths: list[str],
                   threshold: float = 0.1, logdir: str | None = None) -> list[dict]:
     """Draws the grConv structure of each sentence; returns what was drawn."""
     import tensorflow as tf
@@ -146,12 +146,12 @@ def main(argv):
             out_dir = FLAGS.out or kind
             paths = [os.path.join(out_dir, f"{kind}_{n}.png") for n in names]
         if FLAGS.grconv:
-            for item in render_grconv(FLAGS.model_dir, FLAGS.checkpoint, sentences, names, paths,
+            for item in render_grconv(FLAGS.model_dir, nmt_flags.weights_choice(), sentences, names, paths,
                                       FLAGS.grconv_threshold, FLAGS.logdir):
                 print(f"{item['path']}: {' '.join(item['tokens'])}")
             return 0
         fn = translate_function(FLAGS.saved_model, FLAGS.model_dir, nmt_flags.search_options(),
-                                FLAGS.checkpoint, FLAGS.max_input_length)
+                                nmt_flags.weights_choice(), FLAGS.max_input_length)
         for item in render(fn, sentences, names, paths, FLAGS.logdir):
             print(f"{item['path']}: {item['translation']}")
     except (VisualizeError, TranslationError, FileNotFoundError, OSError) as e:

@@ -91,7 +91,8 @@ def rnnsearch_weights(model):
         "dec": (g(dec.cell.kernel), g(dec.cell.recurrent_kernel), g(dec.cell.bias),
                 g(dec.cell.context_kernel)),
         "readout": (g(ro.state_kernel), g(ro.embedding_kernel), g(ro.context_kernel), g(ro.bias)),
-        "Wo": g(model.output_projection.kernel), "bo": g(model.output_projection.bias),
+        # Tied embeddings: W_o is E_y^T.
+        "Wo": g(model.output_weights()[0]), "bo": g(model.output_weights()[1]),
     }
 
 

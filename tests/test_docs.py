@@ -45,7 +45,7 @@ def test_every_flag_is_in_the_readme(name):
 def test_flagfiles_parse(path):
     try:
         flags.FLAGS(["train", f"--flagfile={path}"])
-        assert flags.config_from_flags().tokenizer in ("word", "wordpiece")
+        assert flags.config_from_flags().tokenizer in ("word", "wordpiece", "sentencepiece")
     finally:
         flags.FLAGS.unparse_flags()
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from conftest import REPO, run_cli
 from nmt_tf import export, search, train
+from nmt_tf.translator import restore_model
 
 OPTIONS = search.SearchOptions(beam_size=3, n_best=2)
 
@@ -27,6 +28,42 @@ def wordpiece_export(tiny_config, tmp_path_factory):
     model_dir = str(d / "model")
     train.train(tiny_config(model_dir=model_dir, tokenizer="wordpiece", max_steps=2), log=lambda *a: None)
     return export.export(model_dir, str(d / "export"), OPTIONS, log=lambda *a: None)
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_export(tiny_config, tmp_path_factory):
+    """(model directory, export) of a tiny --tokenizer=sentencepiece model (joint, unigram)."""
+    d = tmp_path_factory.mktemp("sentencepiece")
+    model_dir = str(d / "model")
+    train.train(tiny_config(model_dir=model_dir, tokenizer="sentencepiece", joint_vocabulary=True,
+                            src_vocab_size=150, tgt_vocab_size=150, max_steps=2), log=lambda *a: None)
+    # Long enough for every Multi30k val sentence in tiny pieces (none cut).
+    return model_dir, export.export(model_dir, str(d / "export"), OPTIONS, max_input_length=400,
+                                    log=lambda *a: None)
+
+
+def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentencepiece_export):
+    """Multi30k val through the training pipeline and through the exported
+    graph: the same pieces; the SentencePiece model files are assets."""
+    from nmt_tf import data, flags
+
+    model_dir, path = sentencepiece_export
+    assert sorted(os.listdir(os.path.join(path, "assets"))) == [
+        "sentencepiece.src.model", "sentencepiece.tgt.model", "vocab.src.txt", "vocab.tgt.txt"]
+    src_tok, tgt_tok = data.load_tokenizers(flags.load_config(model_dir), model_dir)
+    src, tgt = (os.path.join(REPO, "data", "multi30k", f"val.{lang}.gz") for lang in ("en", "fr"))
+    pipeline = data.make_dataset(src, tgt, src_tok, tgt_tok, max_len=1000, batch_size=1, pool_size=1)
+    source_ids = [x["source_ids"][0].numpy().tolist() for x, _ in pipeline]
+    with open(src, "rb") as f:
+        import gzip
+
+        lines = gzip.decompress(f.read()).decode("utf-8").splitlines()
+    assert len(source_ids) == len(lines) == 1014
+    out = tf.saved_model.load(path).signatures["serving_default"](text=tf.constant(lines))
+    vocab = {piece: i for i, piece in enumerate(src_tok.vocabulary)}
+    exported = [[vocab.get(t.decode(), 1) for t in row if t] for row in out["source_tokens"].numpy()]
+    assert not out["truncated"].numpy().any() and exported == source_ids
+    assert sum(len(r) for r in exported) > 1.2 * sum(len(l.split()) + 1 for l in lines)   # pieces, not words
 
 
 def test_versions_are_numbered_and_written_atomically(exported, tmp_path):
@@ -63,7 +100,7 @@ def test_translate_signature_outputs(signatures):
 
 
 def test_translation_equals_the_python_search(exported, signatures):
-    model, src_tok, tgt_tok = export.restore_model(exported[0], log=lambda *a: None)[:3]
+    model, src_tok, tgt_tok = restore_model(exported[0], log=lambda *a: None)[:3]
     text = tf.constant(["A man in a blue shirt."])
     ids = src_tok.encode(text).to_tensor()
     ids = tf.concat([ids, tf.fill([1, 1], 3)], axis=1)
@@ -75,7 +112,7 @@ def test_translation_equals_the_python_search(exported, signatures):
 
 
 def test_score_signature_is_forced_decoding(exported, signatures):
-    model, src_tok, tgt_tok = export.restore_model(exported[0], log=lambda *a: None)[:3]
+    model, src_tok, tgt_tok = restore_model(exported[0], log=lambda *a: None)[:3]
     out = signatures["score"](source=tf.constant(["A man.", "Two dogs run ."]),
                               target=tf.constant(["Un homme.", "Deux chiens courent."]))
     tgt = tgt_tok.encode(tf.constant(["Un homme."])).to_list()[0]
@@ -105,11 +142,13 @@ def test_bad_inputs_get_proper_results(signatures):
     assert scored["log_prob"].shape == (0,)
 
 
-@pytest.mark.parametrize("which", ["word", "wordpiece"])
+@pytest.mark.parametrize("which", ["word", "wordpiece", "sentencepiece"])
 def test_fresh_process_with_only_tensorflow_runs_both_signatures(which, request):
     """Nothing but TensorFlow (and tensorflow-text's op libraries, as TF Serving links them):
     keras, keras_hub and nmt_tf imports are refused."""
-    path = request.getfixturevalue("exported")[2] if which == "word" else request.getfixturevalue("wordpiece_export")
+    path = {"word": lambda: request.getfixturevalue("exported")[2],
+            "wordpiece": lambda: request.getfixturevalue("wordpiece_export"),
+            "sentencepiece": lambda: request.getfixturevalue("sentencepiece_export")[1]}[which]()
     result = run_cli(os.path.join(REPO, "tests", "load_with_tensorflow_only.py"), path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "translation ok" in result.stdout and "score ok" in result.stdout
@@ -156,6 +195,13 @@ def test_wordpiece_model_needs_only_tensorflow_text_ops_that_tf_serving_links(wo
     assert not_core, "the WordPiece export should use tensorflow-text ops"
     assert _registered(not_core, with_text=True) == set()       # all are tensorflow-text ops
     assert not_core <= {"FastWordpieceTokenizeWithOffsets", "FastWordpieceDetokenize"}, not_core
+
+
+def test_sentencepiece_model_needs_only_tensorflow_text_ops_that_tf_serving_links(sentencepiece_export):
+    ops = _op_types(sentencepiece_export[1])
+    not_core = _registered(ops, with_text=False)
+    assert _registered(not_core, with_text=True) == set()
+    assert not_core == {"SentencepieceOp", "SentencepieceTokenizeOp"}, not_core
 
 
 def test_saved_model_cli_shows_everything_and_runs(exported):

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import reference as ref
@@ -148,3 +149,66 @@ def test_search_step_log_probs_in_output_blocks_equal_one_output_layer():
     logits = pre.reshape(7, 3, 2).max(-1) @ model.output_projection.kernel.numpy() + \
         model.output_projection.bias.numpy()
     np.testing.assert_allclose(got, logits - np.log(np.exp(logits).sum(-1, keepdims=True)), rtol=1e-5, atol=1e-5)
+
+
+def test_tied_embeddings_hold_one_variable_and_follow_the_equations():
+    """--tied_embeddings=target: W_o is E_y^T, one [K_y, m] variable; =all: the
+    source embeddings are that variable too. Both still match the NumPy model."""
+    untied = tiny_model(maxout_size=5)
+    n_untied = untied.count_params()
+    for tied in ("target", "all"):
+        model = RNNSearch(11, 11, embedding_size=5, hidden_size=4, attention_size=6, maxout_size=5,
+                          tied_embeddings=tied)
+        model.build()
+        for w in model.weights:
+            w.assign(RNG.normal(0, 0.5, size=w.shape).astype("float32"))
+        embedding_like = [w for w in model.weights if tuple(w.shape) == (11, 5)]
+        assert len(embedding_like) == (2 if tied == "target" else 1), [w.path for w in model.weights]
+        assert len({id(w) for w in model.weights}) == len(model.weights)
+        assert not hasattr(model, "output_projection")
+        # Untied: 13 x 5 source embeddings and a 5 x 11 output matrix; tied: 11 source words
+        # ("all": none of their own) and no output matrix.
+        assert model.count_params() == n_untied - 13 * 5 + 11 * 5 * (tied == "target") - 5 * 11, tied
+        assert sum(model.parameter_groups().values()) == model.count_params()
+        src = [[5, 6, 7, 3], [8, 3], [4, 9, 10, 3]]
+        logits = model({"source_ids": padded(src), "target_ids": padded(TARGETS)}).numpy()
+        w = ref.rnnsearch_weights(model)
+        np.testing.assert_array_equal(w["Wo"], w["tgt_emb"].T)
+        for i, (s, t) in enumerate(zip(src, TARGETS)):
+            want, _ = ref.rnnsearch_forward(w, np.array(s), np.array(t))
+            np.testing.assert_allclose(logits[i, :len(t)], want, rtol=2e-4, atol=2e-4)
+    with np.testing.assert_raises(ValueError):
+        RNNSearch(13, 11, embedding_size=5, hidden_size=4, attention_size=6, maxout_size=3, tied_embeddings="target")
+
+
+def test_label_smoothing_loss_is_the_smoothed_cross_entropy():
+    from nmt_tf.models.base import smoothed_token_loss, token_nll
+
+    logits = RNG.normal(0, 2, size=(2, 3, 7)).astype("float32")
+    labels = np.array([[4, 2, 0], [6, 3, 5]], "int32")                   # one padding position
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    for eps in (0.0, 0.1, 0.3):
+        want = -(1 - eps) * np.take_along_axis(log_p, labels[..., None], -1)[..., 0] - eps * log_p.mean(-1)
+        want[0, 2] = 0.0
+        np.testing.assert_allclose(smoothed_token_loss(labels, logits, eps).numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(smoothed_token_loss(labels, logits, 0.0).numpy(),
+                               token_nll(labels, logits)[0].numpy(), rtol=1e-5, atol=1e-6)
+    # Training optimises the smoothed loss; reported NLL stays plain.
+    model = tiny_model()
+    model.label_smoothing = 0.2
+    x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
+    y = padded([t[1:] + [3] for t in TARGETS])
+    nll, tokens, _, smoothed = model.batch_nll(x, y, return_loss=True)
+    assert float(nll) == float(model.batch_nll(x, y)[0])
+    assert float(smoothed) == pytest.approx(float(tf.reduce_sum(smoothed_token_loss(y, model(x), 0.2))), rel=1e-6)
+    assert float(smoothed) != pytest.approx(float(nll), rel=1e-4)
+
+
+def test_annotation_dropout_acts_only_in_training():
+    model = tiny_model()
+    dropped = RNNSearch.from_config({**model.get_config(), "annotation_dropout": 0.5})
+    dropped.build()
+    dropped.set_weights(model.get_weights())
+    x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
+    np.testing.assert_allclose(dropped(x).numpy(), model(x).numpy(), rtol=1e-6)
+    assert np.abs(dropped(x, training=True).numpy() - model(x).numpy()).max() > 1e-3

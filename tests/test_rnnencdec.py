@@ -10,6 +10,7 @@ from conftest import memorization_batch, memorize, padded
 from nmt_tf import export, flags, search, train
 from nmt_tf.layers import GatedRecursiveConvolution
 from nmt_tf.models.rnnencdec import RNNEncDec
+from nmt_tf.translator import restore_model
 
 RNG = np.random.default_rng(5)
 
@@ -119,7 +120,7 @@ def test_rnnencdec_trains_searches_and_exports(encoder, tiny_config, tmp_path):
         np.testing.assert_allclose(drawn["gates"][0].sum(-1), 1.0, rtol=1e-5)       # 4 real nodes at level 1
         assert np.all(drawn["gates"][3, 1:] == 0)                                    # 1 node at the top
         assert tf.image.decode_png((tmp_path / "tree.png").read_bytes()).shape[0] >= 300
-    model = export.restore_model(model_dir, log=lambda *a: None).model
+    model = restore_model(model_dir, log=lambda *a: None).model
     sources = np.array([[5, 6, 3, 0], [7, 8, 9, 3]], "int32")
     greedy = search.greedy_search(model, sources, search.SearchOptions(beam_size=1))
     beam = search.beam_search(model, sources, search.SearchOptions(beam_size=1))

@@ -192,3 +192,94 @@ def test_frozen_step_weights_give_the_same_search():
     after = beam_search(model, SOURCES, options)
     for key in before:
         np.testing.assert_array_equal(before[key].numpy(), after[key].numpy(), err_msg=key)
+
+
+def test_an_ensemble_of_one_model_or_of_its_twin_is_that_model():
+    from nmt_tf.models.ensemble import Ensemble
+
+    model = model_with_random_weights()
+    options = SearchOptions(beam_size=4, n_best=2, min_length_ratio=0.0)
+    want = beam_search(model, SOURCES, options)
+    for ensemble in (Ensemble([model]), Ensemble([model, model])):
+        got = beam_search(ensemble, SOURCES, options)
+        np.testing.assert_array_equal(got["tokens"].numpy(), want["tokens"].numpy())
+        np.testing.assert_allclose(got["scores"].numpy(), want["scores"].numpy(), rtol=1e-5)
+        np.testing.assert_allclose(got["alignments"].numpy(), want["alignments"].numpy(), atol=1e-6)
+    x = {"source_ids": SOURCES, "target_ids": np.array([[BOS_ID, 5, 6], [BOS_ID, 4, 0], [BOS_ID, 7, 8]], "int32")}
+    y = np.array([[5, 6, EOS_ID], [4, EOS_ID, 0], [7, 8, EOS_ID]], "int32")
+    np.testing.assert_allclose(Ensemble([model, model]).target_log_probs(x, y).numpy(),
+                               model.target_log_probs(x, y).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_ensemble_averages_its_members_log_probabilities_at_every_step():
+    from nmt_tf.models.ensemble import Ensemble
+
+    a, b = model_with_random_weights(seed=1), model_with_random_weights(seed=2)
+    ensemble = Ensemble([a, b])
+    weights = ensemble.step_weights()
+    inputs = ensemble.search_inputs(tf.constant(SOURCES), weights)
+    state = tf.repeat(inputs.pop("state")[:, None], 2, axis=1)           # two hypotheses per sentence
+    previous = tf.constant([[BOS_ID, 5], [BOS_ID, 6], [7, 8]])
+    log_probs, new_state, alpha = ensemble.decode_step(previous, state, inputs, weights)
+    width = a.search_state_size
+    members = []
+    for i, member in enumerate((a, b)):
+        member_inputs = {k.split("/", 1)[1]: v for k, v in inputs.items() if k.startswith(f"{i}/")}
+        members.append(member.decode_step(previous, state[..., i * width:(i + 1) * width], member_inputs,
+                                          weights[i]))
+    np.testing.assert_allclose(log_probs.numpy(), (members[0][0] + members[1][0]).numpy() / 2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(new_state.numpy(), tf.concat([members[0][1], members[1][1]], -1).numpy(), atol=1e-6)
+    np.testing.assert_allclose(alpha.numpy(), (members[0][2] + members[1][2]).numpy() / 2, atol=1e-6)
+    # The same averaged distribution drives a whole search: greedy picks its argmax.
+    greedy = greedy_search(ensemble, SOURCES, SearchOptions(beam_size=1, min_length_ratio=0.0))
+    first = ensemble.decode_step(tf.fill([3, 1], BOS_ID), ensemble.search_inputs(tf.constant(SOURCES), weights)
+                                 ["state"][:, None], inputs, weights)[0][:, 0].numpy()
+    first[:, [PAD_ID, BOS_ID]] = -np.inf
+    np.testing.assert_array_equal(greedy["tokens"][:, 0].numpy(), first.argmax(-1))
+
+
+class ScriptedModel:
+    """A stand-in model for search: after [BOS] it says [UNK] while attending to
+    source position 1, then word 4 attending to position 0, then [EOS]."""
+
+    target_vocab_size = 6
+    search_state_size = 1
+
+    def step_weights(self):
+        return {}
+
+    def search_inputs(self, source_ids, weights):
+        return {"state": tf.zeros([tf.shape(source_ids)[0], 1]), "length": tf.shape(source_ids)[1] + 0 * source_ids[:, 0]}
+
+    def decode_step(self, previous_ids, state, inputs, weights):
+        next_token = tf.where(previous_ids == BOS_ID, UNK_ID, tf.where(previous_ids == UNK_ID, 4, EOS_ID))
+        log_probs = tf.math.log(tf.one_hot(next_token, self.target_vocab_size) * 0.9 + 0.1 / self.target_vocab_size)
+        position = tf.where(previous_ids == BOS_ID, 1, 0)
+        alpha = tf.one_hot(position, tf.reduce_max(inputs["length"]))
+        return log_probs, state, alpha
+
+
+def test_unk_replacement_copies_the_attended_source_word_or_its_dictionary_translation(tmp_path):
+    from nmt_tf import text
+    from nmt_tf.translator import Translator, UnkReplacement
+
+    vocab = list(text.SPECIAL_TOKENS) + ["le", "chat"]
+    src_tok = text.Tokenizer(list(text.SPECIAL_TOKENS) + ["Hello", "."], "word", "en")
+    tgt_tok = text.Tokenizer(vocab, "word", "fr")
+    sentences = tf.constant(["Hello Ziegler .", "Dr Who ."])
+    options = SearchOptions(beam_size=1, min_length_ratio=0.0)
+    plain = Translator(ScriptedModel(), src_tok, tgt_tok, options, 20).translate(sentences)
+    assert plain["translation"].numpy().tolist() == [b"[UNK] le", b"[UNK] le"]
+    copied = Translator(ScriptedModel(), src_tok, tgt_tok, options, 20, UnkReplacement()).translate(sentences)
+    assert copied["translation"].numpy().tolist() == [b"Ziegler le", b"Who le"]
+    assert copied["target_tokens"].numpy()[0].tolist()[:3] == [b"[UNK]", b"le", b"[EOS]"]     # the model's own
+    dictionary = tmp_path / "dict.tsv"
+    dictionary.write_text("Ziegler\tZieglère\nHello\tBonjour\n", encoding="utf-8")
+    translated = Translator(ScriptedModel(), src_tok, tgt_tok, options, 20,
+                            UnkReplacement(str(dictionary))).translate(sentences)
+    assert [t.decode() for t in translated["translation"].numpy()] == ["Zieglère le", "Who le"]
+    for content, problem in (("Ziegler\tA\nZiegler\tB\n", "line 2: 'Ziegler' has an entry already"),
+                             ("Ziegler Zieglère\n", "line 1: expected")):
+        dictionary.write_text(content, encoding="utf-8")
+        with pytest.raises(ValueError, match=problem):
+            UnkReplacement(str(dictionary))

@@ -104,6 +104,11 @@ class RNNEncDec(Seq2SeqModel):
             out["gates"] = gates
         return out
 
+    @property
+    def search_state_size(self) -> int:
+        """Width d of search's decoder state: s itself (n)."""
+        return self.hidden_size
+
     def search_inputs(self, source_ids, weights):
         """`encode` for search, plus the readout's C_o c (c is the same at every
         step, so its product is taken once per sentence)."""

@@ -87,6 +87,11 @@ class RNNSearch(Seq2SeqModel):
         return {"annotations": annotations, "mask": mask, "state": state,
                 "keys": self.decoder.precompute(annotations)}
 
+    @property
+    def search_state_size(self) -> int:
+        """Width d of search's decoder state: [s ; W_a s ; U_rz s] (n + n' + 2n)."""
+        return 3 * self.hidden_size + self.attention_size
+
     def search_inputs(self, source_ids, weights):
         """`encode` for search: keys, the padding's score bias, the search
         state of s_0 (`AttentionDecoder.search_state`: s_0 with its products

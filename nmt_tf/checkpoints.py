@@ -1,0 +1,187 @@
+"""The checkpoints of a model directory: where they are, the best ones, averaging.
+
+    <model_dir>/checkpoints/   the last --keep_checkpoints checkpoints of training
+                               (weights, optimizer, training state): ckpt-<step>
+    <model_dir>/best/          the --keep_best_checkpoints weights with the best
+                               dev scores: best-<step>, ranked in best/scores.json
+    <model_dir>/averaged/      written by nmt_tf.average: averaged-<step>
+
+Checkpoint averaging (Junczys-Dowmunt et al. 2016; Vaswani et al. 2017) takes
+the element-wise mean of every model weight over N checkpoints of one run,
+which usually translates a little better than any one of them: the last N
+regular checkpoints, or the N best by the dev metric. Only model weights are
+averaged (no optimizer state), so the result is for translation, not for
+resuming training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+
+CHECKPOINTS, BEST, AVERAGED = "checkpoints", "best", "averaged"
+SCORES = "scores.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsChoice:
+    """Which weights of a model directory to use: `checkpoint` (best, last,
+    averaged or a path), or with `average` > 1 the mean of the `average` best
+    or last checkpoints (`average_from`)."""
+
+    checkpoint: str = BEST
+    average: int = 1
+    average_from: str = BEST
+
+    def __post_init__(self):
+        if self.average < 1:
+            raise ValueError(f"average must be >= 1, got {self.average}")
+        if self.average_from not in (BEST, "last"):
+            raise ValueError(f"average_from must be 'best' or 'last', got {self.average_from!r}")
+
+
+def checkpoints_dir(model_dir: str) -> str:
+    return os.path.join(model_dir, CHECKPOINTS)
+
+
+def best_dir(model_dir: str) -> str:
+    return os.path.join(model_dir, BEST)
+
+
+def averaged_dir(model_dir: str) -> str:
+    return os.path.join(model_dir, AVERAGED)
+
+
+def _write_text(path: str, content: str) -> None:
+    """Writes a file atomically (a temporary file, then a rename)."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(content)
+    os.replace(path + ".tmp", path)
+
+
+def _write_json(path: str, value) -> None:
+    _write_text(path, json.dumps(value, indent=1))
+
+
+def _remove_checkpoint(prefix: str) -> None:
+    for path in tf.io.gfile.glob(prefix + ".*"):
+        tf.io.gfile.remove(path)
+
+
+class BestCheckpoints:
+    """Keeps the `keep` checkpoints of `checkpoint` with the highest dev scores
+    in `directory`, ranked in `scores.json` ([{"path", "step", "score"}], best
+    first; paths relative to `directory`). TensorFlow's `checkpoint` state file
+    names the best one, so `tf.train.latest_checkpoint(directory)` is the best
+    checkpoint, as it was when only one was kept.
+
+    Args:
+      checkpoint: a `tf.train.Checkpoint` of the model.
+      directory: `best_dir(model_dir)`.
+      keep: how many to keep.
+      higher_is_better: False for a loss.
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, keep: int = 1,
+                 higher_is_better: bool = True):
+        self.checkpoint = checkpoint
+        self.directory = directory
+        self.keep = keep
+        self.sign = 1.0 if higher_is_better else -1.0
+        self.ranking = read_ranking(directory)
+
+    def would_keep(self, score: float) -> bool:
+        return len(self.ranking) < self.keep or self.sign * score > self.sign * self.ranking[-1]["score"]
+
+    def save(self, step: int, score: float) -> bool:
+        """Saves the model as best-<step> if `score` is among the `keep` best;
+        drops the checkpoint that falls out. Returns whether it was kept."""
+        if not self.would_keep(score):
+            return False
+        tf.io.gfile.makedirs(self.directory)
+        name = f"best-{step}"
+        self.checkpoint.write(os.path.join(self.directory, name))
+        ranking = [r for r in self.ranking if r["path"] != name] + [{"path": name, "step": step, "score": score}]
+        ranking.sort(key=lambda r: (-self.sign * r["score"], -r["step"]))
+        for dropped in ranking[self.keep:]:
+            _remove_checkpoint(os.path.join(self.directory, dropped["path"]))
+        self.ranking = ranking[:self.keep]
+        _write_json(os.path.join(self.directory, SCORES), self.ranking)
+        write_state(self.directory, [r["path"] for r in self.ranking])
+        return True
+
+
+def write_state(directory: str, names: list[str]) -> None:
+    """TensorFlow's `checkpoint` state file of `directory`, naming `names[0]`
+    as the checkpoint to use (what tf.train.latest_checkpoint returns) and
+    listing all `names` (checkpoint prefixes inside `directory`)."""
+    lines = [f'model_checkpoint_path: "{names[0]}"']
+    lines += [f'all_model_checkpoint_paths: "{name}"' for name in reversed(names)]   # the chosen one last
+    _write_text(os.path.join(directory, "checkpoint"), "\n".join(lines) + "\n")
+
+
+def read_ranking(directory: str) -> list[dict]:
+    """The ranking of `BestCheckpoints` in `directory`, best first. A best/
+    written before rankings existed holds one checkpoint: it alone, unscored."""
+    path = os.path.join(directory, SCORES)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    latest = tf.train.latest_checkpoint(directory) if os.path.isdir(directory) else None
+    if latest is None:
+        return []
+    name = os.path.basename(latest)
+    return [{"path": name, "step": int(name.rsplit("-", 1)[-1]), "score": None}]
+
+
+def checkpoint_paths(model_dir: str, source: str, count: int) -> list[str]:
+    """Up to `count` checkpoint paths of `model_dir`: source "last" (the newest
+    regular checkpoints, newest first) or "best" (by dev score, best first).
+    Raises FileNotFoundError when there is none."""
+    if source == "last":
+        state = tf.train.get_checkpoint_state(checkpoints_dir(model_dir))
+        paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
+        paths = [p if os.path.isabs(p) else os.path.join(checkpoints_dir(model_dir), p) for p in paths]
+    elif source == "best":
+        paths = [os.path.join(best_dir(model_dir), r["path"]) for r in read_ranking(best_dir(model_dir))]
+    else:
+        raise ValueError(f"checkpoints come from 'last' or 'best', not {source!r}")
+    if not paths:
+        raise FileNotFoundError(f"no {source} checkpoint in {model_dir} (train first)")
+    return paths[:count]
+
+
+def resolve(model_dir: str, checkpoint: str) -> str:
+    """The checkpoint path that --checkpoint names: best (falls back to last),
+    last, averaged, or a path."""
+    if checkpoint not in (BEST, "last", AVERAGED):
+        return checkpoint
+    if checkpoint == AVERAGED:
+        path = tf.train.latest_checkpoint(averaged_dir(model_dir))
+        if path is None:
+            raise FileNotFoundError(f"no averaged checkpoint in {model_dir} (run nmt_tf.average first)")
+        return path
+    path = tf.train.latest_checkpoint(best_dir(model_dir)) if checkpoint == BEST else None
+    path = path or tf.train.latest_checkpoint(checkpoints_dir(model_dir))
+    if path is None:
+        raise FileNotFoundError(f"no checkpoint in {model_dir} (train first)")
+    return path
+
+
+def average_into(model, paths: list[str]) -> None:
+    """Sets every weight of `model` (built) to its mean over the checkpoints
+    `paths` (each must hold all of the model's weights)."""
+    import numpy as np
+
+    if not paths:
+        raise ValueError("nothing to average")
+    sums = None
+    for path in paths:
+        tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
+        values = [np.asarray(v.numpy(), np.float64) for v in model.variables]
+        sums = values if sums is None else [s + v for s, v in zip(sums, values)]
+    for variable, total in zip(model.variables, sums):
+        variable.assign((total / len(paths)).astype(variable.dtype))

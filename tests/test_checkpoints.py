@@ -1,0 +1,99 @@
+"""The best checkpoints kept by dev score, checkpoint averaging, and ensembles of model directories."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import run_cli
+from nmt_tf import checkpoints, export
+from nmt_tf.translator import restore_ensemble, restore_model
+
+
+def test_best_checkpoints_keep_the_n_best_by_score(tmp_path):
+    value = tf.Variable(0.0)
+    ckpt = tf.train.Checkpoint(value=value)
+    for higher_is_better, scores, kept in ((True, [1.0, 3.0, 2.0, 5.0, 0.5, 4.0], [5.0, 4.0, 3.0]),
+                                           (False, [4.0, 2.0, 3.0, 1.0, 5.0], [1.0, 2.0, 3.0])):
+        directory = str(tmp_path / f"best_{higher_is_better}")
+        best = checkpoints.BestCheckpoints(ckpt, directory, keep=3, higher_is_better=higher_is_better)
+        for step, score in enumerate(scores, 1):
+            value.assign(score)
+            best.save(step, score)
+        ranking = checkpoints.read_ranking(directory)
+        assert [r["score"] for r in ranking] == kept
+        prefixes = sorted(f.split(".")[0] for f in os.listdir(directory) if f.endswith(".index"))
+        assert prefixes == sorted(r["path"] for r in ranking)          # the others were deleted
+        latest = tf.train.latest_checkpoint(directory)                 # what --checkpoint=best reads
+        assert os.path.basename(latest) == ranking[0]["path"]
+        assert float(tf.train.load_checkpoint(latest).get_tensor("value/.ATTRIBUTES/VARIABLE_VALUE")) == kept[0]
+        # A resumed run continues the same ranking from disk.
+        again = checkpoints.BestCheckpoints(ckpt, directory, keep=3, higher_is_better=higher_is_better)
+        assert not again.would_keep(kept[-1] - 10.0 if higher_is_better else kept[-1] + 10.0)
+
+
+def _weights(path):
+    reader = tf.train.load_checkpoint(path)
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+            if k.startswith("model/") and "OPTIMIZER_SLOT" not in k}
+
+
+def test_averaging_identical_checkpoints_changes_nothing_and_averaging_n_gives_the_mean(trained_model_dir):
+    model_dir, _ = trained_model_dir
+    last = checkpoints.checkpoint_paths(model_dir, "last", 3)
+    assert len(last) == 3 and last[0] == tf.train.latest_checkpoint(checkpoints.checkpoints_dir(model_dir))
+    one = restore_model(model_dir, last[0], log=lambda *a: None).model
+    same = restore_model(model_dir, "best", log=lambda *a: None).model
+    checkpoints.average_into(same, [last[0]] * 3)
+    for a, b in zip(one.variables, same.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    averaged = restore_model(model_dir, checkpoints.WeightsChoice(average=3, average_from="last"),
+                             log=lambda *a: None)
+    assert "mean of 3 last checkpoints" in averaged.checkpoint
+    stored = [_weights(p) for p in last]
+    mean = lambda key: np.mean([s[f"model/{key}/.ATTRIBUTES/VARIABLE_VALUE"].astype(np.float64) for s in stored], 0)
+    np.testing.assert_allclose(averaged.model.output_weights()[0].numpy(), mean("output_projection/_kernel"),
+                               rtol=1e-6)
+    np.testing.assert_allclose(averaged.model.target_embedding.embeddings.numpy(),
+                               mean("target_embedding/_embeddings"), rtol=1e-6)
+
+
+def test_average_cli_writes_a_checkpoint_that_export_uses(trained_model_dir, tmp_path):
+    model_dir, _ = trained_model_dir
+    result = run_cli("-m", "nmt_tf.average", f"--model_dir={model_dir}", "--average_checkpoints=2",
+                     "--average_from=last")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the mean of 2 last checkpoints" in result.stdout
+    averaged = restore_model(model_dir, "averaged", log=lambda *a: None)
+    on_the_fly = restore_model(model_dir, checkpoints.WeightsChoice(average=2, average_from="last"),
+                               log=lambda *a: None)
+    for a, b in zip(averaged.model.variables, on_the_fly.model.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert run_cli("-m", "nmt_tf.average", f"--model_dir={model_dir}").returncode == 1     # 1: nothing to average
+
+
+def test_an_exported_ensemble_of_a_model_with_itself_translates_like_the_model(exported, tmp_path):
+    model_dir, _, single = exported
+    options = export.read_metadata(single)["search"]
+    from nmt_tf.search import SearchOptions
+
+    path = export.export([model_dir, model_dir], str(tmp_path / "ens"), SearchOptions(**options),
+                         max_input_length=20, log=lambda *a: None)
+    meta = export.read_metadata(path)
+    assert meta["model_dirs"] == [os.path.abspath(model_dir)] * 2
+    lines = tf.constant(["Un homme marche.", "A dog runs on the beach.", ""])
+    want = tf.saved_model.load(single).signatures["serving_default"](text=lines)
+    got = tf.saved_model.load(path).signatures["serving_default"](text=lines)
+    np.testing.assert_array_equal(got["translation"].numpy(), want["translation"].numpy())
+    np.testing.assert_allclose(got["score"].numpy(), want["score"].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_ensemble_members_must_share_vocabularies(trained_model_dir, tmp_path, tiny_config):
+    from nmt_tf import train
+
+    model_dir, _ = trained_model_dir
+    other = str(tmp_path / "other")
+    train.train(tiny_config(model_dir=other, tgt_vocab_size=60, max_steps=1), log=lambda *a: None)
+    with pytest.raises(ValueError, match="vocabular"):
+        restore_ensemble([model_dir, other], log=lambda *a: None)
