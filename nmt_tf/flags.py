@@ -73,6 +73,10 @@ flags.DEFINE_float("annotation_dropout", 0.0,
                    "Dropout rate on the encoder's outputs during training: RNNsearch's annotations h_j, "
                    "RNNencdec's summary c (paper: none; nmtpytorch's Multi30k recipes: 0.5).",
                    lower_bound=0.0, upper_bound=0.95)
+flags.DEFINE_float("recurrent_dropout", 0.0,
+                   "Variational dropout of the GRU states in training (Gal & Ghahramani 2016; Nematus' dropout_hidden, "
+                   "Marian's dropout-rnn): one mask per sentence, the same at every step, where the state enters "
+                   "the recurrent products (paper: none).", lower_bound=0.0, upper_bound=0.95)
 flags.DEFINE_enum("tied_embeddings", "none", ["none", "target", "all"],
                   "Weight tying (Press & Wolf 2017; paper: none): target: the output layer is the transposed "
                   "target embedding matrix (needs --maxout_size equal to --embedding_size); all: the source "

@@ -9,18 +9,20 @@ def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def gru_step(x, h, W, U, b, C=None, c=None):
-    """SPEC §1: W [d, 3n], U [n, 3n], b [3n], gates [r, z, candidate]."""
+def gru_step(x, h, W, U, b, C=None, c=None, m=None):
+    """SPEC §1: W [d, 3n], U [n, 3n], b [3n], gates [r, z, candidate]; m: a
+    recurrent dropout mask on h where it meets U (the update keeps h)."""
     n = h.shape[-1]
+    hd = h if m is None else h * m
     Wr, Wz, Wh = W[:, :n], W[:, n:2 * n], W[:, 2 * n:]
     Ur, Uz, Uh = U[:, :n], U[:, n:2 * n], U[:, 2 * n:]
     br, bz, bh = b[:n], b[n:2 * n], b[2 * n:]
     cr = cz = ch = 0.0
     if C is not None:
         cr, cz, ch = c @ C[:, :n], c @ C[:, n:2 * n], c @ C[:, 2 * n:]
-    r = sigmoid(x @ Wr + h @ Ur + cr + br)
-    z = sigmoid(x @ Wz + h @ Uz + cz + bz)
-    h_tilde = np.tanh(x @ Wh + (r * h) @ Uh + ch + bh)
+    r = sigmoid(x @ Wr + hd @ Ur + cr + br)
+    z = sigmoid(x @ Wz + hd @ Uz + cz + bz)
+    h_tilde = np.tanh(x @ Wh + (r * hd) @ Uh + ch + bh)
     return (1.0 - z) * h + z * h_tilde
 
 

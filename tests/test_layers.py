@@ -184,8 +184,45 @@ def test_block_orthogonal_blocks_are_orthogonal():
         np.testing.assert_allclose(block.T @ block, np.eye(6), atol=1e-5)
 
 
-@pytest.mark.parametrize("layer", [BidirectionalGRU(3), ConditionalGRUCell(3, 4), AdditiveAttention(5),
-                                   MaxoutReadout(2), AttentionDecoder(3, 4, 6)])
+@pytest.mark.parametrize("layer", [BidirectionalGRU(3, recurrent_dropout=0.2), ConditionalGRUCell(3, 4), AdditiveAttention(5),
+                                   MaxoutReadout(2), AttentionDecoder(3, 4, 6, recurrent_dropout=0.3)])
 def test_get_config_round_trip(layer):
     clone = type(layer).from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
+
+
+def test_recurrent_dropout_keeps_one_mask_per_sentence_for_all_steps():
+    """masked_gru_scan with a state mask m is the SPEC GRU with m * h_{t-1} in
+    every recurrent product (the same m at every step), and the state update
+    keeps h_{t-1} itself."""
+    from nmt_tf.layers.gru import masked_gru_scan
+
+    n, d, b, t = 4, 3, 2, 5
+    W, U, bias = RNG.normal(size=(d, 3 * n)), RNG.normal(size=(n, 3 * n)), RNG.normal(size=3 * n)
+    xs = RNG.normal(size=(t, b, d))
+    m = (RNG.random((b, n)) > 0.4) / 0.6
+    got = masked_gru_scan(tf.constant(xs @ W + bias), tf.ones((t, b, 1), tf.float64), tf.constant(U),
+                          tf.zeros((b, n), tf.float64), tf.constant(m)).numpy()
+    h = np.zeros((b, n))
+    for step in range(t):
+        h = np.stack([ref.gru_step(xs[step, i], h[i], W, U, bias, m=m[i]) for i in range(b)])
+        np.testing.assert_allclose(got[step], h, **TOL)
+
+
+def test_recurrent_dropout_acts_only_in_training_and_draws_one_mask_per_sequence():
+    lengths = [4, 2]
+    _, x, mask = _padded(lengths, 3)
+    plain, dropped = BidirectionalGRU(5), BidirectionalGRU(5, recurrent_dropout=0.5)
+    plain.build(x.shape)
+    dropped.build(x.shape)
+    randomize(plain)
+    dropped.set_weights(plain.get_weights())
+    np.testing.assert_allclose(dropped(x, mask).numpy(), plain(x, mask).numpy(), rtol=1e-6)
+    assert np.abs(dropped(x, mask, training=True).numpy() - plain(x, mask).numpy()).max() > 1e-3
+    decoder = AttentionDecoder(4, 5, 10, recurrent_dropout=0.5)
+    decoder.build((None, None, 3))
+    randomize(decoder)
+    args = (RNG.normal(size=(2, 3, 3)).astype("float32"), RNG.normal(size=(2, 4)).astype("float32"),
+            plain(x, mask), mask)
+    np.testing.assert_allclose(decoder(*args)[0].numpy(), decoder(*args)[0].numpy())
+    assert np.abs(decoder(*args, training=True)[0].numpy() - decoder(*args)[0].numpy()).max() > 1e-3

@@ -30,7 +30,7 @@ import keras
 import tensorflow as tf
 
 from nmt_tf.layers.attention import AdditiveAttention, score_bias
-from nmt_tf.layers.gru import ConditionalGRUCell
+from nmt_tf.layers.gru import ConditionalGRUCell, gru_update, recurrent_dropout_mask
 from nmt_tf.layers.ops import project
 
 
@@ -42,6 +42,8 @@ class AttentionDecoder(keras.layers.Layer):
       units: decoder state size n.
       attention_units: alignment-model size n'.
       context_dim: size of an annotation h_j (2n for the bidirectional encoder).
+      recurrent_dropout: in training, s_{i-1} times one dropout mask per
+        sequence wherever it is multiplied (W_a, U_rz, U: nmt_tf.layers.gru).
 
     Call arguments (teacher forcing over a whole target batch):
       target_embeddings: [batch, Ty, m] E y_{i-1} for i = 1..Ty (y_0 = [BOS]).
@@ -55,11 +57,14 @@ class AttentionDecoder(keras.layers.Layer):
        alignments [batch, Ty, Tx] float32 alpha_ij).
     """
 
-    def __init__(self, units: int, attention_units: int, context_dim: int, **kwargs):
+    def __init__(self, units: int, attention_units: int, context_dim: int, recurrent_dropout: float = 0.0,
+                 **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.attention_units = attention_units
         self.context_dim = context_dim
+        self.recurrent_dropout = recurrent_dropout
+        self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
         self.cell = ConditionalGRUCell(units, context_dim, name="gru")
         self.attention = AdditiveAttention(attention_units, name="attention")
 
@@ -87,13 +92,15 @@ class AttentionDecoder(keras.layers.Layer):
         cell = {key: value for key, value in self.cell.step_kernels().items() if key != "recurrent_rz"}
         return {"state": tf.cast(state_kernel, self.compute_dtype), "cell": cell}
 
-    def _step(self, x_proj, state, weights, keys, annotations, bias):
-        """Teacher forcing's step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n].
+    def _step(self, x_proj, state, weights, keys, annotations, bias, state_mask=None):
+        """Teacher forcing's step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n];
+        state_mask: the recurrent dropout mask (training) or None.
         Returns (s_i [B, n], c_i [B, context_dim], alpha_i [B, Tx])."""
-        projected = tf.matmul(state, weights["state"])
+        dropped = state if state_mask is None else state * state_mask
+        projected = tf.matmul(dropped, weights["state"])
         context, alpha = self.attention.attend(projected[:, :self.attention_units], keys, annotations, bias)
         new_state = self.cell.step(x_proj, state, context, state_rz=projected[:, self.attention_units:],
-                                   kernels=weights["cell"])
+                                   kernels=weights["cell"], state_dropped=None if state_mask is None else dropped)
         return new_state, context, alpha
 
     def project_annotations(self, annotations, extra_kernel, weights=None):
@@ -154,7 +161,7 @@ class AttentionDecoder(keras.layers.Layer):
                                    kernels=weights["cell"], context_proj=weighted[:, :gates])
         return new_state, self.search_state(new_state, weights), weighted[:, gates:], alpha
 
-    def call(self, target_embeddings, initial_state, annotations, mask, keys=None):
+    def call(self, target_embeddings, initial_state, annotations, mask, keys=None, training=False):
         dtype = self.compute_dtype
         annotations = tf.cast(annotations, dtype)
         if keys is None:
@@ -163,11 +170,14 @@ class AttentionDecoder(keras.layers.Layer):
         weights = self.step_weights()
         # [Ty, B, 3n], time-major for the loop.
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
+        batch = tf.shape(annotations)[0]
+        state_mask = (recurrent_dropout_mask(tf.stack([batch, self.units]), self.recurrent_dropout,
+                                             self.seed_generator, dtype)
+                      if training and self.recurrent_dropout else None)
 
         def step(carry, x_t):
-            return self._step(x_t, carry[0], weights, keys, annotations, bias)
+            return self._step(x_t, carry[0], weights, keys, annotations, bias, state_mask)
 
-        batch = tf.shape(annotations)[0]
         init = (tf.cast(initial_state, dtype),
                 tf.zeros(tf.stack([batch, self.context_dim]), dtype),
                 tf.zeros(tf.shape(mask), tf.float32))
@@ -176,8 +186,8 @@ class AttentionDecoder(keras.layers.Layer):
         return to_batch_major(states), to_batch_major(contexts), to_batch_major(alphas)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units,
-                "attention_units": self.attention_units, "context_dim": self.context_dim}
+        return {**super().get_config(), "units": self.units, "attention_units": self.attention_units,
+                "context_dim": self.context_dim, "recurrent_dropout": self.recurrent_dropout}
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -192,6 +202,8 @@ class ContextDecoder(keras.layers.Layer):
     Args:
       units: decoder state size n.
       context_dim: size of c.
+      recurrent_dropout: in training, s_{i-1} times one dropout mask per
+        sequence where it enters U_rz and U (nmt_tf.layers.gru).
 
     Call arguments (teacher forcing):
       target_embeddings: [batch, Ty, m] E y_{i-1} (y_0 = [BOS]).
@@ -202,10 +214,12 @@ class ContextDecoder(keras.layers.Layer):
       states [batch, Ty, n] s_i.
     """
 
-    def __init__(self, units: int, context_dim: int, **kwargs):
+    def __init__(self, units: int, context_dim: int, recurrent_dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.context_dim = context_dim
+        self.recurrent_dropout = recurrent_dropout
+        self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
         self.cell = ConditionalGRUCell(units, context_dim, name="gru")
 
     def build(self, target_embeddings_shape, *args, **kwargs):
@@ -221,11 +235,11 @@ class ContextDecoder(keras.layers.Layer):
         """The GRU's `step_kernels()` (W, b, U_rz, U, C), sliced and cast once per sequence."""
         return self.cell.step_kernels()
 
-    def _step(self, x_proj, state, context_proj, kernels):
-        from nmt_tf.layers.gru import gru_update
-
-        return gru_update(x_proj, state, tf.matmul(state, kernels["recurrent_rz"]),
-                          kernels["recurrent_candidate"], extra=context_proj)
+    def _step(self, x_proj, state, context_proj, kernels, state_mask=None):
+        dropped = state if state_mask is None else state * state_mask
+        return gru_update(x_proj, state, tf.matmul(dropped, kernels["recurrent_rz"]),
+                          kernels["recurrent_candidate"], extra=context_proj,
+                          h_dropped=None if state_mask is None else dropped)
 
     def step(self, previous_embedding, state, context_proj, weights=None):
         """One step for search: E y_{i-1} [batch, m], s_{i-1} [batch, n], C c [batch, 3n] -> s_i.
@@ -237,12 +251,15 @@ class ContextDecoder(keras.layers.Layer):
         return self._step(self.cell.project_inputs(previous_embedding, weights), tf.cast(state, dtype),
                           context_proj, weights)
 
-    def call(self, target_embeddings, initial_state, context):
+    def call(self, target_embeddings, initial_state, context, training=False):
         dtype = self.compute_dtype
         context_proj = self.precompute(context)
         kernels = self.step_weights()
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
-        states = tf.scan(lambda s, x: self._step(x, s, context_proj, kernels), x_proj,
+        state_mask = (recurrent_dropout_mask(tf.shape(initial_state), self.recurrent_dropout,
+                                             self.seed_generator, dtype)
+                      if training and self.recurrent_dropout else None)
+        states = tf.scan(lambda s, x: self._step(x, s, context_proj, kernels, state_mask), x_proj,
                          initializer=tf.cast(initial_state, dtype))
         return tf.transpose(states, [1, 0, 2])
 
@@ -250,4 +267,5 @@ class ContextDecoder(keras.layers.Layer):
         return tuple(target_embeddings_shape[:-1]) + (self.units,)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units, "context_dim": self.context_dim}
+        return {**super().get_config(), "units": self.units, "context_dim": self.context_dim,
+                "recurrent_dropout": self.recurrent_dropout}

@@ -11,6 +11,13 @@ The reset gate multiplies h_{t-1} *before* U (Keras' GRU default,
 ``reset_after=True``, applies it after). Kernels keep the three gates side by
 side in the order [r, z, candidate]. Everything that does not depend on the
 previous state (W x_t + b for all t) is computed outside the time loop.
+
+Recurrent dropout (not in the papers; Gal & Ghahramani 2016, Nematus'
+dropout_hidden, Marian's dropout-rnn): in training, h_{t-1} is multiplied by
+one dropout mask m, drawn once per sequence and kept at every step, where it
+enters the recurrent products: U_r (m * h_{t-1}), U_z (m * h_{t-1}) and
+U (r_t * m * h_{t-1}); the update h_t = (1 - z_t) h_{t-1} + z_t h~_t keeps
+the state itself.
 """
 
 from __future__ import annotations
@@ -22,7 +29,14 @@ from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
 from nmt_tf.layers.ops import project
 
 
-def gru_update(x_proj, h, h_rz, u_h, extra=None):
+def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype):
+    """A variational dropout mask (kept entries 1 / (1 - rate), others 0),
+    drawn once per sequence: the same mask at every time step."""
+    keep = keras.random.uniform(shape, seed=seed_generator) >= rate
+    return tf.cast(keep, dtype) / (1.0 - rate)
+
+
+def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None):
     """One GRU step from precomputed projections.
 
     Args:
@@ -33,6 +47,8 @@ def gru_update(x_proj, h, h_rz, u_h, extra=None):
       u_h: [n, n] (or batched [k, n, n]) recurrent kernel U of the candidate.
       extra: optional [..., 3n] added to all pre-activations (the decoder's
         context terms C_r c, C_z c, C c).
+      h_dropped: h_{t-1} with recurrent dropout applied (training), for the
+        candidate's product U (r * h); h_rz must then be U_rz h_dropped.
 
     Returns:
       [..., n] the new state h_t.
@@ -41,11 +57,11 @@ def gru_update(x_proj, h, h_rz, u_h, extra=None):
     pre = x_proj if extra is None else x_proj + extra
     rz = tf.sigmoid(pre[..., :2 * n] + h_rz)
     r, z = rz[..., :n], rz[..., n:]
-    candidate = tf.tanh(pre[..., 2 * n:] + tf.matmul(r * h, u_h))
+    candidate = tf.tanh(pre[..., 2 * n:] + tf.matmul(r * (h if h_dropped is None else h_dropped), u_h))
     return h + z * (candidate - h)
 
 
-def masked_gru_scan(x_proj, mask, recurrent_kernel, h0):
+def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None):
     """Runs GRU steps over time; a masked (padded) step leaves the state unchanged.
 
     Args:
@@ -53,6 +69,7 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0):
       mask: [T, ..., 1] 1 at real positions, 0 at padding (x_proj's dtype).
       recurrent_kernel: [n, 3n] (or batched [k, n, 3n]) U, in x_proj's dtype.
       h0: [..., n] initial state.
+      state_mask: optional recurrent dropout mask [..., n] (training).
 
     Returns:
       [T, ..., n] the states.
@@ -62,7 +79,10 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0):
 
     def step(h, elems):
         xp, mt = elems
-        return h + mt * (gru_update(xp, h, tf.matmul(h, u_rz), u_h) - h)
+        if state_mask is None:
+            return h + mt * (gru_update(xp, h, tf.matmul(h, u_rz), u_h) - h)
+        hd = h * state_mask
+        return h + mt * (gru_update(xp, h, tf.matmul(hd, u_rz), u_h, h_dropped=hd) - h)
 
     return tf.scan(step, (x_proj, mask), initializer=h0)
 
@@ -78,6 +98,11 @@ class BidirectionalGRU(keras.layers.Layer):
     starts at each sentence's own last word, and the forward states past the
     end are copies of the last real one.
 
+    Args:
+      units: n, per direction.
+      recurrent_dropout: rate of the recurrent (variational) dropout of both
+        directions in training (module docstring).
+
     Call arguments:
       inputs: [batch, time, input_dim] embedded source words.
       mask: [batch, time] bool, True at real (unpadded) positions.
@@ -86,9 +111,11 @@ class BidirectionalGRU(keras.layers.Layer):
       [batch, time, 2 * units] annotations h_j = [->h_j ; <-h_j].
     """
 
-    def __init__(self, units: int, **kwargs):
+    def __init__(self, units: int, recurrent_dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.units = units
+        self.recurrent_dropout = recurrent_dropout
+        self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
 
     def build(self, input_shape):
         d, n = input_shape[-1], self.units
@@ -116,7 +143,7 @@ class BidirectionalGRU(keras.layers.Layer):
     def biases(self):
         return [self.forward_bias, self.backward_bias]
 
-    def call(self, inputs, mask, separate_loops=False):
+    def call(self, inputs, mask, separate_loops=False, training=False):
         """`separate_loops`: run the two directions as two time loops instead
         of one (same results). Independent loops run side by side on
         TensorFlow's inter-op threads, which is faster when each op gets one
@@ -130,17 +157,20 @@ class BidirectionalGRU(keras.layers.Layer):
                                  for kernel, bias in zip(self.kernels, self.biases))
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                # [T, B, 1]
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
+        drop = (recurrent_dropout_mask(tf.stack([2, tf.shape(inputs)[0], n]), self.recurrent_dropout,
+                                       self.seed_generator, dtype)
+                if training and self.recurrent_dropout else None)                            # [2, B, n]
         if separate_loops:
             forward_u, backward_u = (tf.cast(k, dtype) for k in self.recurrent_kernels)
-            forward = masked_gru_scan(forward_x, m, forward_u, h0)                              # [T, B, n]
+            forward = masked_gru_scan(forward_x, m, forward_u, h0, None if drop is None else drop[0])  # [T, B, n]
             backward = tf.reverse(masked_gru_scan(tf.reverse(backward_x, [0]), tf.reverse(m, [0]),
-                                                  backward_u, h0), [0])
+                                                  backward_u, h0, None if drop is None else drop[1]), [0])
         else:
             # [T, 2, B, 3n]: row 0 read left to right, row 1 right to left.
             x_proj = tf.stack([forward_x, tf.reverse(backward_x, [0])], axis=1)
             m = tf.concat([m[:, None], tf.reverse(m, [0])[:, None]], axis=1)             # [T, 2, B, 1]
             u = tf.cast(tf.stack([tf.convert_to_tensor(k) for k in self.recurrent_kernels]), dtype)  # [2, n, 3n]
-            states = masked_gru_scan(x_proj, m, u, tf.stack([h0, h0]))                   # [T, 2, B, n]
+            states = masked_gru_scan(x_proj, m, u, tf.stack([h0, h0]), drop)             # [T, 2, B, n]
             forward, backward = states[:, 0], tf.reverse(states[:, 1], [0])
         return tf.transpose(tf.concat([forward, backward], axis=-1), [1, 0, 2])
 
@@ -148,7 +178,7 @@ class BidirectionalGRU(keras.layers.Layer):
         return tuple(input_shape[:-1]) + (2 * self.units,)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units}
+        return {**super().get_config(), "units": self.units, "recurrent_dropout": self.recurrent_dropout}
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -158,6 +188,11 @@ class GRU(keras.layers.Layer):
     Padded positions never change the state, so the state at the last
     position is each sentence's own last real state h_T.
 
+    Args:
+      units: n.
+      recurrent_dropout: rate of the recurrent (variational) dropout in
+        training (module docstring).
+
     Call arguments:
       inputs: [batch, time, input_dim].
       mask: [batch, time] bool, True at real positions.
@@ -166,9 +201,11 @@ class GRU(keras.layers.Layer):
       (states [batch, time, units], last real state h_T [batch, units]).
     """
 
-    def __init__(self, units: int, **kwargs):
+    def __init__(self, units: int, recurrent_dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.units = units
+        self.recurrent_dropout = recurrent_dropout
+        self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
 
     def build(self, input_shape):
         n = self.units
@@ -177,20 +214,22 @@ class GRU(keras.layers.Layer):
                                                 initializer=BlockOrthogonal())
         self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
 
-    def call(self, inputs, mask):
+    def call(self, inputs, mask, training=False):
         n = self.units
         dtype = self.compute_dtype
         x_proj = project(tf.transpose(tf.cast(inputs, dtype), [1, 0, 2]), self.kernel, self.bias)  # [T, B, 3n]
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                                           # [T, B, 1]
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
-        states = masked_gru_scan(x_proj, m, tf.cast(self.recurrent_kernel, dtype), h0)             # [T, B, n]
+        drop = (recurrent_dropout_mask(tf.shape(h0), self.recurrent_dropout, self.seed_generator, dtype)
+                if training and self.recurrent_dropout else None)
+        states = masked_gru_scan(x_proj, m, tf.cast(self.recurrent_kernel, dtype), h0, drop)       # [T, B, n]
         return tf.transpose(states, [1, 0, 2]), states[-1]
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,), (input_shape[0], self.units)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units}
+        return {**super().get_config(), "units": self.units, "recurrent_dropout": self.recurrent_dropout}
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -244,21 +283,24 @@ class ConditionalGRUCell(keras.layers.Layer):
                 "recurrent_rz": u[:, :2 * n], "recurrent_candidate": u[:, 2 * n:],
                 "context": tf.cast(self.context_kernel, dtype)}
 
-    def step(self, x_proj, state, context=None, state_rz=None, kernels=None, context_proj=None):
+    def step(self, x_proj, state, context=None, state_rz=None, kernels=None, context_proj=None, state_dropped=None):
         """One step from x_proj = W x + b.
 
         `state_rz` is U_rz s_{i-1} when the caller computed it already (the
         decoder fuses it with the attention's W_a s_{i-1}); `context_proj` is
         C c_i when the caller has it (search: sum_j alpha_ij (C h_j) from
         products taken once per sentence), else C c_i is computed from
-        `context`; `kernels` is `step_kernels()`, taken once per sequence.
+        `context`; `kernels` is `step_kernels()`, taken once per sequence;
+        `state_dropped` is s_{i-1} with recurrent dropout (training; then
+        `state_rz` must be U_rz of it).
         """
         kernels = kernels or self.step_kernels()
         if state_rz is None:
             state_rz = tf.matmul(state, kernels["recurrent_rz"])
         if context_proj is None:
             context_proj = tf.matmul(context, kernels["context"])
-        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"], extra=context_proj)
+        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"], extra=context_proj,
+                          h_dropped=state_dropped)
 
     def call(self, inputs, state, context):
         dtype = self.compute_dtype

@@ -88,7 +88,8 @@ class Seq2SeqModel(keras.Model):
     Holds what RNNsearch and RNNencdec share: the source and target word
     embeddings (N(0, 0.01^2)), the maxout readout and the output layer, and
     the options that are not in the papers: dropout (`dropout` on embeddings
-    and maxout features, `annotation_dropout` on the encoder's outputs, which
+    and maxout features; `annotation_dropout` on the encoder's outputs and
+    `recurrent_dropout`, variational dropout of the GRU states, which
     subclasses apply), tied embeddings and label smoothing.
 
     `tied_embeddings` (Press & Wolf 2017): "none" (the papers: an output
@@ -120,7 +121,8 @@ class Seq2SeqModel(keras.Model):
 
     def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int,
                  hidden_size: int, maxout_size: int, dropout: float = 0.0, annotation_dropout: float = 0.0,
-                 tied_embeddings: str = "none", label_smoothing: float = 0.0, **kwargs):
+                 recurrent_dropout: float = 0.0, tied_embeddings: str = "none", label_smoothing: float = 0.0,
+                 **kwargs):
         super().__init__(**kwargs)
         from nmt_tf.layers import MaxoutReadout
         from nmt_tf.layers.initializers import weight_init
@@ -140,6 +142,7 @@ class Seq2SeqModel(keras.Model):
         self.maxout_size = maxout_size
         self.dropout = dropout
         self.annotation_dropout_rate = annotation_dropout
+        self.recurrent_dropout = recurrent_dropout        # subclasses give it to their GRUs
         self.tied_embeddings = tied_embeddings
         self.label_smoothing = label_smoothing
         self.target_embedding = keras.layers.Embedding(
@@ -259,7 +262,8 @@ class Seq2SeqModel(keras.Model):
         return {**super().get_config(), "source_vocab_size": self.source_vocab_size,
                 "target_vocab_size": self.target_vocab_size, "embedding_size": self.embedding_size,
                 "hidden_size": self.hidden_size, "maxout_size": self.maxout_size, "dropout": self.dropout,
-                "annotation_dropout": self.annotation_dropout_rate, "tied_embeddings": self.tied_embeddings,
+                "annotation_dropout": self.annotation_dropout_rate, "recurrent_dropout": self.recurrent_dropout,
+                "tied_embeddings": self.tied_embeddings,
                 "label_smoothing": self.label_smoothing}
 
     def batch_nll(self, x, y, training=False, return_loss=False):

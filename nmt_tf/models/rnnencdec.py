@@ -41,7 +41,8 @@ class RNNEncDec(Seq2SeqModel):
     Args:
       source_vocab_size, target_vocab_size, embedding_size, maxout_size,
         dropout: as for RNNSearch; **kwargs as for RNNSearch, where
-        annotation_dropout applies to the summary c.
+        annotation_dropout applies to the summary c and recurrent_dropout to
+        the encoder GRU (not the grConv) and the decoder.
       hidden_size: n, the encoder GRU's and the decoder's state size, and the
         size of the summary c.
       encoder: "rnn" (a GRU) or "grconv".
@@ -59,13 +60,14 @@ class RNNEncDec(Seq2SeqModel):
             raise ValueError(f"unknown encoder {encoder!r}; choose one of {', '.join(ENCODERS)}")
         self.encoder_type = encoder
         self.grconv_size = grconv_size
-        self.encoder = (GRU(hidden_size, name="encoder") if encoder == "rnn"
-                        else GatedRecursiveConvolution(grconv_size, name="encoder"))
+        self.encoder = (GRU(hidden_size, recurrent_dropout=self.recurrent_dropout, name="encoder")
+                        if encoder == "rnn" else GatedRecursiveConvolution(grconv_size, name="encoder"))
         self.summarizer = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=weight_init(),
                                           name="summarizer")                   # c = tanh(V h_T)
         self.initial_state = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=weight_init(),
                                                 name="initial_state")          # s_0 = tanh(V' c)
-        self.decoder = ContextDecoder(hidden_size, hidden_size, name="decoder")
+        self.decoder = ContextDecoder(hidden_size, hidden_size, recurrent_dropout=self.recurrent_dropout,
+                                      name="decoder")
 
     @property
     def encoder_output_size(self) -> int:
@@ -92,7 +94,7 @@ class RNNEncDec(Seq2SeqModel):
         embedded = self.embed_source(source_ids, training)
         gates = None
         if self.encoder_type == "rnn":
-            _, last = self.encoder(embedded, mask)
+            _, last = self.encoder(embedded, mask, training=training)
         elif return_gates:
             last, gates = self.encoder(embedded, mask, return_gates=True)
         else:
@@ -137,7 +139,7 @@ class RNNEncDec(Seq2SeqModel):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)
         encoded = self.encode(source_ids, training=training)
         previous = self.embed_target(inputs["target_ids"], training)
-        states = self.decoder(previous, encoded["state"], encoded["context"])
+        states = self.decoder(previous, encoded["state"], encoded["context"], training=training)
         context = tf.broadcast_to(tf.cast(encoded["context"], states.dtype)[:, None, :],
                                   tf.concat([tf.shape(states)[:2], [self.hidden_size]], 0))
         logits = self.logits(states, previous, context, training=training)

@@ -12,7 +12,8 @@ this model has 80.4 million parameters (SPEC §2; `--dry_run` prints it).
 Dropout (not in the paper, useful on small corpora): `dropout` on both
 embeddings and on the maxout features t_i, `annotation_dropout` on the
 annotations h_j (what the alignment model, the context vectors and s_0 see),
-during training only. Tied embeddings and label smoothing: see
+`recurrent_dropout` on the GRU states where they enter the recurrent
+products (one mask per sentence, nmt_tf.layers.gru), during training only. Tied embeddings and label smoothing: see
 `Seq2SeqModel`.
 """
 
@@ -39,8 +40,8 @@ class RNNSearch(Seq2SeqModel):
       attention_size: n', the alignment model's hidden size.
       maxout_size: l, the number of maxout units (the readout has 2l).
       dropout: dropout rate on embeddings and maxout features (training only).
-      **kwargs: annotation_dropout (on h_j), tied_embeddings, label_smoothing
-        (see `Seq2SeqModel`) and Keras' own.
+      **kwargs: annotation_dropout (on h_j), recurrent_dropout,
+        tied_embeddings, label_smoothing (see `Seq2SeqModel`) and Keras' own.
 
     Inputs: {"source_ids": [batch, Tx] int, "target_ids": [batch, Ty] int},
     right-padded with 0.
@@ -54,10 +55,11 @@ class RNNSearch(Seq2SeqModel):
         super().__init__(source_vocab_size, target_vocab_size, embedding_size, hidden_size, maxout_size,
                          dropout, **kwargs)
         self.attention_size = attention_size
-        self.encoder = BidirectionalGRU(hidden_size, name="encoder")
+        self.encoder = BidirectionalGRU(hidden_size, recurrent_dropout=self.recurrent_dropout, name="encoder")
         self.initial_state = keras.layers.Dense(
             hidden_size, activation="tanh", kernel_initializer=weight_init(), name="initial_state")
-        self.decoder = AttentionDecoder(hidden_size, attention_size, 2 * hidden_size, name="decoder")
+        self.decoder = AttentionDecoder(hidden_size, attention_size, 2 * hidden_size,
+                                        recurrent_dropout=self.recurrent_dropout, name="decoder")
 
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""
@@ -81,7 +83,8 @@ class RNNSearch(Seq2SeqModel):
         mask = tf.not_equal(source_ids, PAD_ID)
         # Outside training, the encoder's two directions run as two loops side
         # by side (BidirectionalGRU); training keeps its one batched loop.
-        annotations = self.encoder(self.embed_source(source_ids, training), mask, separate_loops=not training)
+        annotations = self.encoder(self.embed_source(source_ids, training), mask, separate_loops=not training,
+                                   training=training)
         annotations = self.annotation_dropout(annotations, training=training)
         state = self.initial_state(annotations[:, 0, self.hidden_size:])   # tanh(W_s <-h_1)
         return {"annotations": annotations, "mask": mask, "state": state,
@@ -135,7 +138,8 @@ class RNNSearch(Seq2SeqModel):
         encoded = self.encode(source_ids, training=training)
         previous = self.embed_target(inputs["target_ids"], training)
         states, contexts, alignments = self.decoder(
-            previous, encoded["state"], encoded["annotations"], encoded["mask"], keys=encoded["keys"])
+            previous, encoded["state"], encoded["annotations"], encoded["mask"], keys=encoded["keys"],
+            training=training)
         logits = self.logits(states, previous, contexts, training=training)
         if return_alignment:
             return logits, alignments
