@@ -77,6 +77,10 @@ flags.DEFINE_float("recurrent_dropout", 0.0,
                    "Variational dropout of the GRU states in training (Gal & Ghahramani 2016; Nematus' dropout_hidden, "
                    "Marian's dropout-rnn): one mask per sentence, the same at every step, where the state enters "
                    "the recurrent products (paper: none).", lower_bound=0.0, upper_bound=0.95)
+flags.DEFINE_boolean("layer_norm", False,
+                     "Layer-normalised GRUs (Ba et al. 2016, as Nematus and Marian use them): the input, recurrent and "
+                     "context terms of the gates and of the candidate each normalised on their own, with a gain and a "
+                     "bias (paper: none).")
 flags.DEFINE_enum("tied_embeddings", "none", ["none", "target", "all"],
                   "Weight tying (Press & Wolf 2017; paper: none): target: the output layer is the transposed "
                   "target embedding matrix (needs --maxout_size equal to --embedding_size); all: the source "
@@ -157,7 +161,7 @@ flags.DEFINE_string("output", None, "Output file; default stdout.")
 FROZEN_FLAGS = (
     "tokenizer", "sentencepiece_type", "joint_vocabulary", "sentencepiece_character_coverage",
     "sentencepiece_sample_size", "src_lang", "tgt_lang", "src_vocab_size", "tgt_vocab_size", "model", "encoder",
-    "grconv_size", "embedding_size", "hidden_size", "attention_size", "maxout_size", "tied_embeddings",
+    "grconv_size", "embedding_size", "hidden_size", "attention_size", "maxout_size", "layer_norm", "tied_embeddings",
     "optimizer",
 )
 # Flags that are stored in flags.json (everything above but the per-run ones).

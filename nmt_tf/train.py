@@ -82,7 +82,7 @@ def build_model(config, source_vocab_size: int, target_vocab_size: int):
     common = dict(embedding_size=config.embedding_size, hidden_size=config.hidden_size,
                   maxout_size=config.maxout_size, dropout=config.dropout,
                   annotation_dropout=config.annotation_dropout, recurrent_dropout=config.recurrent_dropout,
-                  tied_embeddings=config.tied_embeddings,
+                  layer_norm=config.layer_norm, tied_embeddings=config.tied_embeddings,
                   label_smoothing=config.label_smoothing)
     if config.model == "rnnsearch":
         model = RNNSearch(source_vocab_size, target_vocab_size, attention_size=config.attention_size,

@@ -9,33 +9,51 @@ def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def gru_step(x, h, W, U, b, C=None, c=None, m=None):
+def layer_norm(v, gain, bias, eps=1e-5):
+    mean = v.mean(-1, keepdims=True)
+    return (v - mean) / np.sqrt(((v - mean) ** 2).mean(-1, keepdims=True) + eps) * gain + bias
+
+
+def gru_step(x, h, W, U, b, C=None, c=None, m=None, norms=None):
     """SPEC §1: W [d, 3n], U [n, 3n], b [3n], gates [r, z, candidate]; m: a
-    recurrent dropout mask on h where it meets U (the update keeps h)."""
+    recurrent dropout mask on h where it meets U (the update keeps h).
+
+    norms: layer normalisation (Nematus style), {"input" | "recurrent" |
+    "context": (gain [3n], bias [3n])}: each term normalised on its own,
+    the [r, z] part (2n) apart from the candidate part (n)."""
     n = h.shape[-1]
     hd = h if m is None else h * m
-    Wr, Wz, Wh = W[:, :n], W[:, n:2 * n], W[:, 2 * n:]
-    Ur, Uz, Uh = U[:, :n], U[:, n:2 * n], U[:, 2 * n:]
-    br, bz, bh = b[:n], b[n:2 * n], b[2 * n:]
-    cr = cz = ch = 0.0
+
+    def norm(term, v, part):        # part: slice of the 3n units that v covers
+        if norms is None:
+            return v
+        gain, bias = norms[term]
+        return layer_norm(v, gain[part], bias[part])
+
+    rz, cand = slice(0, 2 * n), slice(2 * n, 3 * n)
+    x_proj = x @ W + b
+    x_rz, x_h = norm("input", x_proj[rz], rz), norm("input", x_proj[cand], cand)
+    c_rz = c_h = 0.0
     if C is not None:
-        cr, cz, ch = c @ C[:, :n], c @ C[:, n:2 * n], c @ C[:, 2 * n:]
-    r = sigmoid(x @ Wr + hd @ Ur + cr + br)
-    z = sigmoid(x @ Wz + hd @ Uz + cz + bz)
-    h_tilde = np.tanh(x @ Wh + (r * hd) @ Uh + ch + bh)
+        c_proj = c @ C
+        c_rz, c_h = norm("context", c_proj[rz], rz), norm("context", c_proj[cand], cand)
+    gates = sigmoid(x_rz + norm("recurrent", hd @ U[:, rz], rz) + c_rz)
+    r, z = gates[:n], gates[n:]
+    h_tilde = np.tanh(x_h + norm("recurrent", (r * hd) @ U[:, cand], cand) + c_h)
     return (1.0 - z) * h + z * h_tilde
 
 
-def bidirectional_gru(xs, fw, bw):
-    """xs [T, d] of ONE sentence (no padding); fw / bw = (W, U, b). Returns [T, 2n]."""
+def bidirectional_gru(xs, fw, bw, fw_norms=None, bw_norms=None):
+    """xs [T, d] of ONE sentence (no padding); fw / bw = (W, U, b); *_norms: see
+    gru_step. Returns [T, 2n]."""
     n = fw[1].shape[0]
     h, forward = np.zeros(n), []
     for x in xs:
-        h = gru_step(x, h, *fw)
+        h = gru_step(x, h, *fw, norms=fw_norms)
         forward.append(h)
     h, backward = np.zeros(n), []
     for x in xs[::-1]:
-        h = gru_step(x, h, *bw)
+        h = gru_step(x, h, *bw, norms=bw_norms)
         backward.append(h)
     return np.concatenate([np.array(forward), np.array(backward[::-1])], axis=-1)
 

@@ -184,8 +184,9 @@ def test_block_orthogonal_blocks_are_orthogonal():
         np.testing.assert_allclose(block.T @ block, np.eye(6), atol=1e-5)
 
 
-@pytest.mark.parametrize("layer", [BidirectionalGRU(3, recurrent_dropout=0.2), ConditionalGRUCell(3, 4), AdditiveAttention(5),
-                                   MaxoutReadout(2), AttentionDecoder(3, 4, 6, recurrent_dropout=0.3)])
+@pytest.mark.parametrize("layer", [BidirectionalGRU(3, recurrent_dropout=0.2, layer_norm=True),
+                                   ConditionalGRUCell(3, 4, layer_norm=True), AdditiveAttention(5), MaxoutReadout(2),
+                                   AttentionDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True)])
 def test_get_config_round_trip(layer):
     clone = type(layer).from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
@@ -226,3 +227,50 @@ def test_recurrent_dropout_acts_only_in_training_and_draws_one_mask_per_sequence
             plain(x, mask), mask)
     np.testing.assert_allclose(decoder(*args)[0].numpy(), decoder(*args)[0].numpy())
     assert np.abs(decoder(*args, training=True)[0].numpy() - decoder(*args)[0].numpy()).max() > 1e-3
+
+
+def _norms(layer, prefix, terms):
+    return {term: tuple(getattr(layer, f"{prefix}{term}_norm_{part}").numpy() for part in ("gain", "bias"))
+            for term in terms}
+
+
+@pytest.mark.parametrize("separate_loops", [False, True])
+def test_layer_normalised_gru_matches_the_reference(separate_loops):
+    """layer_norm: each term (input, recurrent, context) normalised on its own,
+    [r, z] apart from the candidate, against the NumPy GRU; the decoder's
+    search step still equals its teacher-forced loop."""
+    n, d = 4, 3
+    layer = BidirectionalGRU(n, layer_norm=True)
+    xs, batch, mask = _padded([5, 2, 7], d)
+    layer.build(batch.shape)
+    randomize(layer)            # gains and biases too: every normalisation matters
+    got = layer(batch, mask, separate_loops=separate_loops).numpy()
+    fw = tuple(w.numpy() for w in (layer.kernels[0], layer.recurrent_kernels[0], layer.biases[0]))
+    bw = tuple(w.numpy() for w in (layer.kernels[1], layer.recurrent_kernels[1], layer.biases[1]))
+    for i, x in enumerate(xs):
+        want = ref.bidirectional_gru(x, fw, bw, _norms(layer, "forward_", ("input", "recurrent")),
+                                     _norms(layer, "backward_", ("input", "recurrent")))
+        np.testing.assert_allclose(got[i, :len(x)], want, **TOL)
+
+    cell = ConditionalGRUCell(n, 6, layer_norm=True)
+    cell.build((None, d))
+    randomize(cell)
+    x, s, c = (RNG.normal(size=(2, dim)).astype("float32") for dim in (d, n, 6))
+    W, U, C, bias = (w.numpy() for w in (cell.kernel, cell.recurrent_kernel, cell.context_kernel, cell.bias))
+    norms = _norms(cell, "", ("input", "recurrent", "context"))
+    want = np.stack([ref.gru_step(x[i], s[i], W, U, bias, C, c[i], norms=norms) for i in range(2)])
+    np.testing.assert_allclose(cell(x, s, c).numpy(), want, **TOL)
+
+    dec = AttentionDecoder(n, 5, 6, layer_norm=True)
+    _, H, mask = _padded([3, 5], 6)
+    emb = RNG.normal(size=(2, 4, d)).astype("float32")
+    dec.build(emb.shape)
+    randomize(dec)
+    s0 = RNG.normal(size=(2, n)).astype("float32")
+    states = dec(emb, s0, H, mask)[0].numpy()
+    keys, score = dec.precompute(tf.constant(H)), score_bias(mask)
+    projected = dec.project_annotations(H, np.eye(6, dtype="float32"))
+    search_state = dec.search_state(tf.constant(s0))
+    for i in range(4):
+        s, search_state, _, _ = dec.step(emb[:, i], search_state, keys, projected, score)
+        np.testing.assert_allclose(s.numpy(), states[:, i], **TOL)

@@ -14,9 +14,12 @@ from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 RNG = np.random.default_rng(11)
 
 
-def model_with_random_weights(target_vocab=12, scale=0.8, seed=0):
+def model_with_random_weights(target_vocab=12, scale=0.8, seed=0, **options):
+    """A tiny RNNsearch with N(0, scale^2) weights; `options`: layer_norm, tied_embeddings, ..."""
     rng = np.random.default_rng(seed)
-    model = RNNSearch(10, target_vocab, embedding_size=6, hidden_size=5, attention_size=7, maxout_size=4)
+    maxout = 6 if options.get("tied_embeddings", "none") != "none" else 4
+    model = RNNSearch(10 if options.get("tied_embeddings") != "all" else target_vocab, target_vocab,
+                      embedding_size=6, hidden_size=5, attention_size=7, maxout_size=maxout, **options)
     model.build()
     for w in model.weights:
         w.assign(rng.normal(0, scale, size=w.shape).astype("float32"))
@@ -70,8 +73,12 @@ def test_wide_beam_finds_the_exhaustive_best(suppress_unk):
             assert out["log_probs"][i, rank].numpy() == pytest.approx(candidates[rank][1], rel=1e-4, abs=1e-5)
 
 
-def test_paper_beam_of_10_scores_match_forced_decoding_and_are_sorted():
-    model = model_with_random_weights()
+@pytest.mark.parametrize("options", [{}, {"layer_norm": True}, {"tied_embeddings": "target"}],
+                         ids=["paper", "layer_norm", "tied"])
+def test_paper_beam_of_10_scores_match_forced_decoding_and_are_sorted(options):
+    """Search's own step (fused, sliced, projected matrices) computes the
+    teacher-forced model's probabilities, also with the recipe options."""
+    model = model_with_random_weights(**options)
     out = beam_search(model, SOURCES, SearchOptions(beam_size=10, n_best=10))
     scores = out["scores"].numpy()
     assert np.all(np.diff(scores, axis=1) <= 1e-6)                      # best first
@@ -249,7 +256,8 @@ class ScriptedModel:
         return {}
 
     def search_inputs(self, source_ids, weights):
-        return {"state": tf.zeros([tf.shape(source_ids)[0], 1]), "length": tf.shape(source_ids)[1] + 0 * source_ids[:, 0]}
+        rows = tf.shape(source_ids)[0]
+        return {"state": tf.zeros([rows, 1]), "length": tf.fill([rows], tf.shape(source_ids)[1])}
 
     def decode_step(self, previous_ids, state, inputs, weights):
         next_token = tf.where(previous_ids == BOS_ID, UNK_ID, tf.where(previous_ids == UNK_ID, 4, EOS_ID))

@@ -44,6 +44,8 @@ class AttentionDecoder(keras.layers.Layer):
       context_dim: size of an annotation h_j (2n for the bidirectional encoder).
       recurrent_dropout: in training, s_{i-1} times one dropout mask per
         sequence wherever it is multiplied (W_a, U_rz, U: nmt_tf.layers.gru).
+      layer_norm: a layer-normalised GRU (nmt_tf.layers.gru); the attention
+        is unchanged.
 
     Call arguments (teacher forcing over a whole target batch):
       target_embeddings: [batch, Ty, m] E y_{i-1} for i = 1..Ty (y_0 = [BOS]).
@@ -58,14 +60,15 @@ class AttentionDecoder(keras.layers.Layer):
     """
 
     def __init__(self, units: int, attention_units: int, context_dim: int, recurrent_dropout: float = 0.0,
-                 **kwargs):
+                 layer_norm: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.attention_units = attention_units
         self.context_dim = context_dim
         self.recurrent_dropout = recurrent_dropout
+        self.layer_norm = layer_norm
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
-        self.cell = ConditionalGRUCell(units, context_dim, name="gru")
+        self.cell = ConditionalGRUCell(units, context_dim, layer_norm=layer_norm, name="gru")
         self.attention = AdditiveAttention(attention_units, name="attention")
 
     def build(self, target_embeddings_shape, *args, **kwargs):
@@ -187,7 +190,8 @@ class AttentionDecoder(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "units": self.units, "attention_units": self.attention_units,
-                "context_dim": self.context_dim, "recurrent_dropout": self.recurrent_dropout}
+                "context_dim": self.context_dim, "recurrent_dropout": self.recurrent_dropout,
+                "layer_norm": self.layer_norm}
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -204,6 +208,7 @@ class ContextDecoder(keras.layers.Layer):
       context_dim: size of c.
       recurrent_dropout: in training, s_{i-1} times one dropout mask per
         sequence where it enters U_rz and U (nmt_tf.layers.gru).
+      layer_norm: a layer-normalised GRU (nmt_tf.layers.gru).
 
     Call arguments (teacher forcing):
       target_embeddings: [batch, Ty, m] E y_{i-1} (y_0 = [BOS]).
@@ -214,22 +219,25 @@ class ContextDecoder(keras.layers.Layer):
       states [batch, Ty, n] s_i.
     """
 
-    def __init__(self, units: int, context_dim: int, recurrent_dropout: float = 0.0, **kwargs):
+    def __init__(self, units: int, context_dim: int, recurrent_dropout: float = 0.0, layer_norm: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.context_dim = context_dim
         self.recurrent_dropout = recurrent_dropout
+        self.layer_norm = layer_norm
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
-        self.cell = ConditionalGRUCell(units, context_dim, name="gru")
+        self.cell = ConditionalGRUCell(units, context_dim, layer_norm=layer_norm, name="gru")
 
     def build(self, target_embeddings_shape, *args, **kwargs):
         self.cell.build((None, target_embeddings_shape[-1]))
         self.built = True
 
     def precompute(self, context):
-        """C c for all three gates: [batch, context_dim] -> [batch, 3n]."""
+        """C c for all three gates (layer-normalised with layer_norm): [batch, context_dim] -> [batch, 3n]."""
         dtype = self.compute_dtype
-        return tf.matmul(tf.cast(context, dtype), tf.cast(self.cell.context_kernel, dtype))
+        context_proj = tf.matmul(tf.cast(context, dtype), tf.cast(self.cell.context_kernel, dtype))
+        return self.cell.normalize_context(context_proj)
 
     def step_weights(self) -> dict:
         """The GRU's `step_kernels()` (W, b, U_rz, U, C), sliced and cast once per sequence."""
@@ -239,7 +247,8 @@ class ContextDecoder(keras.layers.Layer):
         dropped = state if state_mask is None else state * state_mask
         return gru_update(x_proj, state, tf.matmul(dropped, kernels["recurrent_rz"]),
                           kernels["recurrent_candidate"], extra=context_proj,
-                          h_dropped=None if state_mask is None else dropped)
+                          h_dropped=None if state_mask is None else dropped,
+                          recurrent_norm=kernels.get("recurrent_norm"))
 
     def step(self, previous_embedding, state, context_proj, weights=None):
         """One step for search: E y_{i-1} [batch, m], s_{i-1} [batch, n], C c [batch, 3n] -> s_i.
@@ -268,4 +277,4 @@ class ContextDecoder(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "units": self.units, "context_dim": self.context_dim,
-                "recurrent_dropout": self.recurrent_dropout}
+                "recurrent_dropout": self.recurrent_dropout, "layer_norm": self.layer_norm}

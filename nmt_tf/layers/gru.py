@@ -18,6 +18,17 @@ one dropout mask m, drawn once per sequence and kept at every step, where it
 enters the recurrent products: U_r (m * h_{t-1}), U_z (m * h_{t-1}) and
 U (r_t * m * h_{t-1}); the update h_t = (1 - z_t) h_{t-1} + z_t h~_t keeps
 the state itself.
+
+Layer normalisation (`layer_norm=True`; not in the papers; Ba et al. 2016, as
+Nematus and Marian apply it to their GRUs): each kind of term is normalised
+on its own, with a gain and a bias per unit, the [r, z] part (2n) apart from
+the candidate part (n):
+
+    x-terms  LN(W x_t + b)          computed outside the time loop
+    h-terms  LN(U_rz h_{t-1}),  LN(U (r_t * h_{t-1}))
+    c-terms  LN(C c)                (the decoder's context)
+
+and the gates and candidate add the normalised terms.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import keras
 import tensorflow as tf
 
 from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
-from nmt_tf.layers.ops import project
+from nmt_tf.layers.ops import gate_layer_norm, layer_norm, project
 
 
 def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype):
@@ -36,7 +47,18 @@ def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype):
     return tf.cast(keep, dtype) / (1.0 - rate)
 
 
-def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None):
+def add_norm_weights(layer, name: str, width: int):
+    """A layer normalisation's gain (ones) and bias (zeros), [width] each, as
+    attributes `<name>_gain` / `<name>_bias` of `layer` (checkpoints follow
+    attributes); returns (gain, bias)."""
+    gain = layer.add_weight(name=f"{name}_gain", shape=(width,), initializer="ones")
+    bias = layer.add_weight(name=f"{name}_bias", shape=(width,), initializer="zeros")
+    setattr(layer, f"{name}_gain", gain)
+    setattr(layer, f"{name}_bias", bias)
+    return gain, bias
+
+
+def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None, recurrent_norm=None):
     """One GRU step from precomputed projections.
 
     Args:
@@ -49,19 +71,27 @@ def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None):
         context terms C_r c, C_z c, C c).
       h_dropped: h_{t-1} with recurrent dropout applied (training), for the
         candidate's product U (r * h); h_rz must then be U_rz h_dropped.
+      recurrent_norm: (gain, bias) [..., 3n] of the layer normalisation of the
+        h-terms (x_proj and extra come normalised), or None.
 
     Returns:
       [..., n] the new state h_t.
     """
     n = u_h.shape[-1]
     pre = x_proj if extra is None else x_proj + extra
+    if recurrent_norm is not None:
+        gain, bias = recurrent_norm
+        h_rz = layer_norm(h_rz, gain[..., :2 * n], bias[..., :2 * n])
     rz = tf.sigmoid(pre[..., :2 * n] + h_rz)
     r, z = rz[..., :n], rz[..., n:]
-    candidate = tf.tanh(pre[..., 2 * n:] + tf.matmul(r * (h if h_dropped is None else h_dropped), u_h))
+    h_candidate = tf.matmul(r * (h if h_dropped is None else h_dropped), u_h)
+    if recurrent_norm is not None:
+        h_candidate = layer_norm(h_candidate, gain[..., 2 * n:], bias[..., 2 * n:])
+    candidate = tf.tanh(pre[..., 2 * n:] + h_candidate)
     return h + z * (candidate - h)
 
 
-def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None):
+def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurrent_norm=None):
     """Runs GRU steps over time; a masked (padded) step leaves the state unchanged.
 
     Args:
@@ -70,6 +100,8 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None):
       recurrent_kernel: [n, 3n] (or batched [k, n, 3n]) U, in x_proj's dtype.
       h0: [..., n] initial state.
       state_mask: optional recurrent dropout mask [..., n] (training).
+      recurrent_norm: optional (gain, bias) [..., 3n] of the h-terms' layer
+        normalisation (x_proj comes normalised).
 
     Returns:
       [T, ..., n] the states.
@@ -79,10 +111,10 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None):
 
     def step(h, elems):
         xp, mt = elems
-        if state_mask is None:
-            return h + mt * (gru_update(xp, h, tf.matmul(h, u_rz), u_h) - h)
-        hd = h * state_mask
-        return h + mt * (gru_update(xp, h, tf.matmul(hd, u_rz), u_h, h_dropped=hd) - h)
+        hd = h if state_mask is None else h * state_mask
+        new = gru_update(xp, h, tf.matmul(hd, u_rz), u_h, h_dropped=None if state_mask is None else hd,
+                         recurrent_norm=recurrent_norm)
+        return h + mt * (new - h)
 
     return tf.scan(step, (x_proj, mask), initializer=h0)
 
@@ -102,6 +134,8 @@ class BidirectionalGRU(keras.layers.Layer):
       units: n, per direction.
       recurrent_dropout: rate of the recurrent (variational) dropout of both
         directions in training (module docstring).
+      layer_norm: layer-normalised GRUs (module docstring), with gains and
+        biases of their own per direction.
 
     Call arguments:
       inputs: [batch, time, input_dim] embedded source words.
@@ -111,14 +145,19 @@ class BidirectionalGRU(keras.layers.Layer):
       [batch, time, 2 * units] annotations h_j = [->h_j ; <-h_j].
     """
 
-    def __init__(self, units: int, recurrent_dropout: float = 0.0, **kwargs):
+    def __init__(self, units: int, recurrent_dropout: float = 0.0, layer_norm: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.recurrent_dropout = recurrent_dropout
+        self.layer_norm = layer_norm
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
 
     def build(self, input_shape):
         d, n = input_shape[-1], self.units
+        if self.layer_norm:
+            for direction in ("forward", "backward"):
+                for term in ("input", "recurrent"):
+                    add_norm_weights(self, f"{direction}_{term}_norm", 3 * n)
         # Plain attributes (not lists): TensorFlow checkpoints follow attributes
         # only, and a weights-only checkpoint must hold every weight.
         for direction in ("forward", "backward"):
@@ -143,6 +182,14 @@ class BidirectionalGRU(keras.layers.Layer):
     def biases(self):
         return [self.forward_bias, self.backward_bias]
 
+    def norms(self, term: str, dtype):
+        """[(gain, bias) forward, (gain, bias) backward] of the x-terms
+        ("input") or h-terms ("recurrent"), in `dtype`; None without layer_norm."""
+        if not self.layer_norm:
+            return None
+        return [tuple(tf.cast(getattr(self, f"{direction}_{term}_norm_{part}"), dtype) for part in ("gain", "bias"))
+                for direction in ("forward", "backward")]
+
     def call(self, inputs, mask, separate_loops=False, training=False):
         """`separate_loops`: run the two directions as two time loops instead
         of one (same results). Independent loops run side by side on
@@ -155,6 +202,10 @@ class BidirectionalGRU(keras.layers.Layer):
         time_major = tf.transpose(inputs, [1, 0, 2])
         forward_x, backward_x = (project(time_major, kernel, bias)                  # [T, B, 3n] each
                                  for kernel, bias in zip(self.kernels, self.biases))
+        recurrent_norms = self.norms("recurrent", dtype)
+        if self.layer_norm:
+            forward_x, backward_x = (gate_layer_norm(x, norm) for x, norm in
+                                     zip((forward_x, backward_x), self.norms("input", dtype)))
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                # [T, B, 1]
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
         drop = (recurrent_dropout_mask(tf.stack([2, tf.shape(inputs)[0], n]), self.recurrent_dropout,
@@ -162,15 +213,19 @@ class BidirectionalGRU(keras.layers.Layer):
                 if training and self.recurrent_dropout else None)                            # [2, B, n]
         if separate_loops:
             forward_u, backward_u = (tf.cast(k, dtype) for k in self.recurrent_kernels)
-            forward = masked_gru_scan(forward_x, m, forward_u, h0, None if drop is None else drop[0])  # [T, B, n]
+            norm = recurrent_norms or (None, None)
+            forward = masked_gru_scan(forward_x, m, forward_u, h0, None if drop is None else drop[0],
+                                      norm[0])                                                   # [T, B, n]
             backward = tf.reverse(masked_gru_scan(tf.reverse(backward_x, [0]), tf.reverse(m, [0]),
-                                                  backward_u, h0, None if drop is None else drop[1]), [0])
+                                                  backward_u, h0, None if drop is None else drop[1], norm[1]), [0])
         else:
             # [T, 2, B, 3n]: row 0 read left to right, row 1 right to left.
             x_proj = tf.stack([forward_x, tf.reverse(backward_x, [0])], axis=1)
             m = tf.concat([m[:, None], tf.reverse(m, [0])[:, None]], axis=1)             # [T, 2, B, 1]
             u = tf.cast(tf.stack([tf.convert_to_tensor(k) for k in self.recurrent_kernels]), dtype)  # [2, n, 3n]
-            states = masked_gru_scan(x_proj, m, u, tf.stack([h0, h0]), drop)             # [T, 2, B, n]
+            norm = None if recurrent_norms is None else tuple(                           # [2, 1, 3n] each
+                tf.stack([recurrent_norms[0][i], recurrent_norms[1][i]])[:, None] for i in range(2))
+            states = masked_gru_scan(x_proj, m, u, tf.stack([h0, h0]), drop, norm)       # [T, 2, B, n]
             forward, backward = states[:, 0], tf.reverse(states[:, 1], [0])
         return tf.transpose(tf.concat([forward, backward], axis=-1), [1, 0, 2])
 
@@ -178,7 +233,8 @@ class BidirectionalGRU(keras.layers.Layer):
         return tuple(input_shape[:-1]) + (2 * self.units,)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units, "recurrent_dropout": self.recurrent_dropout}
+        return {**super().get_config(), "units": self.units, "recurrent_dropout": self.recurrent_dropout,
+                "layer_norm": self.layer_norm}
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -192,6 +248,7 @@ class GRU(keras.layers.Layer):
       units: n.
       recurrent_dropout: rate of the recurrent (variational) dropout in
         training (module docstring).
+      layer_norm: a layer-normalised GRU (module docstring).
 
     Call arguments:
       inputs: [batch, time, input_dim].
@@ -201,14 +258,18 @@ class GRU(keras.layers.Layer):
       (states [batch, time, units], last real state h_T [batch, units]).
     """
 
-    def __init__(self, units: int, recurrent_dropout: float = 0.0, **kwargs):
+    def __init__(self, units: int, recurrent_dropout: float = 0.0, layer_norm: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.recurrent_dropout = recurrent_dropout
+        self.layer_norm = layer_norm
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
 
     def build(self, input_shape):
         n = self.units
+        if self.layer_norm:
+            for term in ("input", "recurrent"):
+                add_norm_weights(self, f"{term}_norm", 3 * n)
         self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], 3 * n), initializer=weight_init())
         self.recurrent_kernel = self.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
                                                 initializer=BlockOrthogonal())
@@ -218,18 +279,24 @@ class GRU(keras.layers.Layer):
         n = self.units
         dtype = self.compute_dtype
         x_proj = project(tf.transpose(tf.cast(inputs, dtype), [1, 0, 2]), self.kernel, self.bias)  # [T, B, 3n]
+        norm = lambda term: (None if not self.layer_norm else
+                             tuple(tf.cast(getattr(self, f"{term}_norm_{part}"), dtype) for part in ("gain", "bias")))
+        if self.layer_norm:
+            x_proj = gate_layer_norm(x_proj, norm("input"))
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                                           # [T, B, 1]
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
         drop = (recurrent_dropout_mask(tf.shape(h0), self.recurrent_dropout, self.seed_generator, dtype)
                 if training and self.recurrent_dropout else None)
-        states = masked_gru_scan(x_proj, m, tf.cast(self.recurrent_kernel, dtype), h0, drop)       # [T, B, n]
+        states = masked_gru_scan(x_proj, m, tf.cast(self.recurrent_kernel, dtype), h0, drop,
+                                 norm("recurrent"))                                                # [T, B, n]
         return tf.transpose(states, [1, 0, 2]), states[-1]
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,), (input_shape[0], self.units)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units, "recurrent_dropout": self.recurrent_dropout}
+        return {**super().get_config(), "units": self.units, "recurrent_dropout": self.recurrent_dropout,
+                "layer_norm": self.layer_norm}
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -249,13 +316,17 @@ class ConditionalGRUCell(keras.layers.Layer):
       [batch, n] new state s_i.
     """
 
-    def __init__(self, units: int, context_dim: int, **kwargs):
+    def __init__(self, units: int, context_dim: int, layer_norm: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.context_dim = context_dim
+        self.layer_norm = layer_norm
 
     def build(self, input_shape):
         n = self.units
+        if self.layer_norm:
+            for term in ("input", "recurrent", "context"):
+                add_norm_weights(self, f"{term}_norm", 3 * n)
         self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], 3 * n),
                                       initializer=weight_init())
         self.recurrent_kernel = self.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
@@ -266,22 +337,37 @@ class ConditionalGRUCell(keras.layers.Layer):
         self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
 
     def project_inputs(self, inputs, kernels=None):
-        """W x + b for inputs [..., input_dim] -> [..., 3n] (outside the loop
-        for teacher forcing; per step in search, with `kernels`)."""
-        kernel, bias = (self.kernel, self.bias) if kernels is None else (kernels["input"], kernels["bias"])
-        return project(tf.cast(inputs, self.compute_dtype), kernel, bias)
+        """W x + b (layer-normalised with layer_norm) for inputs [..., input_dim]
+        -> [..., 3n] (outside the loop for teacher forcing; per step in
+        search, with `kernels`)."""
+        kernels = kernels or self.step_kernels()
+        x_proj = project(tf.cast(inputs, self.compute_dtype), kernels["input"], kernels["bias"])
+        return gate_layer_norm(x_proj, kernels["input_norm"]) if self.layer_norm else x_proj
+
+    def normalize_context(self, context_proj, kernels=None):
+        """C c [..., 3n] as the gates add it: layer-normalised with layer_norm."""
+        if not self.layer_norm:
+            return context_proj
+        return gate_layer_norm(context_proj, (kernels or self.step_kernels())["context_norm"])
 
     def step_kernels(self) -> dict:
-        """W, b, U_rz [n, 2n], U [n, n] (candidate) and C [context_dim, 3n] in the compute dtype.
+        """W, b, U_rz [n, 2n], U [n, n] (candidate) and C [context_dim, 3n] in
+        the compute dtype, and with layer_norm the (gain, bias) pairs
+        "input_norm", "recurrent_norm" and "context_norm".
 
         Slicing and casting copy the matrices, so a time loop takes them once,
         outside, and passes them to every `step`.
         """
         n, dtype = self.units, self.compute_dtype
         u = tf.cast(self.recurrent_kernel, dtype)
-        return {"input": tf.cast(self.kernel, dtype), "bias": tf.cast(self.bias, dtype),
-                "recurrent_rz": u[:, :2 * n], "recurrent_candidate": u[:, 2 * n:],
-                "context": tf.cast(self.context_kernel, dtype)}
+        kernels = {"input": tf.cast(self.kernel, dtype), "bias": tf.cast(self.bias, dtype),
+                   "recurrent_rz": u[:, :2 * n], "recurrent_candidate": u[:, 2 * n:],
+                   "context": tf.cast(self.context_kernel, dtype)}
+        if self.layer_norm:
+            for term in ("input", "recurrent", "context"):
+                kernels[f"{term}_norm"] = tuple(tf.cast(getattr(self, f"{term}_norm_{part}"), dtype)
+                                                for part in ("gain", "bias"))
+        return kernels
 
     def step(self, x_proj, state, context=None, state_rz=None, kernels=None, context_proj=None, state_dropped=None):
         """One step from x_proj = W x + b.
@@ -292,19 +378,22 @@ class ConditionalGRUCell(keras.layers.Layer):
         products taken once per sentence), else C c_i is computed from
         `context`; `kernels` is `step_kernels()`, taken once per sequence;
         `state_dropped` is s_{i-1} with recurrent dropout (training; then
-        `state_rz` must be U_rz of it).
+        `state_rz` must be U_rz of it). With layer_norm, x_proj comes
+        normalised (`project_inputs`); C c and the h-terms are normalised here.
         """
         kernels = kernels or self.step_kernels()
         if state_rz is None:
             state_rz = tf.matmul(state, kernels["recurrent_rz"])
         if context_proj is None:
             context_proj = tf.matmul(context, kernels["context"])
-        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"], extra=context_proj,
-                          h_dropped=state_dropped)
+        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"],
+                          extra=self.normalize_context(context_proj, kernels), h_dropped=state_dropped,
+                          recurrent_norm=kernels.get("recurrent_norm"))
 
     def call(self, inputs, state, context):
         dtype = self.compute_dtype
         return self.step(self.project_inputs(inputs), tf.cast(state, dtype), tf.cast(context, dtype))
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units, "context_dim": self.context_dim}
+        return {**super().get_config(), "units": self.units, "context_dim": self.context_dim,
+                "layer_norm": self.layer_norm}

@@ -23,3 +23,25 @@ def project(x, kernel, bias=None, transpose_kernel=False):
     if x.shape.rank == 2:
         return y
     return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [tf.shape(y)[-1]]], 0))
+
+
+LAYER_NORM_EPSILON = 1e-5
+
+
+def layer_norm(x, gain, bias):
+    """Layer normalisation (Ba et al. 2016) over the last axis: (x - mean) /
+    sqrt(variance + 1e-5) * gain + bias; gain and bias [k] (or broadcastable)."""
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+    return centered * tf.math.rsqrt(variance + LAYER_NORM_EPSILON) * gain + bias
+
+
+def gate_layer_norm(x, norm):
+    """Layer normalisation of GRU pre-activations [..., 3n] in two blocks, the
+    [r, z] gates (2n) and the candidate (n), each normalised on its own;
+    `norm` = (gain, bias), each [..., 3n]."""
+    gain, bias = norm
+    two_n = 2 * (x.shape[-1] // 3)
+    return tf.concat([layer_norm(x[..., :two_n], gain[..., :two_n], bias[..., :two_n]),
+                      layer_norm(x[..., two_n:], gain[..., two_n:], bias[..., two_n:])], axis=-1)

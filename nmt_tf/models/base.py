@@ -90,7 +90,8 @@ class Seq2SeqModel(keras.Model):
     the options that are not in the papers: dropout (`dropout` on embeddings
     and maxout features; `annotation_dropout` on the encoder's outputs and
     `recurrent_dropout`, variational dropout of the GRU states, which
-    subclasses apply), tied embeddings and label smoothing.
+    subclasses apply), layer-normalised GRUs (`layer_norm`, also applied by
+    subclasses; nmt_tf.layers.gru), tied embeddings and label smoothing.
 
     `tied_embeddings` (Press & Wolf 2017): "none" (the papers: an output
     matrix W_o of its own); "target": W_o = E_y^T, the target embeddings
@@ -121,8 +122,8 @@ class Seq2SeqModel(keras.Model):
 
     def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int,
                  hidden_size: int, maxout_size: int, dropout: float = 0.0, annotation_dropout: float = 0.0,
-                 recurrent_dropout: float = 0.0, tied_embeddings: str = "none", label_smoothing: float = 0.0,
-                 **kwargs):
+                 recurrent_dropout: float = 0.0, layer_norm: bool = False, tied_embeddings: str = "none",
+                 label_smoothing: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         from nmt_tf.layers import MaxoutReadout
         from nmt_tf.layers.initializers import weight_init
@@ -142,7 +143,8 @@ class Seq2SeqModel(keras.Model):
         self.maxout_size = maxout_size
         self.dropout = dropout
         self.annotation_dropout_rate = annotation_dropout
-        self.recurrent_dropout = recurrent_dropout        # subclasses give it to their GRUs
+        self.recurrent_dropout = recurrent_dropout        # subclasses give both to their GRUs
+        self.layer_norm = layer_norm
         self.tied_embeddings = tied_embeddings
         self.label_smoothing = label_smoothing
         self.target_embedding = keras.layers.Embedding(
@@ -263,7 +265,7 @@ class Seq2SeqModel(keras.Model):
                 "target_vocab_size": self.target_vocab_size, "embedding_size": self.embedding_size,
                 "hidden_size": self.hidden_size, "maxout_size": self.maxout_size, "dropout": self.dropout,
                 "annotation_dropout": self.annotation_dropout_rate, "recurrent_dropout": self.recurrent_dropout,
-                "tied_embeddings": self.tied_embeddings,
+                "layer_norm": self.layer_norm, "tied_embeddings": self.tied_embeddings,
                 "label_smoothing": self.label_smoothing}
 
     def batch_nll(self, x, y, training=False, return_loss=False):

@@ -41,8 +41,8 @@ class RNNEncDec(Seq2SeqModel):
     Args:
       source_vocab_size, target_vocab_size, embedding_size, maxout_size,
         dropout: as for RNNSearch; **kwargs as for RNNSearch, where
-        annotation_dropout applies to the summary c and recurrent_dropout to
-        the encoder GRU (not the grConv) and the decoder.
+        annotation_dropout applies to the summary c, and recurrent_dropout
+        and layer_norm to the encoder GRU (not the grConv) and the decoder.
       hidden_size: n, the encoder GRU's and the decoder's state size, and the
         size of the summary c.
       encoder: "rnn" (a GRU) or "grconv".
@@ -60,14 +60,15 @@ class RNNEncDec(Seq2SeqModel):
             raise ValueError(f"unknown encoder {encoder!r}; choose one of {', '.join(ENCODERS)}")
         self.encoder_type = encoder
         self.grconv_size = grconv_size
-        self.encoder = (GRU(hidden_size, recurrent_dropout=self.recurrent_dropout, name="encoder")
+        self.encoder = (GRU(hidden_size, recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
+                            name="encoder")
                         if encoder == "rnn" else GatedRecursiveConvolution(grconv_size, name="encoder"))
         self.summarizer = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=weight_init(),
                                           name="summarizer")                   # c = tanh(V h_T)
         self.initial_state = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=weight_init(),
                                                 name="initial_state")          # s_0 = tanh(V' c)
         self.decoder = ContextDecoder(hidden_size, hidden_size, recurrent_dropout=self.recurrent_dropout,
-                                      name="decoder")
+                                      layer_norm=self.layer_norm, name="decoder")
 
     @property
     def encoder_output_size(self) -> int:

@@ -40,7 +40,7 @@ class RNNSearch(Seq2SeqModel):
       attention_size: n', the alignment model's hidden size.
       maxout_size: l, the number of maxout units (the readout has 2l).
       dropout: dropout rate on embeddings and maxout features (training only).
-      **kwargs: annotation_dropout (on h_j), recurrent_dropout,
+      **kwargs: annotation_dropout (on h_j), recurrent_dropout, layer_norm,
         tied_embeddings, label_smoothing (see `Seq2SeqModel`) and Keras' own.
 
     Inputs: {"source_ids": [batch, Tx] int, "target_ids": [batch, Ty] int},
@@ -55,11 +55,13 @@ class RNNSearch(Seq2SeqModel):
         super().__init__(source_vocab_size, target_vocab_size, embedding_size, hidden_size, maxout_size,
                          dropout, **kwargs)
         self.attention_size = attention_size
-        self.encoder = BidirectionalGRU(hidden_size, recurrent_dropout=self.recurrent_dropout, name="encoder")
+        self.encoder = BidirectionalGRU(hidden_size, recurrent_dropout=self.recurrent_dropout,
+                                        layer_norm=self.layer_norm, name="encoder")
         self.initial_state = keras.layers.Dense(
             hidden_size, activation="tanh", kernel_initializer=weight_init(), name="initial_state")
         self.decoder = AttentionDecoder(hidden_size, attention_size, 2 * hidden_size,
-                                        recurrent_dropout=self.recurrent_dropout, name="decoder")
+                                        recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
+                                        name="decoder")
 
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""
