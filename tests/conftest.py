@@ -46,6 +46,16 @@ def memorize(model, x, y, updates: int) -> float:
     return float(nll / tokens)
 
 
+def checkpoint_weights(path) -> dict:
+    """The model weights stored in a training checkpoint, by checkpoint key
+    (optimizer slots left out)."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(path)
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+            if k.startswith("model/") and "OPTIMIZER_SLOT" not in k}
+
+
 def read_multi30k(name: str, n: int | None = None) -> list[str]:
     with gzip.open(os.path.join(MULTI30K, name), "rt", encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_cli
+from conftest import checkpoint_weights, run_cli
 from nmt_tf import checkpoints, export
 from nmt_tf.translator import restore_ensemble, restore_model
 
@@ -33,12 +33,6 @@ def test_best_checkpoints_keep_the_n_best_by_score(tmp_path):
         assert not again.would_keep(kept[-1] - 10.0 if higher_is_better else kept[-1] + 10.0)
 
 
-def _weights(path):
-    reader = tf.train.load_checkpoint(path)
-    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-            if k.startswith("model/") and "OPTIMIZER_SLOT" not in k}
-
-
 def test_averaging_identical_checkpoints_changes_nothing_and_averaging_n_gives_the_mean(trained_model_dir):
     model_dir, _ = trained_model_dir
     last = checkpoints.checkpoint_paths(model_dir, "last", 3)
@@ -51,7 +45,7 @@ def test_averaging_identical_checkpoints_changes_nothing_and_averaging_n_gives_t
     averaged = restore_model(model_dir, checkpoints.WeightsChoice(average=3, average_from="last"),
                              log=lambda *a: None)
     assert "mean of 3 last checkpoints" in averaged.checkpoint
-    stored = [_weights(p) for p in last]
+    stored = [checkpoint_weights(p) for p in last]
     mean = lambda key: np.mean([s[f"model/{key}/.ATTRIBUTES/VARIABLE_VALUE"].astype(np.float64) for s in stored], 0)
     np.testing.assert_allclose(averaged.model.output_weights()[0].numpy(), mean("output_projection/_kernel"),
                                rtol=1e-6)

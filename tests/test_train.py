@@ -12,16 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cli
+from conftest import REPO, checkpoint_weights, run_cli
 from nmt_tf import flags, train
 
 QUIET = dict(log=lambda *a: None)
-
-
-def checkpoint_weights(path):
-    reader = tf.train.load_checkpoint(path)
-    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-            if k.startswith("model/") and "OPTIMIZER" not in k}
 
 
 def test_training_writes_every_output(trained_model_dir):
