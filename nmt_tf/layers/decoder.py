@@ -174,9 +174,8 @@ class AttentionDecoder(keras.layers.Layer):
         # [Ty, B, 3n], time-major for the loop.
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
         batch = tf.shape(annotations)[0]
-        state_mask = (recurrent_dropout_mask(tf.stack([batch, self.units]), self.recurrent_dropout,
-                                             self.seed_generator, dtype)
-                      if training and self.recurrent_dropout else None)
+        state_mask = recurrent_dropout_mask(tf.stack([batch, self.units]), self.recurrent_dropout,
+                                            self.seed_generator, dtype, training)
 
         def step(carry, x_t):
             return self._step(x_t, carry[0], weights, keys, annotations, bias, state_mask)
@@ -265,9 +264,8 @@ class ContextDecoder(keras.layers.Layer):
         context_proj = self.precompute(context)
         kernels = self.step_weights()
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
-        state_mask = (recurrent_dropout_mask(tf.shape(initial_state), self.recurrent_dropout,
-                                             self.seed_generator, dtype)
-                      if training and self.recurrent_dropout else None)
+        state_mask = recurrent_dropout_mask(tf.shape(initial_state), self.recurrent_dropout,
+                                            self.seed_generator, dtype, training)
         states = tf.scan(lambda s, x: self._step(x, s, context_proj, kernels, state_mask), x_proj,
                          initializer=tf.cast(initial_state, dtype))
         return tf.transpose(states, [1, 0, 2])

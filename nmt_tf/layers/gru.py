@@ -40,9 +40,12 @@ from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
 from nmt_tf.layers.ops import gate_layer_norm, layer_norm, project
 
 
-def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype):
+def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype, training: bool = True):
     """A variational dropout mask (kept entries 1 / (1 - rate), others 0),
-    drawn once per sequence: the same mask at every time step."""
+    drawn once per sequence: the same mask at every time step; None outside
+    training or when `rate` is 0 (no dropout)."""
+    if not (training and rate):
+        return None
     keep = keras.random.uniform(shape, seed=seed_generator) >= rate
     return tf.cast(keep, dtype) / (1.0 - rate)
 
@@ -56,6 +59,11 @@ def add_norm_weights(layer, name: str, width: int):
     setattr(layer, f"{name}_gain", gain)
     setattr(layer, f"{name}_bias", bias)
     return gain, bias
+
+
+def norm_weights(layer, name: str, dtype) -> tuple:
+    """The (gain, bias) that `add_norm_weights(layer, name, ...)` created, in `dtype`."""
+    return tuple(tf.cast(getattr(layer, f"{name}_{part}"), dtype) for part in ("gain", "bias"))
 
 
 def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None, recurrent_norm=None):
@@ -187,8 +195,7 @@ class BidirectionalGRU(keras.layers.Layer):
         ("input") or h-terms ("recurrent"), in `dtype`; None without layer_norm."""
         if not self.layer_norm:
             return None
-        return [tuple(tf.cast(getattr(self, f"{direction}_{term}_norm_{part}"), dtype) for part in ("gain", "bias"))
-                for direction in ("forward", "backward")]
+        return [norm_weights(self, f"{direction}_{term}_norm", dtype) for direction in ("forward", "backward")]
 
     def call(self, inputs, mask, separate_loops=False, training=False):
         """`separate_loops`: run the two directions as two time loops instead
@@ -208,9 +215,8 @@ class BidirectionalGRU(keras.layers.Layer):
                                      zip((forward_x, backward_x), self.norms("input", dtype)))
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                # [T, B, 1]
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
-        drop = (recurrent_dropout_mask(tf.stack([2, tf.shape(inputs)[0], n]), self.recurrent_dropout,
-                                       self.seed_generator, dtype)
-                if training and self.recurrent_dropout else None)                            # [2, B, n]
+        drop = recurrent_dropout_mask(tf.stack([2, tf.shape(inputs)[0], n]), self.recurrent_dropout,
+                                      self.seed_generator, dtype, training)                  # [2, B, n] or None
         if separate_loops:
             forward_u, backward_u = (tf.cast(k, dtype) for k in self.recurrent_kernels)
             norm = recurrent_norms or (None, None)
@@ -279,14 +285,12 @@ class GRU(keras.layers.Layer):
         n = self.units
         dtype = self.compute_dtype
         x_proj = project(tf.transpose(tf.cast(inputs, dtype), [1, 0, 2]), self.kernel, self.bias)  # [T, B, 3n]
-        norm = lambda term: (None if not self.layer_norm else
-                             tuple(tf.cast(getattr(self, f"{term}_norm_{part}"), dtype) for part in ("gain", "bias")))
+        norm = lambda term: norm_weights(self, f"{term}_norm", dtype) if self.layer_norm else None
         if self.layer_norm:
             x_proj = gate_layer_norm(x_proj, norm("input"))
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                                           # [T, B, 1]
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
-        drop = (recurrent_dropout_mask(tf.shape(h0), self.recurrent_dropout, self.seed_generator, dtype)
-                if training and self.recurrent_dropout else None)
+        drop = recurrent_dropout_mask(tf.shape(h0), self.recurrent_dropout, self.seed_generator, dtype, training)
         states = masked_gru_scan(x_proj, m, tf.cast(self.recurrent_kernel, dtype), h0, drop,
                                  norm("recurrent"))                                                # [T, B, n]
         return tf.transpose(states, [1, 0, 2]), states[-1]
@@ -365,8 +369,7 @@ class ConditionalGRUCell(keras.layers.Layer):
                    "context": tf.cast(self.context_kernel, dtype)}
         if self.layer_norm:
             for term in ("input", "recurrent", "context"):
-                kernels[f"{term}_norm"] = tuple(tf.cast(getattr(self, f"{term}_norm_{part}"), dtype)
-                                                for part in ("gain", "bias"))
+                kernels[f"{term}_norm"] = norm_weights(self, f"{term}_norm", dtype)
         return kernels
 
     def step(self, x_proj, state, context=None, state_rz=None, kernels=None, context_proj=None, state_dropped=None):
