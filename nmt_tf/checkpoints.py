@@ -22,6 +22,8 @@ import os
 
 import tensorflow as tf
 
+from nmt_tf.files import write_atomically
+
 CHECKPOINTS, BEST, AVERAGED = "checkpoints", "best", "averaged"
 SCORES = "scores.json"
 
@@ -53,17 +55,6 @@ def best_dir(model_dir: str) -> str:
 
 def averaged_dir(model_dir: str) -> str:
     return os.path.join(model_dir, AVERAGED)
-
-
-def _write_text(path: str, content: str) -> None:
-    """Writes a file atomically (a temporary file, then a rename)."""
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(content)
-    os.replace(path + ".tmp", path)
-
-
-def _write_json(path: str, value) -> None:
-    _write_text(path, json.dumps(value, indent=1))
 
 
 def _remove_checkpoint(prefix: str) -> None:
@@ -109,7 +100,7 @@ class BestCheckpoints:
         for dropped in ranking[self.keep:]:
             _remove_checkpoint(os.path.join(self.directory, dropped["path"]))
         self.ranking = ranking[:self.keep]
-        _write_json(os.path.join(self.directory, SCORES), self.ranking)
+        write_atomically(os.path.join(self.directory, SCORES), json.dumps(self.ranking, indent=1))
         write_state(self.directory, [r["path"] for r in self.ranking])
         return True
 
@@ -120,7 +111,7 @@ def write_state(directory: str, names: list[str]) -> None:
     listing all `names` (checkpoint prefixes inside `directory`)."""
     lines = [f'model_checkpoint_path: "{names[0]}"']
     lines += [f'all_model_checkpoint_paths: "{name}"' for name in reversed(names)]   # the chosen one last
-    _write_text(os.path.join(directory, "checkpoint"), "\n".join(lines) + "\n")
+    write_atomically(os.path.join(directory, "checkpoint"), "\n".join(lines) + "\n")
 
 
 def read_ranking(directory: str) -> list[dict]:
@@ -171,6 +162,12 @@ def resolve(model_dir: str, checkpoint: str) -> str:
     return path
 
 
+def read_weights(model, path: str) -> None:
+    """Sets the weights of `model` (built) from the checkpoint `path` (a
+    training or weights-only one); every model weight must be in it."""
+    tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
+
+
 def average_into(model, paths: list[str]) -> None:
     """Sets every weight of `model` (built) to its mean over the checkpoints
     `paths` (each must hold all of the model's weights)."""
@@ -180,7 +177,7 @@ def average_into(model, paths: list[str]) -> None:
         raise ValueError("nothing to average")
     sums = None
     for path in paths:
-        tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
+        read_weights(model, path)
         values = [np.asarray(v.numpy(), np.float64) for v in model.variables]
         sums = values if sums is None else [s + v for s, v in zip(sums, values)]
     for variable, total in zip(model.variables, sums):

@@ -225,8 +225,6 @@ def restore_model(model_dir: str, weights="best", log=print) -> RestoredModel:
     `weights`: a `nmt_tf.checkpoints.WeightsChoice`, or just the checkpoint
     (best, last, averaged or a path). With averaging, RestoredModel.checkpoint
     says which checkpoints were averaged."""
-    import tensorflow as tf
-
     from nmt_tf import checkpoints, data, train
 
     if isinstance(weights, str):
@@ -244,7 +242,7 @@ def restore_model(model_dir: str, weights="best", log=print) -> RestoredModel:
                 f"({', '.join(os.path.basename(p) for p in paths)})")
     else:
         path = checkpoints.resolve(model_dir, weights.checkpoint)
-        tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
+        checkpoints.read_weights(model, path)
     log(f"Loaded {path}")
     return RestoredModel(model, source_tokenizer, target_tokenizer, config, path)
 
