@@ -35,6 +35,7 @@ import zlib
 import tensorflow as tf
 
 from nmt_tf import text
+from nmt_tf.files import write_atomically
 from nmt_tf.files import is_gzip, open_binary
 from nmt_tf.text import BOS_ID, EOS_ID
 
@@ -274,9 +275,7 @@ def _learn_sentencepiece(config, model_dir, log):
     else:
         models = (learn((0,), config.src_vocab_size), learn((1,), config.tgt_vocab_size))
     for model, path in zip(models, sentencepiece_paths(model_dir)):
-        with open(path + ".tmp", "wb") as f:
-            f.write(model)
-        os.replace(path + ".tmp", path)
+        write_atomically(path, model)
     vocabularies = [text.sentencepiece_vocabulary(m) for m in models]
     log(f"  SentencePiece ({config.sentencepiece_type}{', joint' if config.joint_vocabulary else ''}) "
         f"vocabularies: {len(vocabularies[0]):,} source and {len(vocabularies[1]):,} target pieces")
@@ -344,9 +343,7 @@ def corpus_stats(src: str, tgt: str, src_tokenizer, tgt_tokenizer, max_len: int,
             return CorpusStats(**cached["stats"])
     stats = known or scan_corpus(src, tgt, src_tokenizer.tokenize, tgt_tokenizer.tokenize, max_len)[0]
     if cache_path:
-        with open(cache_path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump({"key": key, "stats": dataclasses.asdict(stats)}, f, indent=1)
-        os.replace(cache_path + ".tmp", cache_path)
+        write_atomically(cache_path, json.dumps({"key": key, "stats": dataclasses.asdict(stats)}, indent=1))
     return stats
 
 

@@ -1,4 +1,5 @@
-"""Opening the user's text files: plain or gzip, recognized by content (not by name).
+"""Opening the user's text files: plain or gzip, recognized by content (not by
+name); writing the project's own files atomically.
 
 TensorFlow-free, so that light scripts (pipelines/wmt14_en_fr/prepare.py) can use it.
 """
@@ -6,6 +7,7 @@ TensorFlow-free, so that light scripts (pipelines/wmt14_en_fr/prepare.py) can us
 from __future__ import annotations
 
 import gzip
+import os
 
 
 def is_gzip(path: str) -> bool:
@@ -20,6 +22,16 @@ def open_binary(path: str):
     their own one-sentence error).
     """
     return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+
+
+def write_atomically(path: str, content: str | bytes) -> None:
+    """Writes `content` (text as UTF-8, or bytes) to `path` through a
+    temporary file and a rename, so that `path` is either the old file or the
+    whole new one, never a part."""
+    tmp = path + ".tmp"
+    with (open(tmp, "wb") if isinstance(content, bytes) else open(tmp, "w", encoding="utf-8")) as f:
+        f.write(content)
+    os.replace(tmp, path)
 
 
 def read_lines(path: str) -> list[bytes]:

@@ -19,6 +19,8 @@ from typing import Any
 
 from absl import flags
 
+from nmt_tf.files import write_atomically
+
 FLAGS = flags.FLAGS
 
 # ---------------------------------------------------------------- data
@@ -257,10 +259,7 @@ def save_config(config: Config, model_dir: str) -> None:
     """Writes flags.json (for the tools) and flags.txt (a flagfile to rerun with)."""
     stored = {k: v for k, v in sorted(config.items()) if k not in _NOT_STORED}
     path = flags_path(model_dir)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(stored, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(stored, indent=2) + "\n")
     with open(os.path.join(model_dir, "flags.txt"), "w", encoding="utf-8") as f:
         for name, value in stored.items():
             if value is None:

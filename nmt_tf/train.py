@@ -35,6 +35,7 @@ import warnings
 from absl import app
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.files import write_atomically
 
 EXIT_NAN = 3
 
@@ -309,9 +310,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         "corpus": {"train": _stats_dict(stats), "dev": _stats_dict(dev_stats) if dev_stats else None},
     }
     path = os.path.join(model_dir, "train_summary.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(summary, indent=2))
     log(f"Training stopped ({status}) at step {step:,}, epoch {summary['epochs']:.2f}, after "
         f"{summary['train_seconds'] / 60:.1f} min of training "
         f"({summary['target_tokens_per_sec']:,.0f} target tokens/s).")
