@@ -65,6 +65,10 @@ _NONBREAKING = {
 _ALNUM = r"\pL\pN\pM"
 
 
+# What `clean` puts in place of invalid UTF-8; never a vocabulary entry.
+REPLACEMENT_CHAR = "\ufffd"
+
+
 def clean(text: tf.Tensor) -> tf.Tensor:
     """Normalizes raw lines: invalid UTF-8 replaced, whitespace collapsed.
 
@@ -73,12 +77,14 @@ def clean(text: tf.Tensor) -> tf.Tensor:
 
     Returns:
       string tensor of the same shape: valid UTF-8 (each invalid byte
-      sequence becomes U+FFFD), control characters and runs of whitespace
-      turned into one space, no leading or trailing space.
+      sequence becomes U+FFFD), control characters (Unicode C*) and runs of
+      whitespace turned into one space, no leading or trailing space.
+      Whitespace is every Unicode separator (Zs: U+00A0, U+3000, ...; Zl
+      U+2028; Zp U+2029) besides ASCII's (RE2's backslash-s is ASCII only).
     """
     text = tf.strings.unicode_transcode(
         text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
-    text = tf.strings.regex_replace(text, r"[\pC\s]+", " ")
+    text = tf.strings.regex_replace(text, r"[\pC\pZ\s]+", " ")
     return tf.strings.strip(text)
 
 
@@ -235,12 +241,14 @@ def shortlist(counts: collections.Counter, size: int) -> list[str]:
     """The paper's shortlist: specials plus the `size - 4` most frequent words.
 
     Ties are broken by the token's bytes so that the result is deterministic.
+    Words holding U+FFFD (invalid bytes of the corpus, see `clean`) are not
+    words of the language and never enter it: they stay [UNK].
     """
     n_words = size - len(SPECIAL_TOKENS)
     if n_words < 1:
         raise ValueError(f"a vocabulary size of {size} leaves no room for words "
                          f"besides the {len(SPECIAL_TOKENS)} special tokens")
-    ranked = sorted(((t, c) for t, c in counts.items() if t not in SPECIAL_TOKENS),
+    ranked = sorted(((t, c) for t, c in counts.items() if t not in SPECIAL_TOKENS and REPLACEMENT_CHAR not in t),
                     key=lambda tc: (-tc[1], tc[0]))
     return list(SPECIAL_TOKENS) + [t for t, _ in ranked[:n_words]]
 
@@ -262,7 +270,7 @@ def wordpiece_vocabulary(word_batches: tf.data.Dataset, size: int) -> list[str]:
     vocab = keras_hub.tokenizers.compute_word_piece_vocabulary(
         word_batches, vocabulary_size=size, lowercase=False, strip_accents=False,
         split=False, reserved_tokens=list(SPECIAL_TOKENS))
-    return [t for t in vocab if t.strip() and not any(c.isspace() for c in t)]
+    return [t for t in vocab if t.strip() and not any(c.isspace() for c in t) and REPLACEMENT_CHAR not in t]
 
 
 def learn_sentencepiece(sentences, size: int, model_type: str = "unigram", character_coverage: float = 1.0,
@@ -272,6 +280,8 @@ def learn_sentencepiece(sentences, size: int, model_type: str = "unigram", chara
     Args:
       sentences: iterable of cleaned sentences (str), streamed to the trainer,
         which keeps a random sample of `sample_size` of them (all if fewer).
+        U+FFFD (invalid bytes) is left out, so that it gets no piece and
+        stays [UNK].
       size: vocabulary size, the special tokens included. The specials get
         the ids of `SPECIAL_TOKENS` ([PAD] 0, [UNK] 1, [BOS] 2, [EOS] 3), so
         the model's ids are the model's vocabulary ids. A corpus too small for
@@ -288,7 +298,8 @@ def learn_sentencepiece(sentences, size: int, model_type: str = "unigram", chara
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=model, model_type=model_type, vocab_size=size,
+        sentence_iterator=(s.replace(REPLACEMENT_CHAR, " ") for s in sentences), model_writer=model,
+        model_type=model_type, vocab_size=size,
         character_coverage=character_coverage, input_sentence_size=sample_size,
         shuffle_input_sentence=True, hard_vocab_limit=False,
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,

@@ -4,6 +4,7 @@ import gzip
 import os
 import subprocess
 import sys
+import unicodedata
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -13,6 +14,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(REPO, "data", "multi30k")
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+# Every Unicode separator (Zs, Zl, Zp: U+0020, U+00A0, U+3000, U+2028, ...):
+# whitespace for the in-graph clean-up, in tf.data and in exports alike.
+UNICODE_SEPARATORS = [chr(c) for c in range(sys.maxunicode + 1)
+                      if unicodedata.category(chr(c)) in ("Zs", "Zl", "Zp")]
 
 
 def padded(rows, dtype="int32"):

@@ -80,15 +80,15 @@ def test_damaged_gzip_is_a_corpus_error(tmp_path):
 
 
 def test_scan_counts_skipped_and_repaired_lines(tmp_path):
-    src = [b"A good line .", b"", b"   ", b"caf\xe9 ok", b"one two three four five six", b"fine"]
-    tgt = [b"Une bonne ligne .", b"vide", b"x", b"ok", b"un", b"   "]
+    src = [b"A good line .", b"", b"   ", b"caf\xe9 ok", b"one two three four five six", b"fine", b"good"]
+    tgt = [b"Une bonne ligne .", b"vide", b"x", b"ok", b"un", b"   ", "\u00a0\u3000\u2028".encode()]
     s = write_lines(tmp_path / "s.txt", [l.decode("latin-1") for l in src], encoding="latin-1")
     t = write_lines(tmp_path / "t.txt", [l.decode() for l in tgt])
     stats, src_counts, _ = data.scan_corpus(s, t, data.word_splitter("en"), data.word_splitter("fr"),
                                             max_len=5, count_tokens=True)
     # "A good line ." is Latin-1 ASCII; "café" was written in Latin-1: invalid UTF-8.
-    assert stats.lines == 6
-    assert stats.skipped_empty == 3            # src empty (2x), tgt whitespace-only (1x)
+    assert stats.lines == 7
+    assert stats.skipped_empty == 4            # src empty (2x), tgt whitespace-only (ASCII 1x, Unicode 1x)
     assert stats.skipped_too_long == 1         # six source words > 5
     assert stats.invalid_utf8_lines == 1
     assert stats.pairs == 2

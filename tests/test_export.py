@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cli
+from conftest import REPO, UNICODE_SEPARATORS, run_cli
 from nmt_tf import export, search, train
 from nmt_tf.translator import restore_model
 
@@ -136,6 +136,10 @@ def test_bad_inputs_get_proper_results(signatures):
     assert out["truncated"].numpy().tolist() == [False, False, True, False, False]
     assert int((out["source_tokens"].numpy()[2] != b"").sum()) == 21        # 20 tokens + [EOS]
     assert "\ufffd" in b" ".join(out["source_tokens"].numpy()[3]).decode("utf-8")
+    # Lines of Unicode separators only (U+00A0, U+3000, U+2028, ... each, and all at once) are empty too.
+    separators = translate(text=tf.constant(UNICODE_SEPARATORS + ["".join(UNICODE_SEPARATORS)]))
+    assert set(separators["translation"].numpy().tolist()) == {b""}
+    assert set(separators["score"].numpy().tolist()) == {0.0}
     empty = translate(text=tf.constant([], tf.string))
     assert empty["translation"].shape == (0,) and empty["alignment"].shape[0] == 0
     scored = signatures["score"](source=tf.constant([], tf.string), target=tf.constant([], tf.string))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import read_multi30k
+from conftest import UNICODE_SEPARATORS, read_multi30k
 from nmt_tf import text
 
 
@@ -50,9 +50,21 @@ def test_clean_replaces_invalid_utf8_and_whitespace():
     assert text.clean(raw).numpy().tolist() == ["caf\ufffd au lait".encode(), b"", b"ok"]
 
 
+def test_every_unicode_separator_is_whitespace():
+    """Zs (U+00A0, U+3000, ...), Zl (U+2028) and Zp (U+2029) separate words and
+    a line of nothing else is empty, as for ASCII spaces."""
+    assert len(UNICODE_SEPARATORS) >= 19 and {"\u00a0", "\u3000", "\u2028", "\u2029"} <= set(UNICODE_SEPARATORS)
+    lines = [f"a{c}b" for c in UNICODE_SEPARATORS] + ["".join(UNICODE_SEPARATORS), "\u00a0", "\u3000\u2028"]
+    cleaned = text.clean(tf.constant(lines)).numpy().tolist()
+    assert cleaned == [b"a b"] * len(UNICODE_SEPARATORS) + [b"", b"", b""]
+
+
 def test_shortlist_keeps_most_frequent_and_is_deterministic():
     counts = collections.Counter({"a": 5, "b": 5, "c": 3, "d": 1})
     assert text.shortlist(counts, 6) == list(text.SPECIAL_TOKENS) + ["a", "b"]
+    # Words holding U+FFFD (invalid bytes) stay [UNK], however frequent.
+    damaged = collections.Counter({"\ufffd": 9, "caf\ufffd": 8, "a": 1})
+    assert text.shortlist(damaged, 10) == list(text.SPECIAL_TOKENS) + ["a"]
     with pytest.raises(ValueError, match="no room"):
         text.shortlist(counts, 4)
 
@@ -113,3 +125,11 @@ def test_sentencepiece_in_the_graph_equals_the_sentencepiece_package_on_multi30k
         assert back == cleaned, kind
     with pytest.raises(ValueError, match="does not hold the pieces"):
         text.Tokenizer(vocab[:-1] + ["other"], "sentencepiece", "fr", sentencepiece_model=str(path))
+
+
+def test_sentencepiece_learns_no_piece_for_invalid_bytes():
+    """U+FFFD (what invalid UTF-8 becomes) gets no piece, even when frequent: it stays [UNK]."""
+    sentences = [f"caf\ufffd au lait {i % 7} \ufffd\ufffd" for i in range(300)]
+    for kind in ("unigram", "bpe"):
+        vocab = text.sentencepiece_vocabulary(text.learn_sentencepiece(sentences, 40, kind))
+        assert not [p for p in vocab if text.REPLACEMENT_CHAR in p], kind
