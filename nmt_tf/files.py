@@ -10,9 +10,12 @@ import gzip
 import os
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def is_gzip(path: str) -> bool:
     with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+        return f.read(2) == GZIP_MAGIC
 
 
 def open_binary(path: str):
@@ -22,6 +25,17 @@ def open_binary(path: str):
     their own one-sentence error).
     """
     return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+
+
+def open_binary_stream(stream):
+    """A binary stream (standard input) read as `open_binary` reads a file:
+    decompressed when its first bytes are gzip's magic number. Looks ahead
+    without consuming, so a pipe is read once."""
+    import io
+
+    if not hasattr(stream, "peek"):
+        stream = io.BufferedReader(stream)
+    return gzip.GzipFile(fileobj=stream, mode="rb") if stream.peek(2)[:2] == GZIP_MAGIC else stream
 
 
 def write_atomically(path: str, content: str | bytes) -> None:

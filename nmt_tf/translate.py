@@ -8,7 +8,9 @@ Usage:
 With --saved_model the SavedModel runs in this process; with --server the
 lines go to a TF Serving-compatible server over gRPC (the official
 tensorflow_model_server or nmt_tf.serve) through the tensorflow-serving-api
-stub. Lines are sent in batches of --lines_per_batch (64).
+stub. Lines are sent in batches of --lines_per_batch (64). The input, from
+--input or standard input, is plain text or gzip (recognized by its first
+bytes, not its name).
 
 Output: plain text, one translation per line. With --with_scores,
 --with_alignments or --n_best > 1, one JSON object per line instead:
@@ -26,15 +28,17 @@ terminal, progress with an ETA goes to stderr.
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 import time
+import zlib
 
 from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --n_best, ...
-from nmt_tf.files import open_binary
+from nmt_tf.files import open_binary, open_binary_stream
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
@@ -109,17 +113,17 @@ class ServerBackend:
 
 
 def read_lines(path: str | None):
-    """Lines as bytes, without the newline (undecodable bytes pass through)."""
-    if path is None:
-        for line in sys.stdin.buffer:
-            yield line.rstrip(b"\r\n")
-        return
+    """Lines as bytes, without the newline (undecodable bytes pass through);
+    gzip data is decompressed, from a file or from standard input."""
+    name = path or "standard input"
     try:
-        with open_binary(path) as f:
+        with (open_binary(path) if path else open_binary_stream(sys.stdin.buffer)) as f:
             for line in f:
                 yield line.rstrip(b"\r\n")
     except FileNotFoundError as e:
         raise TranslationError(f"{path} does not exist (--input).") from e
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:     # a damaged or cut gzip stream
+        raise TranslationError(f"{name} is damaged gzip data: {e}") from e
 
 
 def _text(value) -> str:

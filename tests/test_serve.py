@@ -162,6 +162,27 @@ def test_translate_cli_through_the_server_and_locally(server, exported, tmp_path
     assert via_server.stdout == local.stdout
 
 
+def test_translate_reads_gzip_from_standard_input_as_from_files(monkeypatch, tmp_path):
+    import gzip
+    import sys
+
+    lines = [b"A man .", "caf\u00e9".encode(), b"", b"\xff ok"]
+    raw = b"".join(line + b"\n" for line in lines)
+    for data in (raw, gzip.compress(raw)):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(data))))
+        assert list(translate.read_lines(None)) == lines
+        path = tmp_path / "in.txt"
+        path.write_bytes(data)
+        assert list(translate.read_lines(str(path))) == lines
+    cut = gzip.compress(raw * 100)[:-30]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(cut))))
+    with pytest.raises(translate.TranslationError, match="standard input is damaged gzip data"):
+        list(translate.read_lines(None))
+    path.write_bytes(cut)
+    with pytest.raises(translate.TranslationError, match=f"{path} is damaged gzip data"):
+        list(translate.read_lines(str(path)))
+
+
 def test_translate_json_lines(exported):
     backend = translate.LocalBackend(exported[2])
     out = io.StringIO()
