@@ -152,6 +152,7 @@ class TrainingController(keras.callbacks.Callback):
         self.run_tokens = 0
         self.run_seconds = 0.0
         self._interrupted = False
+        self.received_signal: str | None = None      # name of the signal that stopped the run
         self._reset_interval()
         self._reset_epoch()
 
@@ -191,6 +192,7 @@ class TrainingController(keras.callbacks.Callback):
                 signal.signal(signum, signal.SIG_DFL)
                 os.kill(os.getpid(), signum)
             self._interrupted = True
+            self.received_signal = signal.Signals(signum).name
             self.log(f"\nReceived {signal.Signals(signum).name}: stopping after this update "
                      "(signal again to stop at once, without a checkpoint).")
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -12,6 +12,11 @@ flags that define the model cannot change). A run killed at any moment loses
 at most --checkpoint_every_steps updates; SIGINT / SIGTERM stop after the
 current update and save a checkpoint.
 
+Exit codes: 0 training finished (max_epochs, max_steps, max_hours or early
+stopping); 1 a user error (one line on stderr); 3 the loss became NaN;
+130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint (128 + the
+signal's number; rerun the same command to resume).
+
 Outputs in --model_dir:
   flags.json, flags.txt     resolved flags (flags.txt is a flagfile)
   model_config.json         the model's Keras config (sizes, vocabularies)
@@ -38,6 +43,15 @@ from nmt_tf import flags as nmt_flags
 from nmt_tf.files import write_atomically
 
 EXIT_NAN = 3
+
+
+def interrupted_exit_code(signal_name: str) -> int:
+    """Exit code of a run stopped by SIGINT / SIGTERM (after its checkpoint):
+    128 + the signal's number, as a shell reports a process the signal ended
+    (130, 143), so that a scheduler sees that training did not finish."""
+    import signal
+
+    return 128 + signal.Signals[signal_name].value
 
 
 def log_line(message: str) -> None:
@@ -285,6 +299,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     status = controller.stop_reason or "max_epochs"
     summary = {
         "status": status,
+        "signal": controller.received_signal if status == "interrupted" else None,
         "model_dir": os.path.abspath(model_dir),
         "steps": step,
         "epochs": int(state.epoch.numpy()) + (int(state.epoch_batches.numpy()) / n_batches if n_batches else 0.0),
@@ -338,13 +353,15 @@ def main(argv):
         if config.dry_run:
             dry_run(config)
             return 0
-        train(config, explicit=nmt_flags.explicitly_set())
+        summary = train(config, explicit=nmt_flags.explicitly_set())
     except NaNLossError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NAN
     except (TrainingError, CorpusError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if summary["status"] == "interrupted":
+        return interrupted_exit_code(summary["signal"])
     return 0
 
 

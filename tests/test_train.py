@@ -103,6 +103,31 @@ def test_sigkill_at_any_moment_loses_at_most_one_checkpoint_interval(tiny_corpus
     assert summary["steps"] == 30 and summary["completed_epochs"] == 3   # 10 batches of 4 per epoch
 
 
+def test_sigterm_saves_a_checkpoint_and_exits_with_128_plus_the_signal(tiny_corpus, tmp_path):
+    """A scheduler's SIGTERM: the run stops after the update, checkpoints, says
+    'interrupted' and exits 143, not 0 (it did not finish)."""
+    model_dir = str(tmp_path / "terminated")
+    args = ["-m", "nmt_tf.train", f"--flagfile={REPO}/pipelines/smoke.flags",
+            f"--train_src={tiny_corpus['train_src']}", f"--train_tgt={tiny_corpus['train_tgt']}",
+            f"--dev_src={tiny_corpus['dev_src']}", f"--dev_tgt={tiny_corpus['dev_tgt']}",
+            "--batch_size=4", "--max_epochs=400", "--checkpoint_every_steps=2", "--nodev_bleu",
+            f"--model_dir={model_dir}"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ckpt_dir = os.path.join(model_dir, "checkpoints")
+    deadline = time.time() + 120
+    while time.time() < deadline and not tf.train.latest_checkpoint(ckpt_dir):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM == 143, output[-3000:]
+    assert "Received SIGTERM" in output and "Training stopped (interrupted)" in output
+    summary = json.load(open(os.path.join(model_dir, "train_summary.json")))
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM"
+    assert summary["checkpoint"].endswith(f"ckpt-{summary['steps']}")
+
+
 def test_death_between_the_last_batch_and_the_epoch_end_checkpoint_resumes_exactly(
         tiny_config, tmp_path, monkeypatch):
     """The checkpoint of an epoch's last batch comes before the epoch-end one (same
