@@ -14,6 +14,9 @@ serves the ensemble as one model (nmt_tf.models.ensemble).
 Writes EXPORT_DIR/<version>/ (the next free integer unless --version is
 given) atomically: the SavedModel is written to a hidden temporary folder
 beside it and renamed into place, so TF Serving never sees half a version.
+The temporary folders of exports that were killed before their rename
+(`.tmp-<version>-<pid>`, their process gone) are removed by the next export.
+An existing --version is refused before the model is loaded.
 
 The SavedModel's signatures run everything in the graph with core
 TensorFlow ops (plus tensorflow-text ops for --tokenizer=wordpiece, which the
@@ -130,6 +133,32 @@ def read_metadata(saved_model_dir: str) -> dict:
         return json.load(f)
 
 
+def remove_stale_temporaries(export_dir: str, log=print) -> list[str]:
+    """Removes the `.tmp-<version>-<pid>` folders of exports whose process is
+    gone (killed before its rename); an export still running keeps its own.
+    Returns the removed paths."""
+    removed = []
+    for name in sorted(os.listdir(export_dir)):
+        match = re.fullmatch(r"\.tmp-\d+-(\d+)", name)
+        if not match or _process_alive(int(match.group(1))):
+            continue
+        path = os.path.join(export_dir, name)
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"Removed {path}, left by an export that did not finish.")
+        removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # someone else's process
+        return True
+    return True
+
+
 def export(model_dir, export_dir: str, options, version: int = 0, weights="best",
            max_input_length: int = 100, log=print, freeze_step_weights: bool = True,
            unk_replacement=None) -> str:
@@ -142,14 +171,14 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
     import tensorflow as tf
 
     model_dirs = [model_dir] if isinstance(model_dir, str) else list(model_dir)
-    model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log)
     version = version or next_version(export_dir)
     final = os.path.join(export_dir, str(version))
-    if os.path.exists(final):
+    if os.path.exists(final):     # before the (slow) restore
         raise FileExistsError(f"{final} already exists; choose another --version")
     os.makedirs(export_dir, exist_ok=True)
+    remove_stale_temporaries(export_dir, log)
+    model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log)
     tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     step_weights = model.freeze_step_weights() if freeze_step_weights else []
     module = Translator(model, src_tok, tgt_tok, options, max_input_length, unk_replacement).module()
     module.step_weights = step_weights

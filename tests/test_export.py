@@ -74,11 +74,16 @@ def test_versions_are_numbered_and_written_atomically(exported, tmp_path):
         assert os.path.exists(os.path.join(path, name)), name
     copy = str(tmp_path / "nmt")
     shutil.copytree(base, copy)
+    # A killed export's temporary folder (its process gone) is removed; a running one's is kept.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale, running = f".tmp-5-{int(gone.stdout)}", f".tmp-6-{os.getpid()}"
+    for name in (stale, running):
+        os.makedirs(os.path.join(copy, name, "variables"))
     second = export.export(model_dir, copy, OPTIONS, log=lambda *a: None)
     assert second == os.path.join(copy, "2")
-    assert sorted(os.listdir(copy)) == ["1", "2"]           # no temporary folder left behind
-    with pytest.raises(FileExistsError):
-        export.export(model_dir, copy, OPTIONS, version=2, log=lambda *a: None)
+    assert sorted(os.listdir(copy)) == [running, "1", "2"]   # no temporary folder of its own left behind
+    with pytest.raises(FileExistsError):      # refused before the model is loaded
+        export.export(str(tmp_path / "no-such-model"), copy, OPTIONS, version=2, log=lambda *a: None)
 
 
 def test_translate_signature_outputs(signatures):
