@@ -23,7 +23,8 @@ output_filter alias, a wrong dtype or rank is INVALID_ARGUMENT; a message
 larger than --max_message_mb is RESOURCE_EXHAUSTED (TF Serving's limit is
 2 GiB; this server's is lower by default to protect its memory). Batches
 larger than --max_batch_size sentences are INVALID_ARGUMENT. No request can
-stop the server: every failure becomes a status.
+stop the server: every failure becomes a status. A port that another
+process holds is refused at start (exit code 1), as TF Serving refuses it.
 """
 
 from __future__ import annotations
@@ -321,15 +322,23 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
         raise FileNotFoundError(f"no SavedModel version (a numbered folder with saved_model.pb) under {model_base_path}")
     registry.watch(poll_seconds)
     limit = int(max_message_mb * 1024 * 1024)
+    # grpcio sets SO_REUSEPORT by default: a second server on a taken port
+    # would start and share the connections. TF Serving refuses the port.
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads),
                          options=[("grpc.max_receive_message_length", limit),
-                                  ("grpc.max_send_message_length", limit)])
+                                  ("grpc.max_send_message_length", limit),
+                                  ("grpc.so_reuseport", 0)])
     prediction, model_service = make_servicers(registry, max_batch_size)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(model_service, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:       # grpcio >= 1.x raises where older versions returned 0
+        bound = 0
     if not bound:
-        raise OSError(f"could not listen on {host}:{port}")
+        registry.stop()
+        raise OSError(f"could not listen on {host}:{port}: the port is in use (or the address is not "
+                      "this machine's); choose another --port")
     server.start()
     return server, registry, bound
 

@@ -140,6 +140,19 @@ def test_empty_batch_and_hostile_text_are_served(server):
     assert tf.make_ndarray(out.outputs["translation"])[0] == b""
 
 
+def test_a_second_server_on_a_taken_port_exits_with_a_clear_error(server):
+    """grpcio's default SO_REUSEPORT let a second server start on the port and take
+    half the connections; like TF Serving, it must refuse the port."""
+    second = run_cli("-m", "nmt_tf.serve", f"--port={server['port']}", "--host=127.0.0.1",
+                     f"--model_base_path={server['base']}", timeout=120)
+    assert second.returncode == 1, second.stdout + second.stderr[-2000:]
+    assert f"could not listen on 127.0.0.1:{server['port']}: the port is in use" in second.stderr
+    assert "Serving model" not in second.stdout
+    status = server["models"].GetModelStatus(
+        get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "nmt"}), timeout=30)
+    assert status.model_version_status[0].state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+
+
 def test_a_new_version_is_picked_up(server, exported):
     shutil.copytree(exported[2], os.path.join(server["base"], "2"))
     deadline = time.time() + 30
