@@ -22,7 +22,11 @@ FAILED_PRECONDITION; a wrong, missing or extra input alias, an unknown
 output_filter alias, a wrong dtype or rank is INVALID_ARGUMENT; a message
 larger than --max_message_mb is RESOURCE_EXHAUSTED (TF Serving's limit is
 2 GiB; this server's is lower by default to protect its memory). Batches
-larger than --max_batch_size sentences are INVALID_ARGUMENT. No request can
+larger than --max_batch_size sentences are INVALID_ARGUMENT, and so are,
+before any decoding, batches whose alignment output could exceed
+--max_message_mb (batch x the export's longest output x its longest input x
+4 bytes; 324 sentences at the defaults): ask for fewer sentences, or for
+the outputs without alignment (output_filter). No request can
 stop the server: every failure becomes a status. A port that another
 process holds is refused at start (exit code 1), as TF Serving refuses it.
 """
@@ -93,6 +97,26 @@ class LoadedVersion:
         with open(os.path.join(path, "saved_model.pb"), "rb") as f:
             proto.ParseFromString(f.read())
         self.signature_defs = dict(proto.meta_graphs[0].signature_def)
+        self.alignment_shape = _alignment_bound(path)
+
+
+def _alignment_bound(path: str) -> tuple[int, int] | None:
+    """(T, S): the largest output and source lengths an nmt_tf export can
+    return in its alignment output ([batch, T, S] float32), from the limits
+    fixed at export (--max_input_length, --max_length_ratio,
+    --max_output_length); None for a SavedModel that is not an nmt_tf export."""
+    import math
+
+    from nmt_tf.export import read_metadata
+
+    try:
+        meta = read_metadata(path)
+        source = int(meta["max_input_length"]) + 1                       # with [EOS]
+        search = meta["search"]
+        output = min(int(search["max_length"]), math.ceil(float(search["max_length_ratio"]) * source))
+    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        return None
+    return max(output, 1), source
 
 
 class ModelRegistry:
@@ -172,7 +196,28 @@ def _dtype_name(dtype_enum) -> str:
     return types_pb2.DataType.Name(dtype_enum).removeprefix("DT_").lower()
 
 
-def run_predict(registry: ModelRegistry, request, max_batch_size: int):
+def check_reply_size(loaded: LoadedVersion, outputs: list[str], batch: int, max_message_bytes: int) -> None:
+    """Refuses, before any decoding, a batch whose alignment output could be
+    larger than a reply may be: [batch, T, S] float32 with the export's
+    largest T and S. (The other outputs are a few strings or numbers per token;
+    they are not bounded here.)"""
+    import grpc
+
+    if "alignment" not in outputs or loaded.alignment_shape is None or not batch:
+        return
+    per_sentence = loaded.alignment_shape[0] * loaded.alignment_shape[1] * 4
+    if batch * per_sentence <= max_message_bytes:
+        return
+    fits = max_message_bytes // per_sentence
+    raise ServingError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"the reply to {batch} sentences could be {batch * per_sentence / 2**20:.1f} MiB (the alignment output, "
+        f"[{batch}, {loaded.alignment_shape[0]}, {loaded.alignment_shape[1]}] float32 at most), more than this "
+        f"server's message limit of {max_message_bytes / 2**20:.1f} MiB: send at most {fits} sentences per request "
+        "with alignment, or leave alignment out with output_filter")
+
+
+def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_message_bytes: int | None = None):
     """Predict, following TF Serving's checks and messages (predict_util.cc)."""
     import grpc
     import numpy as np
@@ -227,6 +272,8 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int):
     sizes = {v.shape[0] for v in feeds.values() if v.shape.rank}
     if len(sizes) > 1:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"inputs have different batch sizes: {sorted(sizes)}")
+    if max_message_bytes:
+        check_reply_size(loaded, outputs, max(sizes, default=0), max_message_bytes)
     try:
         result = loaded.signatures[name](**feeds)
     except tf.errors.InvalidArgumentError as e:
@@ -240,7 +287,7 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int):
     return response
 
 
-def make_servicers(registry: ModelRegistry, max_batch_size: int):
+def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_bytes: int | None = None):
     """The PredictionService and ModelService implementations."""
     import grpc
     from google.protobuf import any_pb2
@@ -263,7 +310,7 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int):
     class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         @guarded
         def Predict(self, request, context):
-            return run_predict(registry, request, max_batch_size)
+            return run_predict(registry, request, max_batch_size, max_message_bytes)
 
         @guarded
         def GetModelMetadata(self, request, context):
@@ -328,7 +375,7 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
                          options=[("grpc.max_receive_message_length", limit),
                                   ("grpc.max_send_message_length", limit),
                                   ("grpc.so_reuseport", 0)])
-    prediction, model_service = make_servicers(registry, max_batch_size)
+    prediction, model_service = make_servicers(registry, max_batch_size, limit)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(model_service, server)
     try:

@@ -69,17 +69,31 @@ class LocalBackend:
         return {k: v.numpy() for k, v in out.items()}
 
 
-class ServerBackend:
-    """Sends Predict requests through the tensorflow-serving-api stub."""
+def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool) -> list[str]:
+    """The serving_default outputs that `format_result` writes for these flags."""
+    outputs = ["translation", "truncated"]
+    if with_scores:
+        outputs += ["score", "log_prob"]
+    if n_best > 1:
+        outputs += ["nbest_translations", "nbest_scores"]
+    if with_alignments:
+        outputs += ["source_tokens", "target_tokens", "alignment"]
+    return outputs
 
-    def __init__(self, address: str, model_name: str, version: int, timeout: float):
+
+class ServerBackend:
+    """Sends Predict requests through the tensorflow-serving-api stub, asking
+    only for `outputs` (all when None): the alignment tensor is by far the
+    largest part of a reply."""
+
+    def __init__(self, address: str, model_name: str, version: int, timeout: float, outputs: list[str] | None = None):
         import grpc
         from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
 
         self.channel = grpc.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", 256 * 1024 * 1024)])
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
-        self.model_name, self.version, self.timeout = model_name, version, timeout
+        self.model_name, self.version, self.timeout, self.outputs = model_name, version, timeout, outputs
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         self._spec(request.model_spec)
         try:
@@ -105,6 +119,7 @@ class ServerBackend:
         request = predict_pb2.PredictRequest()
         self._spec(request.model_spec)
         request.inputs["text"].CopyFrom(tf.make_tensor_proto(lines, dtype=tf.string))
+        request.output_filter.extend(self.outputs or [])
         try:
             response = self.stub.Predict(request, timeout=self.timeout)
         except grpc.RpcError as e:
@@ -224,7 +239,8 @@ def main(argv):
         return 1
     try:
         backend = (LocalBackend(FLAGS.saved_model) if FLAGS.saved_model else
-                   ServerBackend(FLAGS.server, FLAGS.model_name, FLAGS.model_version, FLAGS.timeout))
+                   ServerBackend(FLAGS.server, FLAGS.model_name, FLAGS.model_version, FLAGS.timeout,
+                                 needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments)))
         progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() else None)
         out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
         try:

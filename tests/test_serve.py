@@ -115,6 +115,43 @@ def test_malformed_requests_get_tf_serving_status_codes(server, make, code, frag
     still_serving(server)
 
 
+def test_a_reply_that_could_exceed_the_message_limit_is_refused_before_decoding(exported, tmp_path):
+    """The alignment output ([batch, T, S] float32) decides a reply's size; a batch
+    whose reply could pass the limit is INVALID_ARGUMENT before any work (it used to
+    decode for minutes, then fail to send). translate --server asks only for what it
+    writes, so its plain-text batches pass."""
+    # The export's limits: S = 20 + 1, T = min(256, 3 x 21) = 63: 5,292 bytes per sentence; 0.05 MiB holds 9.
+    srv, registry, port = serve.start_server("nmt", exported[1], port=0, host="127.0.0.1", max_message_mb=0.05,
+                                             log=lambda *a: None)
+    try:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        ten = ["Two dogs run."] * 10
+        code, details = status_of(lambda: stub.Predict(request(ten), timeout=60))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert "send at most 9 sentences per request with alignment" in details
+        filtered = request(ten)
+        filtered.output_filter.extend(["translation", "truncated"])
+        out = stub.Predict(filtered, timeout=60)
+        assert sorted(out.outputs) == ["translation", "truncated"]
+        assert tf.make_ndarray(out.outputs["translation"]).shape == (10,)
+        assert "alignment" in stub.Predict(request(ten[:9]), timeout=60).outputs
+        source = tmp_path / "in.en"
+        source.write_text("Two dogs run.\n" * 10)
+        plain = run_cli("-m", "nmt_tf.translate", f"--server=127.0.0.1:{port}", f"--input={source}",
+                        "--lines_per_batch=10")
+        assert plain.returncode == 0 and len(plain.stdout.splitlines()) == 10, plain.stderr[-2000:]
+    finally:
+        srv.stop(0)
+        registry.stop()
+
+
+def test_translate_asks_the_server_only_for_the_outputs_it_writes():
+    assert translate.needed_outputs(1, False, False) == ["translation", "truncated"]
+    assert set(translate.needed_outputs(3, True, True)) == {
+        "translation", "truncated", "score", "log_prob", "nbest_translations", "nbest_scores",
+        "source_tokens", "target_tokens", "alignment"}
+
+
 def test_bad_output_filter_and_metadata_fields(server):
     req = request()
     req.output_filter.append("nonexistent")
