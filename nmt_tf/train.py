@@ -160,7 +160,63 @@ def _check_resume(config, model_dir, explicit, log):
             f"{model_dir} holds a model trained with other settings: {', '.join(changed)}. "
             "Use a new --model_dir, or the stored values.")
     log(f"Resuming in {model_dir} (flags not given now are taken from {nmt_flags.flags_path(model_dir)}).")
+    for name in ("train_src", "train_tgt", "dev_src", "dev_tgt"):
+        if merged[name] != stored[name]:
+            log(f"warning: --{name} is now {merged[name]} but this run started with {stored[name]}; "
+                "training goes on with the new file and the vocabularies built from the first one.")
     return nmt_flags.Config(merged)
+
+
+def _prepare_data(config, model_dir: str, log):
+    """Checks the corpora, writes flags.json and the vocabularies, counts the
+    corpora; returns (source tokenizer, target tokenizer, training stats, dev
+    stats or None). Raises CorpusError / FileNotFoundError on unusable data."""
+    import keras
+
+    from nmt_tf import data
+
+    # Corpus checks before anything expensive.
+    data.check_parallel(config.train_src, config.train_tgt, "train_src", "train_tgt")
+    has_dev = bool(config.dev_src or config.dev_tgt)
+    if has_dev:
+        data.check_parallel(config.dev_src, config.dev_tgt, "dev_src", "dev_tgt")
+    os.makedirs(model_dir, exist_ok=True)
+    nmt_flags.save_config(config, model_dir)
+
+    keras.utils.set_random_seed(config.seed)
+    set_precision(config)
+    src_tok, tgt_tok, known = data.build_vocabularies(config, model_dir, log=log)
+    stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
+                              cache_path=os.path.join(model_dir, "corpus_stats.json"), known=known)
+    log(stats.describe("Training"))
+    if stats.pairs == 0:
+        raise data.CorpusError(data.no_pairs_message(stats))
+    dev_stats = None
+    if has_dev:
+        dev_stats = data.corpus_stats(config.dev_src, config.dev_tgt, src_tok, tgt_tok, config.max_len,
+                                      cache_path=os.path.join(model_dir, "corpus_stats.dev.json"))
+        log(dev_stats.describe("Dev"))
+        if dev_stats.pairs == 0:
+            raise data.CorpusError(data.no_pairs_message(dev_stats))
+    return src_tok, tgt_tok, stats, dev_stats
+
+
+def _remove_new_files(model_dir: str, before: set[str] | None) -> None:
+    """Undoes a start that failed before training: removes what it wrote in
+    model_dir (the directory too if it made it); files that were there stay."""
+    import shutil
+
+    if before is None:
+        shutil.rmtree(model_dir, ignore_errors=True)
+        return
+    if not os.path.isdir(model_dir):
+        return
+    for name in set(os.listdir(model_dir)) - before:
+        path = os.path.join(model_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
 
 
 def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
@@ -184,30 +240,15 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     if os.path.exists(nmt_flags.flags_path(model_dir)):
         config = _check_resume(config, model_dir, set(config) if explicit is None else explicit, log)
     check_config(config)
-    os.makedirs(model_dir, exist_ok=True)
-
-    # Corpus checks before anything expensive.
-    data.check_parallel(config.train_src, config.train_tgt, "train_src", "train_tgt")
-    has_dev = bool(config.dev_src or config.dev_tgt)
-    if has_dev:
-        data.check_parallel(config.dev_src, config.dev_tgt, "dev_src", "dev_tgt")
-    nmt_flags.save_config(config, model_dir)
-
-    keras.utils.set_random_seed(config.seed)
-    set_precision(config)
-    src_tok, tgt_tok, known = data.build_vocabularies(config, model_dir, log=log)
-    stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
-                              cache_path=os.path.join(model_dir, "corpus_stats.json"), known=known)
-    log(stats.describe("Training"))
-    if stats.pairs == 0:
-        raise data.CorpusError(data.no_pairs_message(stats))
-    dev_stats = None
-    if has_dev:
-        dev_stats = data.corpus_stats(config.dev_src, config.dev_tgt, src_tok, tgt_tok, config.max_len,
-                                      cache_path=os.path.join(model_dir, "corpus_stats.dev.json"))
-        log(dev_stats.describe("Dev"))
-        if dev_stats.pairs == 0:
-            raise data.CorpusError(data.no_pairs_message(dev_stats))
+    fresh = not os.path.exists(nmt_flags.flags_path(model_dir))
+    before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
+    try:
+        src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log)
+    except BaseException:
+        if fresh:      # nothing was trained: a corrected retry must start afresh, with any settings
+            _remove_new_files(model_dir, before)
+        raise
+    has_dev = dev_stats is not None
     n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
 
     model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)

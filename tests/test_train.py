@@ -180,6 +180,38 @@ def test_resume_rejects_a_different_model(tiny_config, tmp_path):
         train.train(config.replace(hidden_size=32), explicit={"hidden_size"}, **QUIET)
 
 
+def test_a_start_that_fails_on_its_data_leaves_nothing_a_retry_would_trip_over(tiny_config, tiny_corpus, tmp_path):
+    """Unusable data: no model directory is left behind (or, if the user made it, only
+    what was there); the corrected retry, with other sizes, is accepted. Resuming with
+    other data says so."""
+    from nmt_tf.data import CorpusError
+
+    short = tmp_path / "short.en"
+    short.write_text("one\ntwo\n")
+    model_dir = tmp_path / "m"
+    with pytest.raises(CorpusError, match="lines"):                          # unequal files
+        train.train(tiny_config(model_dir=str(model_dir), train_src=str(short)), **QUIET)
+    assert not model_dir.exists()
+    with pytest.raises(CorpusError, match="No usable sentence pair"):         # every pair too long
+        train.train(tiny_config(model_dir=str(model_dir), max_len=2), **QUIET)
+    assert not model_dir.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    with pytest.raises(CorpusError, match="No usable sentence pair"):
+        train.train(tiny_config(model_dir=str(mine), max_len=2), **QUIET)
+    assert os.listdir(mine) == ["notes.txt"]
+    summary = train.train(tiny_config(model_dir=str(mine), hidden_size=12, max_steps=1), **QUIET)
+    assert summary["steps"] == 1 and flags.load_config(str(mine)).hidden_size == 12
+    lines = []
+    other = tmp_path / "other.en.gz"
+    other.write_bytes(open(tiny_corpus["train_src"], "rb").read())
+    train.train(tiny_config(model_dir=str(mine), hidden_size=12, max_steps=2, train_src=str(other)),
+                explicit={"train_src", "max_steps"}, log=lines.append)
+    assert any(line.startswith(f"warning: --train_src is now {other} but this run started with "
+                               f"{tiny_corpus['train_src']}") for line in lines), lines
+
+
 def test_resume_takes_unspecified_flags_from_the_model_dir(tiny_config, tmp_path):
     model_dir = str(tmp_path / "m")
     train.train(tiny_config(model_dir=model_dir, max_steps=2, batch_size=4), **QUIET)
