@@ -28,6 +28,8 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "average_checkpoints", "average_from"))
+
 
 def average(model_dir: str, count: int, source: str = "best", log=print) -> str:
     """Writes the mean of `count` checkpoints of `source` (best or last) to
@@ -60,7 +62,7 @@ def average(model_dir: str, count: int, source: str = "best", log=print) -> str:
 
 
 def main(argv):
-    nmt_flags.start_cli(argv)
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_dir:
         print("error: --model_dir is required.", file=sys.stderr)

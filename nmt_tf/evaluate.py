@@ -56,6 +56,8 @@ absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with
 absl_flags.DEFINE_string("out_dir", None, "Where hypotheses, report.json, report.txt and the plots go "
                          "(default: <model_dir>/eval/<name of --src>, or eval/<name of --src> for --saved_model).")
 absl_flags.DEFINE_multi_string("label", None, "Names of the models in reports and plots, in the order given.")
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "saved_model", "ensemble", "lines_per_batch",
+                                             "max_input_length", *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS))
 
 
 class EvaluationError(ValueError):
@@ -301,8 +303,13 @@ def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: 
 
 
 def main(argv):
-    nmt_flags.start_cli(argv)
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
+    if MODELS and all(kind == "saved_model" for kind, _ in MODELS) and nmt_flags.fixed_at_export_given():
+        print(f"error: --{', --'.join(nmt_flags.fixed_at_export_given())}: {nmt_flags.FIXED_AT_EXPORT_REASON}, "
+              "or evaluate the model directory (--model_dir).",
+              file=sys.stderr)
+        return 1
     try:
         reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
                       nmt_flags.weights_choice(), FLAGS.max_input_length, FLAGS.lines_per_batch,
@@ -321,7 +328,7 @@ def parse_flags(argv):
     """absl parsing, with --model_dir / --saved_model allowed several times."""
     rest, models = split_model_args(argv)
     MODELS.extend(models)
-    return absl_flags.FLAGS(rest)
+    return app.parse_flags_with_usage(rest)      # an unknown flag: one line and exit code 1, as the other tools
 
 
 if __name__ == "__main__":

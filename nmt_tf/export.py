@@ -99,6 +99,8 @@ def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
 
 
 METADATA = "nmt_tf.json"
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "ensemble", "max_input_length", *nmt_flags.SEARCH_FLAGS,
+                                             *nmt_flags.WEIGHTS_FLAGS))
 
 
 def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options, max_input_length: int,
@@ -201,7 +203,7 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
 
 
 def main(argv):
-    nmt_flags.start_cli(argv)
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_dir or not FLAGS.export_dir:
         print("error: --model_dir and --export_dir are required.", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 Every CLI is ``python -m nmt_tf.<tool> [--flagfile=FILE] [--flag=value ...]``.
 Flags are read left to right, so flags given after ``--flagfile`` override
-the file's values. An unknown flag is an error (absl).
+the file's values. An unknown flag is an error (absl), and so is a flag of
+another tool (`tool_flags` declares which of this module's flags a tool
+takes; `start_cli` refuses the others, and the tool's --help lists them).
 
 The training tool writes the resolved values of all flags below into
 ``<model_dir>/flags.json``; the other tools read them back from there, so
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 from absl import flags
@@ -158,6 +161,11 @@ flags.DEFINE_float("timeout", 120.0, "Seconds to wait for one request to --serve
 flags.DEFINE_string("input", None, "Input sentences, one per line (plain or gzip); default stdin.")
 flags.DEFINE_string("output", None, "Output file; default stdout.")
 
+# Which weights of a model directory a tool uses (nmt_tf.checkpoints.WeightsChoice).
+WEIGHTS_FLAGS = ("checkpoint", "average_checkpoints", "average_from")
+# Search settings that nmt_tf.export fixes in the SavedModel (--n_best may be lowered at run time).
+FIXED_AT_EXPORT = tuple(name for name in SEARCH_FLAGS if name != "n_best") + ("max_input_length",)
+
 # Flags whose values define the model or its vocabularies: a run resumed in
 # an existing --model_dir must keep them.
 FROZEN_FLAGS = (
@@ -170,12 +178,57 @@ FROZEN_FLAGS = (
 _NOT_STORED = ("dry_run",)
 
 
-def start_cli(argv: list[str], verbose: bool = False) -> None:
-    """Common start of every nmt_tf CLI's main: no stray arguments, quiet TF logs."""
+def tool_flags(module_name: str, names) -> frozenset:
+    """Declares which flags of this module a tool (`module_name`, its
+    __name__) uses, besides the flags it defines itself; returns them for
+    `start_cli`. For the tool being run they become key flags of the main
+    module, so that its --help lists them (absl's --help shows only the main
+    module's key flags; --helpfull shows every flag of every module)."""
+    names = frozenset(names)
+    if module_name == "__main__":
+        for name in sorted(names):
+            FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
+    return names
+
+
+def foreign_flags(accepts: frozenset) -> list[str]:
+    """Flags given on the command line (or in a flagfile) that belong to
+    other nmt_tf tools: defined in an nmt_tf module other than the main one
+    and not in `accepts`."""
+    return sorted(flag.name for module, module_flags in FLAGS.flags_by_module_dict().items()
+                  if module.startswith("nmt_tf.") and module != sys.argv[0]
+                  for flag in module_flags if flag.present and flag.name not in accepts)
+
+
+def fixed_at_export_given() -> list[str]:
+    """The search and weights flags given, for a tool run on a SavedModel
+    (where they were fixed by nmt_tf.export and would be ignored)."""
+    return sorted(name for name in FIXED_AT_EXPORT + WEIGHTS_FLAGS if FLAGS[name].present)
+
+
+FIXED_AT_EXPORT_REASON = "fixed when the SavedModel was exported: export again with it (nmt_tf.export)"
+
+
+def start_cli(argv: list[str], verbose: bool = False, accepts: frozenset | None = None,
+              reasons: dict[str, str] | None = None) -> None:
+    """Common start of every nmt_tf CLI's main: no stray arguments, no flags
+    of other tools (with `accepts`, from `tool_flags`; `reasons` says why a
+    flag is refused, by name: one error line, exit code 1), quiet TF logs."""
     from absl import app, logging
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if accepts is not None:
+        foreign = foreign_flags(accepts)
+        if foreign:
+            tool = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+            reasons = reasons or {}
+            why = "; ".join(f"--{name}: {reasons[name]}" for name in foreign if name in reasons)
+            print(
+                f"error: {', '.join('--' + n for n in foreign)}: not {'a flag' if len(foreign) == 1 else 'flags'} of "
+                f"nmt_tf.{tool}, which would ignore {'it' if len(foreign) == 1 else 'them'}"
+                f"{f' ({why})' if why else ''}. `python -m nmt_tf.{tool} --help` lists its flags.", file=sys.stderr)
+            raise SystemExit(1)
     # TensorFlow's Python INFO lines (checkpoint saver, ...) unless asked for.
     logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
 

@@ -55,6 +55,8 @@ absl_flags.DEFINE_enum("phrase_score", "logprob", ["logprob", "prob"],
 absl_flags.DEFINE_string("feature_name", "NMT", "Name of the n-best feature.")
 absl_flags.DEFINE_boolean("moses_unescape", True, "Undo Moses' escaping of special characters before scoring.")
 absl_flags.DEFINE_boolean("strict", False, "Stop at the first malformed line instead of copying it through.")
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "server", "model_name", "timeout", "output",
+                                             "lines_per_batch"))
 
 _MOSES_ESCAPES = ((b"&#124;", b"|"), (b"&lt;", b"<"), (b"&gt;", b">"), (b"&apos;", b"'"), (b"&quot;", b'"'),
                   (b"&#91;", b"["), (b"&#93;", b"]"), (b"&amp;", b"&"))
@@ -266,7 +268,7 @@ def _tsv(path):
 
 
 def main(argv):
-    nmt_flags.start_cli(argv)
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     try:
         if bool(FLAGS.saved_model) == bool(FLAGS.server):

@@ -70,6 +70,7 @@ absl_flags.DEFINE_integer(
     "TensorFlow ops run at once (inter-op parallelism; 0: TensorFlow's default, one per core). "
     "TF Serving's flag: --tensorflow_inter_op_parallelism.", lower_bound=0)
 
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_name",))
 DEFAULT_SIGNATURE = "serving_default"
 
 
@@ -412,7 +413,7 @@ def set_threads(inter_op: int, intra_op: int) -> str:
 
 
 def main(argv):
-    nmt_flags.start_cli(argv, verbose=True)
+    nmt_flags.start_cli(argv, verbose=True, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_base_path:
         print("error: --model_base_path is required.", file=sys.stderr)

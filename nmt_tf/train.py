@@ -43,6 +43,7 @@ from nmt_tf import flags as nmt_flags
 from nmt_tf.files import write_atomically
 
 EXIT_NAN = 3
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, nmt_flags.TRAINING_FLAGS)
 
 
 def interrupted_exit_code(signal_name: str) -> int:
@@ -388,7 +389,7 @@ def _stats_dict(stats):
 def main(argv):
     from nmt_tf.data import CorpusError
 
-    nmt_flags.start_cli(argv)
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     config = nmt_flags.config_from_flags()
     try:
         if config.dry_run:

@@ -43,6 +43,8 @@ from nmt_tf.files import open_binary, open_binary_stream
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
 absl_flags.DEFINE_boolean("with_alignments", False, "Write JSON lines with tokens and the attention matrix.")
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "server", "model_name", "timeout", "input", "output",
+                                             "lines_per_batch", "n_best"))
 
 
 class TranslationError(RuntimeError):
@@ -232,7 +234,8 @@ def translate_lines(backend, lines, out, batch_size: int, n_best: int, with_scor
 
 
 def main(argv):
-    nmt_flags.start_cli(argv)
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS,
+                        reasons={name: nmt_flags.FIXED_AT_EXPORT_REASON for name in nmt_flags.FIXED_AT_EXPORT})
     FLAGS = absl_flags.FLAGS
     if bool(FLAGS.saved_model) == bool(FLAGS.server):
         print("error: give exactly one of --saved_model and --server.", file=sys.stderr)

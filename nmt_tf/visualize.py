@@ -39,6 +39,9 @@ absl_flags.DEFINE_string("logdir", None, "Also write the heatmaps as TensorBoard
 absl_flags.DEFINE_boolean("grconv", False, "Instead of attention, draw the structure a grConv encoder learned for each "
                           "sentence (paper 002 Fig. 6; needs --model_dir of a --encoder=grconv model).")
 absl_flags.DEFINE_float("grconv_threshold", 0.1, "Gating coefficients above this are drawn as edges (paper: 0.1).")
+TOOL_FLAGS = nmt_flags.tool_flags(
+    __name__, ("model_dir", "saved_model", "input", "max_input_length", *nmt_flags.WEIGHTS_FLAGS,
+               *(name for name in nmt_flags.SEARCH_FLAGS if name not in ("replace_unk", "unk_dictionary"))))
 
 
 class VisualizeError(ValueError):
@@ -127,11 +130,14 @@ def render_grconv(model_dir: str, checkpoint, sentences: list[str], names: list[
 def main(argv):
     from nmt_tf.translate import TranslationError, read_lines
 
-    nmt_flags.start_cli(argv)
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     try:
         if bool(FLAGS.saved_model) == bool(FLAGS.model_dir):
             raise VisualizeError("give exactly one of --saved_model and --model_dir.")
+        if FLAGS.saved_model and nmt_flags.fixed_at_export_given():
+            raise VisualizeError(f"--{', --'.join(nmt_flags.fixed_at_export_given())}: "
+                                 f"{nmt_flags.FIXED_AT_EXPORT_REASON}, or draw from --model_dir.")
         if bool(FLAGS.text) == bool(FLAGS.input):
             raise VisualizeError("give exactly one of --text and --input.")
         kind = "grconv" if FLAGS.grconv else "attention"

@@ -69,3 +69,53 @@ def test_benchmark_scripts_define_their_flags(script, own_flag):
     done = run_cli(os.path.join(REPO, "benchmarks", script), "--helpshort", timeout=120)
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert f"--{own_flag}" in done.stdout + done.stderr
+
+
+def test_defaults_quoted_in_the_readmes_are_the_real_ones():
+    """'`--lines_per_batch` (64)': a default quoted in running text matches the flag's."""
+    all_cli_flags()
+    quoted = []
+    for name in ("README.md", os.path.join("export", "README.md")):
+        text = open(os.path.join(REPO, name), encoding="utf-8").read()
+        quoted += re.findall(r"`--(\w+)` \((\d+(?:\.\d+)?)\)", text)
+    assert len(quoted) >= 10
+    for name, shown in quoted:
+        assert float(shown) == float(flags.FLAGS[name].default), (name, shown, flags.FLAGS[name].default)
+
+
+TOOLS = {   # tool: (flags its --help must list, a flag of another tool it must refuse)
+    "train": (["train_src", "hidden_size", "model_dir", "max_hours"], "beam_size"),
+    "export": (["model_dir", "export_dir", "beam_size", "average_checkpoints", "ensemble"], "hidden_size"),
+    "translate": (["saved_model", "server", "input", "output", "n_best", "with_scores"], "hidden_size"),
+    "evaluate": (["src", "ref", "model_dir", "saved_model", "beam_size", "checkpoint"], "hidden_size"),
+    "serve": (["port", "model_base_path", "model_name", "max_message_mb"], "hidden_size"),
+    "score": (["saved_model", "server", "tsv", "phrase_table"], "beam_size"),
+    "visualize": (["model_dir", "saved_model", "text", "beam_size"], "train_src"),
+    "average": (["model_dir", "average_checkpoints", "average_from"], "beam_size"),
+}
+
+
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+def test_each_tool_lists_its_own_flags_and_refuses_other_tools_flags(tool):
+    from conftest import run_cli
+
+    listed, foreign = TOOLS[tool]
+    shown = run_cli("-m", f"nmt_tf.{tool}", "--help", timeout=120)     # absl's --help exits with 1
+    assert "Traceback" not in shown.stderr, shown.stderr[-2000:]
+    names = set(re.findall(r"^  --(?:\[no\])?(\w+):", shown.stdout, flags=re.M))
+    assert set(listed) <= names, sorted(set(listed) - names)
+    assert foreign not in names
+    refused = run_cli("-m", f"nmt_tf.{tool}", f"--{foreign}=1", timeout=120)
+    assert refused.returncode == 1
+    assert f"error: --{foreign}: not a flag of nmt_tf.{tool}, which would ignore it" in refused.stderr
+    unknown = run_cli("-m", f"nmt_tf.{tool}", "--no_such_flag=1", timeout=120)
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr, unknown.stderr[-2000:]
+
+
+def test_search_flags_with_a_saved_model_are_refused_as_fixed_at_export(tmp_path):
+    from conftest import run_cli
+
+    for tool, args in (("translate", ["--beam_size=1"]), ("evaluate", ["--beam_size=1", "--src=a", "--ref=b"]),
+                       ("visualize", ["--length_alpha=0.5", "--text=x"])):
+        done = run_cli("-m", f"nmt_tf.{tool}", f"--saved_model={tmp_path}", *args, timeout=120)
+        assert done.returncode == 1 and "fixed when the SavedModel was exported" in done.stderr, (tool, done.stderr)
