@@ -171,10 +171,12 @@ def test_bad_output_filter_and_metadata_fields(server):
 def test_empty_batch_and_hostile_text_are_served(server):
     empty = server["predict"].Predict(request([]), timeout=60)
     assert tf.make_ndarray(empty.outputs["translation"]).shape == (0,)
-    texts = [b"", b"  ", b"\xff\xfe broken", ("mot " * 1000).encode()]
+    texts = [b"", b"  ", b"\xff\xfe broken", ("mot " * 1000).encode()] + [
+        c.encode() for c in ("\u00a0", "\u3000", "\u2028", "\u2029 \u202f")]      # Unicode whitespace only
     out = server["predict"].Predict(request(texts), timeout=120)
-    assert tf.make_ndarray(out.outputs["truncated"]).tolist() == [False, False, False, True]
-    assert tf.make_ndarray(out.outputs["translation"])[0] == b""
+    assert tf.make_ndarray(out.outputs["truncated"]).tolist() == [False, False, False, True] + [False] * 4
+    translations = tf.make_ndarray(out.outputs["translation"]).tolist()
+    assert translations[0] == translations[1] == b"" and translations[4:] == [b""] * 4
 
 
 def test_a_second_server_on_a_taken_port_exits_with_a_clear_error(server):
