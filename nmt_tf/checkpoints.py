@@ -5,6 +5,8 @@
     <model_dir>/best/          the --keep_best_checkpoints weights with the best
                                dev scores: best-<step>, ranked in best/scores.json
     <model_dir>/averaged/      written by nmt_tf.average: averaged-<step>
+    <model_dir>/damaged/       checkpoints that could not be read whole, moved
+                               aside by a resume (`newest_intact`), never deleted
 
 Checkpoint averaging (Junczys-Dowmunt et al. 2016; Vaswani et al. 2017) takes
 the element-wise mean of every model weight over N checkpoints of one run,
@@ -24,7 +26,7 @@ import tensorflow as tf
 
 from nmt_tf.files import write_atomically
 
-CHECKPOINTS, BEST, AVERAGED = "checkpoints", "best", "averaged"
+CHECKPOINTS, BEST, AVERAGED, DAMAGED = "checkpoints", "best", "averaged", "damaged"
 SCORES = "scores.json"
 
 
@@ -160,6 +162,92 @@ def resolve(model_dir: str, checkpoint: str) -> str:
     if path is None:
         raise FileNotFoundError(f"no checkpoint in {model_dir} (train first)")
     return path
+
+
+class NoIntactCheckpointError(RuntimeError):
+    """A model directory holds checkpoints, but none can be read whole."""
+
+
+def damage(path: str) -> str | None:
+    """What is wrong with checkpoint `path` (a prefix), or None when its index
+    and every tensor it lists can be read (a file cut short, a bad sector or
+    a half-written copy fail here, not half-way through a restore)."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for key in reader.get_variable_to_shape_map():
+            reader.get_tensor(key)
+    except Exception as e:      # tf.errors.OpError, IndexError ("Read less bytes than requested"), ...
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"
+    return None
+
+
+def _step_of(prefix: str) -> int:
+    try:
+        return int(prefix.rsplit("-", 1)[-1])
+    except ValueError:
+        return -1
+
+
+def _move_aside(prefix: str, model_dir: str) -> str:
+    """Moves the files of checkpoint `prefix` into <model_dir>/damaged/<dir>-<name>.*; returns that prefix."""
+    target_dir = os.path.join(model_dir, DAMAGED)
+    tf.io.gfile.makedirs(target_dir)
+    target = os.path.join(target_dir, f"{os.path.basename(os.path.dirname(prefix))}-{os.path.basename(prefix)}")
+    for path in tf.io.gfile.glob(prefix + ".*"):
+        tf.io.gfile.rename(path, target + path[len(prefix):], overwrite=True)
+    return target
+
+
+def newest_intact(model_dir: str, log=print) -> tuple[str | None, str | None]:
+    """The checkpoint a resumed run restores: the newest regular checkpoint
+    that reads whole (`damage`), else the best intact one of best/ (the
+    model with its optimizer, which Keras tracks as `model.optimizer`, but
+    not the training counters). Damaged ones are reported, moved to <model_dir>/damaged/
+    and dropped from their directory's state file (and best/'s ranking).
+
+    Returns (path, "last" or "best"), or (None, None) when the directory has
+    no checkpoint at all. Raises NoIntactCheckpointError when it has some but
+    none is intact."""
+    regular_dir, best = checkpoints_dir(model_dir), best_dir(model_dir)
+    # Listed from the files, not the state file, which may be the damaged part.
+    regular = sorted((p[:-len(".index")] for p in tf.io.gfile.glob(os.path.join(regular_dir, "ckpt-*.index"))),
+                     key=_step_of, reverse=True)
+    ranking = read_ranking(best) if os.path.isdir(best) else []
+    damaged = []
+
+    def check(path):
+        problem = damage(path)
+        if problem is None:
+            return True
+        moved = _move_aside(path, model_dir)
+        log(f"warning: checkpoint {path} is damaged ({problem}); its files were moved to {moved}.*")
+        damaged.append(path)
+        return False
+
+    for i, path in enumerate(regular):
+        if check(path):
+            if i:
+                write_state(regular_dir, [os.path.basename(p) for p in regular[i:]])
+                log(f"Falling back to {path}, the newest intact checkpoint.")
+            return path, "last"
+    state_file = os.path.join(regular_dir, "checkpoint")
+    if regular and tf.io.gfile.exists(state_file):      # it names only damaged checkpoints now
+        tf.io.gfile.remove(state_file)
+    for i, entry in enumerate(ranking):
+        path = os.path.join(best, entry["path"])
+        if check(path):
+            if i:
+                kept = ranking[i:]
+                write_atomically(os.path.join(best, SCORES), json.dumps(kept, indent=1))
+                write_state(best, [r["path"] for r in kept])
+            log(f"Falling back to {path}, the best intact checkpoint of best/.")
+            return path, "best"
+    if damaged:
+        raise NoIntactCheckpointError(
+            f"{model_dir} holds no intact checkpoint: {', '.join(damaged)} could not be read (moved to "
+            f"{os.path.join(model_dir, DAMAGED)}). Start again in a new --model_dir, or copy an intact "
+            f"checkpoint back.")
+    return None, None
 
 
 def read_weights(model, path: str) -> None:

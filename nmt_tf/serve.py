@@ -120,12 +120,26 @@ def _alignment_bound(path: str) -> tuple[int, int] | None:
     return max(output, 1), source
 
 
+def _files_stamp(path: str) -> tuple:
+    """(name, size, mtime) of every file of a SavedModel folder: changes when a version is re-copied."""
+    stamp = []
+    for root, _, files in os.walk(path):
+        for name in sorted(files):
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            stamp.append((os.path.relpath(os.path.join(root, name), path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(stamp))
+
+
 class ModelRegistry:
     """The versions of one model under a base path; serves the highest."""
 
     def __init__(self, name: str, base_path: str, log=logging.info):
         self.name, self.base_path, self.log = name, base_path, log
         self._current: LoadedVersion | None = None
+        self._failed: dict[int, tuple[tuple, str]] = {}     # version -> (its files' stamp, error)
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -141,14 +155,30 @@ class ModelRegistry:
         if not versions or (self._current and versions[-1] <= self._current.version):
             return
         version = versions[-1]
+        path = os.path.join(self.base_path, str(version))
+        stamp = _files_stamp(path)
+        with self._lock:
+            if version in self._failed and self._failed[version][0] == stamp:
+                return          # reported once; tried again when its files change
         try:
-            loaded = LoadedVersion(os.path.join(self.base_path, str(version)), version)
+            loaded = LoadedVersion(path, version)
         except Exception as e:   # a broken version never takes the served one down
-            self.log(f"could not load {self.name} version {version}: {e}")
+            message = f"{type(e).__name__}: {str(e).strip() or 'could not be loaded'}"
+            with self._lock:
+                self._failed[version] = (stamp, message)
+            self.log(f"could not load {self.name} version {version} ({message}); "
+                     "it is tried again when its files change")
             return
         with self._lock:
             self._current = loaded
+            self._failed.pop(version, None)
         self.log(f"serving {self.name} version {version} from {loaded.path}")
+
+    @property
+    def failed(self) -> dict[int, str]:
+        """Versions that could not be loaded, with their errors."""
+        with self._lock:
+            return {v: message for v, (_, message) in self._failed.items()}
 
     def watch(self, seconds: float) -> threading.Thread:
         def loop():
@@ -341,17 +371,28 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
             spec = request.model_spec
             if not spec.name:
                 raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
-            current = registry.current
-            if spec.name != registry.name or current is None:
+            current, failed = registry.current, registry.failed
+            # Like TF Serving: the served version AVAILABLE; one that failed to load END with its error.
+            states = {version: (get_model_status_pb2.ModelVersionStatus.END,
+                                status_pb2.StatusProto(error_code=grpc.StatusCode.UNKNOWN.value[0],
+                                                       error_message=message))
+                      for version, message in failed.items()}
+            if current is not None:
+                states[current.version] = (get_model_status_pb2.ModelVersionStatus.AVAILABLE,
+                                           status_pb2.StatusProto(error_code=0))
+            if spec.name != registry.name or not states:
                 raise ServingError(grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {spec.name}")
-            if spec.WhichOneof("version_choice") == "version" and spec.version.value != current.version:
-                raise ServingError(grpc.StatusCode.NOT_FOUND,
-                                   f"Could not find version {spec.version.value} of model {spec.name}")
+            if spec.WhichOneof("version_choice") == "version":
+                if spec.version.value not in states:
+                    raise ServingError(grpc.StatusCode.NOT_FOUND,
+                                       f"Could not find version {spec.version.value} of model {spec.name}")
+                states = {spec.version.value: states[spec.version.value]}
             response = get_model_status_pb2.GetModelStatusResponse()
-            status = response.model_version_status.add()
-            status.version = current.version
-            status.state = get_model_status_pb2.ModelVersionStatus.AVAILABLE
-            status.status.CopyFrom(status_pb2.StatusProto(error_code=0))
+            for version in sorted(states, reverse=True):
+                status = response.model_version_status.add()
+                status.version = version
+                status.state, proto = states[version]
+                status.status.CopyFrom(proto)
             return response
 
     return PredictionService(), ModelService()

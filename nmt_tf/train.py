@@ -13,7 +13,10 @@ at most --checkpoint_every_steps updates; SIGINT / SIGTERM stop after the
 current update and save a checkpoint.
 
 Exit codes: 0 training finished (max_epochs, max_steps, max_hours or early
-stopping); 1 a user error (one line on stderr); 3 the loss became NaN;
+stopping); 1 a user error (one line on stderr); 3 the loss became NaN; 4 the
+model directory has checkpoints but none can be read whole (a damaged
+checkpoint is otherwise moved to DIR/damaged/ and the run resumes from the
+newest intact one, or from the best intact one of best/);
 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint (128 + the
 signal's number; rerun the same command to resume).
 
@@ -24,6 +27,7 @@ Outputs in --model_dir:
   corpus_stats.json         what validation found (counts of skipped lines)
   checkpoints/              the last --keep_checkpoints checkpoints
   best/                     the --keep_best_checkpoints weights with the best dev scores (scores.json)
+  damaged/                  checkpoints a resume could not read whole, moved aside
   logs/train, logs/dev      TensorBoard
   train_summary.json        steps, epochs, time, train / dev NLL, tokens/s
 """
@@ -43,6 +47,7 @@ from nmt_tf import flags as nmt_flags
 from nmt_tf.files import write_atomically
 
 EXIT_NAN = 3
+EXIT_NO_INTACT_CHECKPOINT = 4
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, nmt_flags.TRAINING_FLAGS)
 
 
@@ -261,17 +266,31 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
 
     state = cb.TrainingState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, state=state)
+    # Before the manager reads the state file: damaged checkpoints are moved aside.
+    restore_from, kind = checkpoints.newest_intact(model_dir, log=log)    # or NoIntactCheckpointError
     manager = tf.train.CheckpointManager(checkpoint, checkpoints.checkpoints_dir(model_dir),
                                          max_to_keep=config.keep_checkpoints, checkpoint_name="ckpt")
-    if manager.latest_checkpoint:
+    if kind == "last":
         # Weights and optimizer must match exactly; training-state counters
         # added by a newer nmt_tf keep their defaults when a checkpoint lacks them.
         tf.train.Checkpoint(model=model, optimizer=optimizer).read(
-            manager.latest_checkpoint).expect_partial().assert_existing_objects_matched()
-        tf.train.Checkpoint(state=state).read(manager.latest_checkpoint).expect_partial()
-        log(f"Restored {manager.latest_checkpoint}: step {int(optimizer.iterations.numpy()):,}, "
+            restore_from).expect_partial().assert_existing_objects_matched()
+        tf.train.Checkpoint(state=state).read(restore_from).expect_partial()
+        log(f"Restored {restore_from}: step {int(optimizer.iterations.numpy()):,}, "
             f"epoch {int(state.epoch.numpy()) + 1}, batch {int(state.epoch_batches.numpy()):,}"
             f"{f' of {n_batches:,}' if n_batches else ''}.")
+    elif kind == "best":
+        # best/ holds the model and, tracked by it, the optimizer (with its step), not the
+        # training counters: the epoch position follows from the step (every epoch has
+        # n_batches); the time and token counters start again.
+        checkpoints.read_weights(model, restore_from)
+        step = int(optimizer.iterations.numpy())
+        if n_batches:
+            state.epoch.assign(step // n_batches)
+            state.epoch_batches.assign(step % n_batches)
+        log(f"Restored {restore_from} (model and optimizer): step {step:,}, epoch {int(state.epoch.numpy()) + 1}, "
+            f"batch {int(state.epoch_batches.numpy()):,}; the training-time and token counters start again "
+            "from zero.")
     log(f"Model {config.model}: {model.count_params():,} parameters; "
         f"{f'{n_batches:,}' if n_batches else 'a data-dependent number of'} batches per epoch; "
         f"precision {keras.mixed_precision.dtype_policy().name}.")
@@ -387,6 +406,7 @@ def _stats_dict(stats):
 
 
 def main(argv):
+    from nmt_tf.checkpoints import NoIntactCheckpointError
     from nmt_tf.data import CorpusError
 
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
@@ -399,6 +419,9 @@ def main(argv):
     except NaNLossError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NAN
+    except NoIntactCheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_INTACT_CHECKPOINT
     except (TrainingError, CorpusError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

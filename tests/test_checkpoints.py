@@ -91,3 +91,56 @@ def test_ensemble_members_must_share_vocabularies(trained_model_dir, tmp_path, t
     train.train(tiny_config(model_dir=other, tgt_vocab_size=60, max_steps=1), log=lambda *a: None)
     with pytest.raises(ValueError, match="vocabular"):
         restore_ensemble([model_dir, other], log=lambda *a: None)
+
+
+def _cut(prefix, n_bytes=100):
+    """A checkpoint whose data file lost its last bytes (a full disk, a copy cut short)."""
+    (data,) = [p for p in tf.io.gfile.glob(prefix + ".data-*")]
+    raw = open(data, "rb").read()
+    open(data, "wb").write(raw[:-n_bytes])
+
+
+def _regular(model_dir):
+    pattern = os.path.join(model_dir, "checkpoints", "ckpt-*.index")
+    return sorted((p[:-len(".index")] for p in tf.io.gfile.glob(pattern)), key=lambda p: int(p.rsplit("-", 1)[1]))
+
+
+def test_a_damaged_checkpoint_is_moved_aside_and_the_run_resumes_from_the_newest_intact_one(tiny_config, tmp_path):
+    from nmt_tf import train
+
+    model_dir = str(tmp_path / "m")
+    config = tiny_config(model_dir=model_dir, max_steps=6, max_epochs=5, checkpoint_every_steps=2,
+                         keep_checkpoints=3, keep_best_checkpoints=2, eval_every_steps=2, dev_bleu=False)
+    train.train(config, log=lambda *a: None)
+    older, newest = _regular(model_dir)[-2:]
+    assert checkpoints.damage(newest) is None
+    _cut(newest)
+    assert checkpoints.damage(newest) is not None
+    lines = []
+    summary = train.train(config.replace(max_steps=8), log=lines.append)
+    assert any(line.startswith(f"warning: checkpoint {newest} is damaged (") for line in lines), lines
+    assert f"Falling back to {older}, the newest intact checkpoint." in lines
+    assert any(line.startswith(f"Restored {older}: step {int(older.rsplit('-', 1)[1])}") for line in lines)
+    assert summary["steps"] == 8
+    kept_aside = sorted(os.listdir(os.path.join(model_dir, "damaged")))
+    assert kept_aside and all(name.startswith(f"checkpoints-{os.path.basename(newest)}.") for name in kept_aside)
+
+    # Every regular checkpoint damaged: the best intact one of best/ (weights only), from step 0.
+    for prefix in _regular(model_dir):
+        _cut(prefix)
+    best = os.path.join(model_dir, "best", checkpoints.read_ranking(os.path.join(model_dir, "best"))[0]["path"])
+    best_step = int(best.rsplit("-", 1)[1])
+    lines = []
+    summary = train.train(config.replace(max_steps=best_step + 2), log=lines.append)
+    assert f"Falling back to {best}, the best intact checkpoint of best/." in lines, lines
+    assert any(line.startswith(f"Restored {best} (model and optimizer): step {best_step},") for line in lines)
+    assert summary["steps"] == best_step + 2, "\n".join(lines)
+
+    # Nothing intact at all: one error (exit code 4) naming the files, which are kept.
+    for prefix in _regular(model_dir) + [os.path.join(model_dir, "best", r["path"])
+                                         for r in checkpoints.read_ranking(os.path.join(model_dir, "best"))]:
+        _cut(prefix)
+    result = run_cli("-m", "nmt_tf.train", f"--model_dir={model_dir}")
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"error: {model_dir} holds no intact checkpoint" in result.stderr and "Traceback" not in result.stderr
+    assert len(os.listdir(os.path.join(model_dir, "damaged"))) > len(kept_aside)

@@ -201,6 +201,32 @@ def test_a_new_version_is_picked_up(server, exported):
     assert response.model_spec.version.value == 2
 
 
+def test_a_version_that_fails_to_load_is_reported_once_and_in_the_model_status(exported, tmp_path):
+    """TF Serving's behaviour: the served version stays, the broken one is logged once
+    (not at every poll) and GetModelStatus shows it as END with its error; once its
+    files change it is tried again."""
+    base = tmp_path / "nmt"
+    shutil.copytree(exported[2], base / "1")
+    logs = []
+    registry = serve.ModelRegistry("nmt", str(base), log=logs.append)
+    registry.poll()
+    (base / "2").mkdir()
+    (base / "2" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    for _ in range(3):
+        registry.poll()
+    failures = [line for line in logs if line.startswith("could not load nmt version 2")]
+    assert len(failures) == 1 and registry.current.version == 1, logs
+    _, model_service = serve.make_servicers(registry, max_batch_size=8)
+    status = model_service.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "nmt"}), None)
+    states = {s.version: (s.state, s.status.error_code, s.status.error_message) for s in status.model_version_status}
+    assert states[1] == (get_model_status_pb2.ModelVersionStatus.AVAILABLE, 0, "")
+    assert states[2][0] == get_model_status_pb2.ModelVersionStatus.END and states[2][1] == 2 and states[2][2]
+    shutil.rmtree(base / "2")
+    shutil.copytree(exported[2], base / "2")             # repaired: its files changed
+    registry.poll()
+    assert registry.current.version == 2 and registry.failed == {}
+
+
 def test_translate_cli_through_the_server_and_locally(server, exported, tmp_path):
     source = tmp_path / "in.en"
     source.write_bytes(b"A man in a blue shirt.\n\nTwo dogs run.\n")
