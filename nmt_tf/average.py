@@ -27,6 +27,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.files import write_atomically
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "average_checkpoints", "average_from"))
 
@@ -51,10 +52,9 @@ def average(model_dir: str, count: int, source: str = "best", log=print) -> str:
     path = tf.train.Checkpoint(model=restored.model).write(os.path.join(out_dir, f"averaged-{step}"))
     checkpoints.write_state(out_dir, [os.path.basename(path)])
     scores = {r["path"]: r["score"] for r in checkpoints.read_ranking(checkpoints.best_dir(model_dir))}
-    with open(os.path.join(out_dir, "sources.json"), "w", encoding="utf-8") as f:
-        json.dump({"from": source, "checkpoints": [{"path": os.path.abspath(p),
-                                                    "dev_score": scores.get(os.path.basename(p))} for p in paths]},
-                  f, indent=1)
+    write_atomically(os.path.join(out_dir, "sources.json"), json.dumps(
+        {"from": source, "checkpoints": [{"path": os.path.abspath(p), "dev_score": scores.get(os.path.basename(p))}
+                                         for p in paths]}, indent=1))
     log(f"Wrote {path}, the mean of {len(paths)} {source} checkpoints.\n"
         f"  Use it with --checkpoint=averaged, e.g. python -m nmt_tf.export --model_dir={model_dir} "
         "--checkpoint=averaged --export_dir=EXPORT_DIR")
@@ -69,7 +69,7 @@ def main(argv):
         return 1
     try:
         average(FLAGS.model_dir, FLAGS.average_checkpoints, FLAGS.average_from)
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:      # FileNotFoundError, WriteFailed (a full disk), ...
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -20,6 +20,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from nmt_tf import checkpoints
+
 
 class TrainingState(tf.Module):
     """Counters of a training job, checkpointed with the weights."""
@@ -372,7 +374,7 @@ class TrainingController(keras.callbacks.Callback):
 
     def save(self, step):
         if self.nan_step is None:
-            self.manager.save(checkpoint_number=step)
+            checkpoints.save_checkpoint(self.manager, step)
             self.train_writer.flush()
 
     def flush(self):

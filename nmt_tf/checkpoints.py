@@ -24,7 +24,7 @@ import os
 
 import tensorflow as tf
 
-from nmt_tf.files import write_atomically
+from nmt_tf.files import WriteFailed, write_atomically
 
 CHECKPOINTS, BEST, AVERAGED, DAMAGED = "checkpoints", "best", "averaged", "damaged"
 SCORES = "scores.json"
@@ -64,6 +64,33 @@ def _remove_checkpoint(prefix: str) -> None:
         tf.io.gfile.remove(path)
 
 
+def _remove_partial(prefix: str) -> None:
+    """What a failed save of checkpoint `prefix` may have left: its files and
+    TensorFlow's `<prefix>_temp*` folder."""
+    for path in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
+        try:
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                tf.io.gfile.remove(path)
+        except tf.errors.OpError:
+            pass
+
+
+def save_checkpoint(manager: tf.train.CheckpointManager, step: int, name: str = "ckpt") -> str:
+    """`manager.save(checkpoint_number=step)`; when that fails (a full disk:
+    ResourceExhausted / ENOSPC) its partial files are removed and WriteFailed
+    names the checkpoint. The state file is only rewritten after a whole save,
+    so the previous checkpoints stay usable."""
+    prefix = os.path.join(manager.directory, f"{name}-{step}")
+    try:
+        return manager.save(checkpoint_number=step)
+    except (tf.errors.OpError, OSError) as e:
+        _remove_partial(prefix)
+        raise WriteFailed(prefix, e, kept=f"the previous checkpoint {manager.latest_checkpoint or '(none)'} "
+                                          "is intact") from e
+
+
 class BestCheckpoints:
     """Keeps the `keep` checkpoints of `checkpoint` with the highest dev scores
     in `directory`, ranked in `scores.json` ([{"path", "step", "score"}], best
@@ -96,7 +123,12 @@ class BestCheckpoints:
             return False
         tf.io.gfile.makedirs(self.directory)
         name = f"best-{step}"
-        self.checkpoint.write(os.path.join(self.directory, name))
+        prefix = os.path.join(self.directory, name)
+        try:
+            self.checkpoint.write(prefix)
+        except (tf.errors.OpError, OSError) as e:
+            _remove_partial(prefix)
+            raise WriteFailed(prefix, e, kept="best/ keeps its previous checkpoints") from e
         ranking = [r for r in self.ranking if r["path"] != name] + [{"path": name, "step": step, "score": score}]
         ranking.sort(key=lambda r: (-self.sign * r["score"], -r["step"]))
         for dropped in ranking[self.keep:]:

@@ -49,7 +49,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.files import read_lines
+from nmt_tf.files import read_lines, write_atomically
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
 absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")
@@ -186,16 +186,13 @@ def evaluate_subject(subject: Subject, sources: list[str], references: list[str]
         "bleu_by_length": metrics.bleu_by_length([len(w) for w in src_words], hyps, references),
         "bleu_by_unknown": metrics.bleu_by_unknown(unknown, hyps, references),
     }
-    with open(os.path.join(subject.out_dir, "report.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(subject.out_dir, "report.txt"), "w", encoding="utf-8") as f:
-        f.write(format_table([report]) + "\n")
+    write_atomically(os.path.join(subject.out_dir, "report.json"), json.dumps(report, indent=2))
+    write_atomically(os.path.join(subject.out_dir, "report.txt"), format_table([report]) + "\n")
     return report
 
 
 def _write_lines(path, lines):
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
+    write_atomically(path, "".join(line + "\n" for line in lines))
 
 
 def _fmt(value, digits=2):
@@ -297,8 +294,7 @@ def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: 
         write_plots([reports[-1]], model_out, src_name)
     if several and out_dir:
         write_plots(reports, out_dir, src_name)
-        with open(os.path.join(out_dir, "report.txt"), "w", encoding="utf-8") as f:
-            f.write(format_table(reports) + "\n")
+        write_atomically(os.path.join(out_dir, "report.txt"), format_table(reports) + "\n")
     return reports
 
 
@@ -314,7 +310,7 @@ def main(argv):
         reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
                       nmt_flags.weights_choice(), FLAGS.max_input_length, FLAGS.lines_per_batch,
                       ensemble=FLAGS.ensemble, unk_replacement=nmt_flags.unk_replacement())
-    except (EvaluationError, FileNotFoundError, ValueError) as e:
+    except (EvaluationError, OSError, ValueError) as e:      # OSError: FileNotFoundError, WriteFailed (a full disk)
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(format_table(reports))

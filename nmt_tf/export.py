@@ -62,6 +62,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.files import WriteFailed
 from nmt_tf.translator import Translator, restore_ensemble
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
@@ -192,6 +193,9 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
         write_warmup(tmp)
         write_metadata(tmp, model_dirs, config, options, max_input_length, checkpoint_path, unk_replacement)
         os.rename(tmp, final)
+    except (tf.errors.OpError, OSError) as e:      # a full disk: no version appears, none is damaged
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteFailed(final, e, kept="no new version was made; the existing versions are unchanged") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -212,7 +216,7 @@ def main(argv):
         export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir, nmt_flags.search_options(),
                FLAGS.version, nmt_flags.weights_choice(), FLAGS.max_input_length,
                freeze_step_weights=FLAGS.freeze_step_weights, unk_replacement=nmt_flags.unk_replacement())
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except (OSError, ValueError) as e:      # FileNotFoundError, FileExistsError, WriteFailed (a full disk)
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -38,14 +38,40 @@ def open_binary_stream(stream):
     return gzip.GzipFile(fileobj=stream, mode="rb") if stream.peek(2)[:2] == GZIP_MAGIC else stream
 
 
+class WriteFailed(OSError):
+    """A file of the project could not be written (a full disk, a read-only or
+    vanished directory); the message names the file and says what is left."""
+
+    def __init__(self, path: str, cause: BaseException, kept: str | None = None):
+        reason = getattr(cause, "strerror", None) or getattr(cause, "message", None) or str(cause)
+        kept = kept or (f"the previous {os.path.basename(path)} is unchanged" if os.path.exists(path)
+                        else "nothing was written")
+        super().__init__(getattr(cause, "errno", None), f"could not write {path}: {reason.strip()} ({kept})")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 def write_atomically(path: str, content: str | bytes) -> None:
     """Writes `content` (text as UTF-8, or bytes) to `path` through a
-    temporary file and a rename, so that `path` is either the old file or the
-    whole new one, never a part."""
+    temporary file, flushed to the disk, and a rename, so that `path` is
+    either the old file or the whole new one, never a part. Raises
+    WriteFailed (an OSError naming `path`) when the disk is full or the
+    directory cannot be written; the temporary file is removed."""
     tmp = path + ".tmp"
-    with (open(tmp, "wb") if isinstance(content, bytes) else open(tmp, "w", encoding="utf-8")) as f:
-        f.write(content)
-    os.replace(tmp, path)
+    try:
+        with (open(tmp, "wb") if isinstance(content, bytes) else open(tmp, "w", encoding="utf-8")) as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise WriteFailed(path, e) from e
 
 
 def read_lines(path: str) -> list[bytes]:

@@ -313,14 +313,15 @@ def save_config(config: Config, model_dir: str) -> None:
     stored = {k: v for k, v in sorted(config.items()) if k not in _NOT_STORED}
     path = flags_path(model_dir)
     write_atomically(path, json.dumps(stored, indent=2) + "\n")
-    with open(os.path.join(model_dir, "flags.txt"), "w", encoding="utf-8") as f:
-        for name, value in stored.items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                f.write(f"--{name}\n" if value else f"--no{name}\n")
-            else:
-                f.write(f"--{name}={value}\n")
+    lines = []
+    for name, value in stored.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            lines.append(f"--{name}" if value else f"--no{name}")
+        else:
+            lines.append(f"--{name}={value}")
+    write_atomically(os.path.join(model_dir, "flags.txt"), "".join(line + "\n" for line in lines))
 
 
 def load_config(model_dir: str) -> Config:

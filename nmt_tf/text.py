@@ -227,14 +227,22 @@ def read_vocabulary(path: str) -> list[str]:
 
 
 def write_vocabulary(tokens: Sequence[str], path: str) -> None:
-    """Writes tokens one per line, atomically (temporary file, then rename)."""
+    """Writes tokens one per line, atomically (temporary file, then rename);
+    WriteFailed (naming `path`) when it cannot."""
     for token in tokens:
         if not token or any(c.isspace() for c in token):
             raise ValueError(f"vocabulary token {token!r} is empty or contains whitespace")
+    from nmt_tf.files import WriteFailed
+
     tmp = path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write("".join(t + "\n" for t in tokens))
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    try:        # tf.io.gfile, so that model directories may be on gs:// or hdfs://
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            f.write("".join(t + "\n" for t in tokens))
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    except tf.errors.OpError as e:      # a full disk: the previous vocabulary (if any) is unchanged
+        if tf.io.gfile.exists(tmp):
+            tf.io.gfile.remove(tmp)
+        raise WriteFailed(path, e) from e
 
 
 def shortlist(counts: collections.Counter, size: int) -> list[str]:

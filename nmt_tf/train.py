@@ -16,7 +16,9 @@ Exit codes: 0 training finished (max_epochs, max_steps, max_hours or early
 stopping); 1 a user error (one line on stderr); 3 the loss became NaN; 4 the
 model directory has checkpoints but none can be read whole (a damaged
 checkpoint is otherwise moved to DIR/damaged/ and the run resumes from the
-newest intact one, or from the best intact one of best/);
+newest intact one, or from the best intact one of best/); 5 a file could not
+be written (a full disk; the message names it, and the previous checkpoint is
+intact);
 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint (128 + the
 signal's number; rerun the same command to resume).
 
@@ -44,10 +46,11 @@ import warnings
 from absl import app
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.files import write_atomically
+from nmt_tf.files import WriteFailed, write_atomically
 
 EXIT_NAN = 3
 EXIT_NO_INTACT_CHECKPOINT = 4
+EXIT_WRITE_FAILED = 5
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, nmt_flags.TRAINING_FLAGS)
 
 
@@ -258,8 +261,8 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
 
     model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
-    with open(os.path.join(model_dir, "model_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"class_name": type(model).__name__, "config": model.get_config()}, f, indent=2)
+    write_atomically(os.path.join(model_dir, "model_config.json"),
+                     json.dumps({"class_name": type(model).__name__, "config": model.get_config()}, indent=2))
     optimizer = make_optimizer(config)
     model.compile(optimizer=optimizer, jit_compile=config.jit_compile)
     optimizer.build(model.trainable_variables)
@@ -354,7 +357,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                 "or use --mixed_precision=none.")
         if step > start_step or not manager.latest_checkpoint:
             controller.evaluate(step)
-            manager.save(checkpoint_number=step)
+            checkpoints.save_checkpoint(manager, step)
     controller.flush()
 
     status = controller.stop_reason or "max_epochs"
@@ -422,6 +425,9 @@ def main(argv):
     except NoIntactCheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NO_INTACT_CHECKPOINT
+    except WriteFailed as e:
+        print(f"error: {e}. Free some space and rerun the same command to resume.", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except (TrainingError, CorpusError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,134 @@
+"""Fault injection: a full disk (ENOSPC) at each kind of write. Every case checks
+the outcome: one error naming the file, and the previous state still usable."""
+
+import errno
+import json
+import os
+import shutil
+
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, run_cli
+from nmt_tf import checkpoints, export, files, search, train
+
+QUIET = dict(log=lambda *a: None)
+NO_SPACE = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_while_writing_a_small_file_leaves_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / "train_summary.json"
+    files.write_atomically(str(path), "old")
+
+    def full(fd):
+        raise NO_SPACE
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(files.WriteFailed) as failed:
+        files.write_atomically(str(path), "new")
+    assert str(failed.value) == (f"could not write {path}: No space left on device "
+                                 "(the previous train_summary.json is unchanged)")
+    assert failed.value.errno == errno.ENOSPC
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["train_summary.json"]     # no .tmp left
+
+
+def test_a_full_disk_while_saving_a_checkpoint_stops_training_with_the_previous_one_intact(
+        tiny_config, tmp_path, monkeypatch):
+    config = tiny_config(model_dir=str(tmp_path / "m"), max_steps=6, checkpoint_every_steps=2, max_epochs=5,
+                         dev_bleu=False)
+    real_save = tf.train.CheckpointManager.save
+
+    def save(self, checkpoint_number=None, **kw):
+        if checkpoint_number == 4:          # the disk fills up during the second save
+            tf.io.gfile.makedirs(os.path.join(self.directory, "ckpt-4_temp"))
+            open(os.path.join(self.directory, "ckpt-4.index"), "wb").write(b"\0" * 10)
+            raise tf.errors.ResourceExhaustedError(None, None, "ckpt-4_temp/part-00000: No space left on device")
+        return real_save(self, checkpoint_number=checkpoint_number, **kw)
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", save)
+    prefix = os.path.join(config.model_dir, "checkpoints", "ckpt-4")
+    with pytest.raises(files.WriteFailed, match=rf"could not write {prefix}: .*No space left on device "
+                                                 r"\(the previous checkpoint .*ckpt-2 is intact\)"):
+        train.train(config, **QUIET)
+    left = sorted(os.listdir(os.path.join(config.model_dir, "checkpoints")))
+    assert not [name for name in left if name.startswith("ckpt-4")], left      # no partial checkpoint
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", real_save)
+    lines = []
+    summary = train.train(config, log=lines.append)                           # space again: it resumes
+    assert any(line.startswith(f"Restored {os.path.join(config.model_dir, 'checkpoints', 'ckpt-2')}: step 2")
+               for line in lines), lines
+    assert summary["steps"] == 6
+
+
+def test_the_training_cli_reports_a_full_disk_with_exit_code_5(tiny_corpus, tmp_path):
+    """ENOSPC injected at the OS call (os.replace of train_summary.json) in a real process."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import errno, os\n"
+        "_replace = os.replace\n"
+        "def replace(src, dst, *a, **kw):\n"
+        "    if str(dst).endswith('train_summary.json'):\n"
+        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "    return _replace(src, dst, *a, **kw)\n"
+        "os.replace = replace\n")
+    model_dir = str(tmp_path / "m")
+    result = run_cli("-m", "nmt_tf.train", f"--flagfile={REPO}/pipelines/smoke.flags",
+                     f"--train_src={tiny_corpus['train_src']}", f"--train_tgt={tiny_corpus['train_tgt']}",
+                     f"--dev_src={tiny_corpus['dev_src']}", f"--dev_tgt={tiny_corpus['dev_tgt']}",
+                     "--max_steps=2", "--nodev_bleu", f"--model_dir={model_dir}",
+                     env={"PYTHONPATH": f"{inject}{os.pathsep}{REPO}"})
+    summary = os.path.join(model_dir, "train_summary.json")
+    assert result.returncode == train.EXIT_WRITE_FAILED == 5, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"error: could not write {summary}: No space left on device (nothing was written)" in result.stderr
+    assert "Traceback" not in result.stderr and not os.path.exists(summary + ".tmp")
+    assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith("ckpt-2")
+
+
+def test_a_full_disk_during_export_makes_no_version_and_leaves_the_others(exported, tmp_path, monkeypatch):
+    model_dir, base, _ = exported
+    copy = str(tmp_path / "nmt")
+    shutil.copytree(base, copy)
+    before = sorted(os.listdir(copy))
+    real_save = tf.saved_model.save
+
+    def save(module, path, **kw):
+        os.makedirs(os.path.join(path, "variables"), exist_ok=True)
+        open(os.path.join(path, "saved_model.pb"), "wb").write(b"partial")
+        raise tf.errors.ResourceExhaustedError(None, None, "variables.data-00000-of-00001: No space left on device")
+    monkeypatch.setattr(tf.saved_model, "save", save)
+    with pytest.raises(files.WriteFailed, match=rf"could not write {os.path.join(copy, '2')}: .*No space left "
+                                                 r"on device \(no new version was made"):
+        export.export(model_dir, copy, search.SearchOptions(beam_size=2), max_input_length=20, **QUIET)
+    assert sorted(os.listdir(copy)) == before              # nothing half-written for a server to load
+    monkeypatch.setattr(tf.saved_model, "save", real_save)
+    assert json.load(open(os.path.join(copy, "1", "assets.extra", export.METADATA)))["search"]["beam_size"] == 3
+
+
+def test_a_full_disk_while_keeping_a_best_checkpoint_keeps_the_previous_best(tmp_path, monkeypatch):
+    value = tf.Variable(1.0)
+    best = checkpoints.BestCheckpoints(tf.train.Checkpoint(value=value), str(tmp_path), keep=1)
+    best.save(1, 10.0)
+
+    def write(self, prefix, **kw):
+        open(prefix + ".index", "wb").write(b"\0")
+        raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+    monkeypatch.setattr(tf.train.Checkpoint, "write", write)
+    with pytest.raises(files.WriteFailed, match="best/ keeps its previous checkpoints"):
+        best.save(2, 20.0)
+    assert [r["path"] for r in checkpoints.read_ranking(str(tmp_path))] == ["best-1"]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("best-2")]
+    assert os.path.basename(tf.train.latest_checkpoint(str(tmp_path))) == "best-1"
+
+
+def test_a_full_disk_while_writing_a_vocabulary_leaves_the_previous_one(tmp_path, monkeypatch):
+    from nmt_tf import text
+
+    path = str(tmp_path / "vocab.src.txt")
+    text.write_vocabulary(list(text.SPECIAL_TOKENS) + ["old"], path)
+
+    def rename(*a, **kw):
+        raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+    monkeypatch.setattr(tf.io.gfile, "rename", rename)
+    with pytest.raises(files.WriteFailed, match=f"could not write {path}: No space left on device "
+                                                 r"\(the previous vocab.src.txt is unchanged\)"):
+        text.write_vocabulary(list(text.SPECIAL_TOKENS) + ["new"], path)
+    assert text.read_vocabulary(path)[-1] == "old" and os.listdir(tmp_path) == ["vocab.src.txt"]
