@@ -282,10 +282,21 @@ def newest_intact(model_dir: str, log=print) -> tuple[str | None, str | None]:
     return None, None
 
 
+class DamagedCheckpointError(OSError):
+    """A checkpoint's files cannot be read whole."""
+
+
 def read_weights(model, path: str) -> None:
     """Sets the weights of `model` (built) from the checkpoint `path` (a
-    training or weights-only one); every model weight must be in it."""
-    tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
+    training or weights-only one); every model weight must be in it. Raises
+    DamagedCheckpointError (naming `path`) when its files cannot be read."""
+    try:
+        status = tf.train.Checkpoint(model=model).read(path)
+    except (tf.errors.OpError, IndexError, ValueError) as e:     # cut short, bad sector, missing data file
+        raise DamagedCheckpointError(
+            f"checkpoint {path} cannot be read ({damage(path) or type(e).__name__}); choose other weights "
+            "(--checkpoint=last or a path), or resume training, which moves damaged checkpoints aside") from e
+    status.expect_partial().assert_existing_objects_matched()
 
 
 def average_into(model, paths: list[str]) -> None:

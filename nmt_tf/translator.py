@@ -277,7 +277,9 @@ def restore_ensemble(model_dirs: list[str], weights="best", log=print) -> Restor
 def load_saved_model(path: str):
     """Loads an nmt_tf SavedModel, with tensorflow-text's ops registered first.
 
-    Raises FileNotFoundError (one sentence) when `path` holds no SavedModel.
+    Raises FileNotFoundError (one sentence) when `path` holds no SavedModel,
+    or one that cannot be loaded (missing or damaged variables or assets, a
+    damaged saved_model.pb).
     """
     import tensorflow as tf
 
@@ -286,7 +288,12 @@ def load_saved_model(path: str):
     if not os.path.exists(os.path.join(path, "saved_model.pb")):
         raise FileNotFoundError(f"{path} is not a SavedModel version directory (no saved_model.pb in it)")
     register_text_ops()
-    return tf.saved_model.load(path)
+    try:
+        return tf.saved_model.load(path)
+    except (tf.errors.OpError, ValueError, OSError, IndexError) as e:     # missing variables, a cut file, ...
+        first = str(getattr(e, "message", e)).strip().splitlines()
+        raise FileNotFoundError(f"{path} could not be loaded as a SavedModel ({type(e).__name__}: "
+                                f"{first[0] if first else 'damaged'}); export it again") from e
 
 
 def load_signature(path: str, name: str = "serving_default"):

@@ -132,3 +132,39 @@ def test_a_full_disk_while_writing_a_vocabulary_leaves_the_previous_one(tmp_path
                                                  r"\(the previous vocab.src.txt is unchanged\)"):
         text.write_vocabulary(list(text.SPECIAL_TOKENS) + ["new"], path)
     assert text.read_vocabulary(path)[-1] == "old" and os.listdir(tmp_path) == ["vocab.src.txt"]
+
+
+def _cut_file(path, keep=0.5):
+    raw = open(path, "rb").read()
+    open(path, "wb").write(raw[:int(len(raw) * keep)])
+
+
+def test_a_damaged_saved_model_is_one_clear_error_for_translate_and_evaluate(exported, tmp_path):
+    from nmt_tf import evaluate
+
+    no_variables, cut = str(tmp_path / "no_variables"), str(tmp_path / "cut")
+    shutil.copytree(exported[2], no_variables)
+    shutil.rmtree(os.path.join(no_variables, "variables"))
+    shutil.copytree(exported[2], cut)
+    (data,) = [p for p in tf.io.gfile.glob(os.path.join(cut, "variables", "variables.data-*"))]
+    _cut_file(data)
+    source = tmp_path / "in.en"
+    source.write_text("A man .\n")
+    result = run_cli("-m", "nmt_tf.translate", f"--saved_model={no_variables}", f"--input={source}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"error: {no_variables} could not be loaded as a SavedModel" in result.stderr
+    with pytest.raises(FileNotFoundError, match=f"{cut} could not be loaded as a SavedModel"):
+        evaluate.run([("saved_model", cut)], None, str(source), str(source), str(tmp_path / "eval"),
+                     search.SearchOptions(beam_size=2), "best", 20, 8, log=lambda *a: None)
+
+
+def test_a_damaged_best_checkpoint_is_one_clear_error_for_the_tools(trained_model_dir, tmp_path):
+    model_dir = str(tmp_path / "model")
+    shutil.copytree(trained_model_dir[0], model_dir)
+    best = tf.train.latest_checkpoint(os.path.join(model_dir, "best"))
+    (data,) = tf.io.gfile.glob(best + ".data-*")
+    _cut_file(data)
+    result = run_cli("-m", "nmt_tf.export", f"--model_dir={model_dir}", f"--export_dir={tmp_path / 'e'}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"error: checkpoint {best} cannot be read (IndexError" in result.stderr
+    assert not os.path.exists(tmp_path / "e" / "1")
