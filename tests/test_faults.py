@@ -168,3 +168,28 @@ def test_a_damaged_best_checkpoint_is_one_clear_error_for_the_tools(trained_mode
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert f"error: checkpoint {best} cannot be read (IndexError" in result.stderr
     assert not os.path.exists(tmp_path / "e" / "1")
+
+
+def test_an_export_killed_while_writing_leaves_no_version_a_server_would_load(trained_model_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from nmt_tf import serve
+
+    base = str(tmp_path / "nmt")
+    args = [sys.executable, "-m", "nmt_tf.export", f"--model_dir={trained_model_dir[0]}", f"--export_dir={base}"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not tf.io.gfile.glob(os.path.join(base, ".tmp-1-*", "*")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    leftovers = [n for n in os.listdir(base) if n.startswith(".tmp-")]
+    assert leftovers and serve.ModelRegistry("nmt", base).available_versions() == []
+    done = run_cli("-m", "nmt_tf.export", f"--model_dir={trained_model_dir[0]}", f"--export_dir={base}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"Removed {os.path.join(base, leftovers[0])}, left by an export that did not finish." in done.stdout
+    assert sorted(os.listdir(base)) == ["1"]
