@@ -422,7 +422,7 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(model_service, server)
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError:       # grpcio >= 1.x raises where older versions returned 0
+    except RuntimeError:       # newer grpcio versions raise where older ones returned 0
         bound = 0
     if not bound:
         registry.stop()
