@@ -60,13 +60,8 @@ def averaged_dir(model_dir: str) -> str:
 
 
 def _remove_checkpoint(prefix: str) -> None:
-    for path in tf.io.gfile.glob(prefix + ".*"):
-        tf.io.gfile.remove(path)
-
-
-def _remove_partial(prefix: str) -> None:
-    """What a failed save of checkpoint `prefix` may have left: its files and
-    TensorFlow's `<prefix>_temp*` folder."""
+    """The files of checkpoint `prefix`, and TensorFlow's `<prefix>_temp*`
+    folder that a failed save may have left."""
     for path in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
         try:
             if tf.io.gfile.isdir(path):
@@ -86,7 +81,7 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int, name: str = 
     try:
         return manager.save(checkpoint_number=step)
     except (tf.errors.OpError, OSError) as e:
-        _remove_partial(prefix)
+        _remove_checkpoint(prefix)
         raise WriteFailed(prefix, e, kept=f"the previous checkpoint {manager.latest_checkpoint or '(none)'} "
                                           "is intact") from e
 
@@ -127,7 +122,7 @@ class BestCheckpoints:
         try:
             self.checkpoint.write(prefix)
         except (tf.errors.OpError, OSError) as e:
-            _remove_partial(prefix)
+            _remove_checkpoint(prefix)
             raise WriteFailed(prefix, e, kept="best/ keeps its previous checkpoints") from e
         ranking = [r for r in self.ranking if r["path"] != name] + [{"path": name, "step": step, "score": score}]
         ranking.sort(key=lambda r: (-self.sign * r["score"], -r["step"]))

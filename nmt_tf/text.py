@@ -40,6 +40,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from nmt_tf.files import WriteFailed
+
 PAD, UNK, BOS, EOS = "[PAD]", "[UNK]", "[BOS]", "[EOS]"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -83,7 +85,7 @@ def clean(text: tf.Tensor) -> tf.Tensor:
       U+2028; Zp U+2029) besides ASCII's (RE2's backslash-s is ASCII only).
     """
     text = tf.strings.unicode_transcode(
-        text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+        text, "UTF-8", "UTF-8", errors="replace", replacement_char=ord(REPLACEMENT_CHAR))
     text = tf.strings.regex_replace(text, r"[\pC\pZ\s]+", " ")
     return tf.strings.strip(text)
 
@@ -91,7 +93,7 @@ def clean(text: tf.Tensor) -> tf.Tensor:
 def has_invalid_utf8(text: tf.Tensor) -> tf.Tensor:
     """Boolean tensor: True where `text` holds bytes that are not valid UTF-8."""
     fixed = tf.strings.unicode_transcode(
-        text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+        text, "UTF-8", "UTF-8", errors="replace", replacement_char=ord(REPLACEMENT_CHAR))
     return tf.not_equal(fixed, text)
 
 
@@ -232,8 +234,6 @@ def write_vocabulary(tokens: Sequence[str], path: str) -> None:
     for token in tokens:
         if not token or any(c.isspace() for c in token):
             raise ValueError(f"vocabulary token {token!r} is empty or contains whitespace")
-    from nmt_tf.files import WriteFailed
-
     tmp = path + ".tmp"
     try:        # tf.io.gfile, so that model directories may be on gs:// or hdfs://
         with tf.io.gfile.GFile(tmp, "w") as f:

@@ -180,8 +180,6 @@ def _prepare_data(config, model_dir: str, log):
     """Checks the corpora, writes flags.json and the vocabularies, counts the
     corpora; returns (source tokenizer, target tokenizer, training stats, dev
     stats or None). Raises CorpusError / FileNotFoundError on unusable data."""
-    import keras
-
     from nmt_tf import data
 
     # Corpus checks before anything expensive.
@@ -191,9 +189,6 @@ def _prepare_data(config, model_dir: str, log):
         data.check_parallel(config.dev_src, config.dev_tgt, "dev_src", "dev_tgt")
     os.makedirs(model_dir, exist_ok=True)
     nmt_flags.save_config(config, model_dir)
-
-    keras.utils.set_random_seed(config.seed)
-    set_precision(config)
     src_tok, tgt_tok, known = data.build_vocabularies(config, model_dir, log=log)
     stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
                               cache_path=os.path.join(model_dir, "corpus_stats.json"), known=known)
@@ -246,15 +241,17 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     if not config.model_dir:
         raise TrainingError("--model_dir is required.")
     model_dir = config.model_dir
-    if os.path.exists(nmt_flags.flags_path(model_dir)):
+    resuming = os.path.exists(nmt_flags.flags_path(model_dir))
+    if resuming:
         config = _check_resume(config, model_dir, set(config) if explicit is None else explicit, log)
     check_config(config)
-    fresh = not os.path.exists(nmt_flags.flags_path(model_dir))
+    keras.utils.set_random_seed(config.seed)
+    set_precision(config)
     before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
     try:
         src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log)
     except BaseException:
-        if fresh:      # nothing was trained: a corrected retry must start afresh, with any settings
+        if not resuming:      # nothing was trained: a corrected retry must start afresh, with any settings
             _remove_new_files(model_dir, before)
         raise
     has_dev = dev_stats is not None

@@ -119,11 +119,28 @@ def trained_model_dir(tiny_config, tmp_path_factory):
     return model_dir, summary
 
 
+def _cli_env(env=None):
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, **(env or {})}
+
+
 def run_cli(*args, timeout=300, env=None):
     """Runs `python -m ...` in a fresh process; returns CompletedProcess."""
-    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout, env=full_env)
+                          timeout=timeout, env=_cli_env(env))
+
+
+def start_cli(*args, **popen_kw):
+    """Starts `python -m ...` in a fresh process, as run_cli runs it; returns the Popen
+    (for tests that signal or kill it)."""
+    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=_cli_env(), **popen_kw)
+
+
+def smoke_train_args(corpus, model_dir, *flags):
+    """Arguments of `python -m nmt_tf.train` with pipelines/smoke.flags on the tiny
+    corpus, then `flags`, then --model_dir."""
+    return ["-m", "nmt_tf.train", f"--flagfile={REPO}/pipelines/smoke.flags",
+            f"--train_src={corpus['train_src']}", f"--train_tgt={corpus['train_tgt']}",
+            f"--dev_src={corpus['dev_src']}", f"--dev_tgt={corpus['dev_tgt']}", *flags, f"--model_dir={model_dir}"]
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, smoke_train_args, start_cli
 from nmt_tf import checkpoints, export, files, search, train
 
 QUIET = dict(log=lambda *a: None)
@@ -71,10 +71,7 @@ def test_the_training_cli_reports_a_full_disk_with_exit_code_5(tiny_corpus, tmp_
         "    return _replace(src, dst, *a, **kw)\n"
         "os.replace = replace\n")
     model_dir = str(tmp_path / "m")
-    result = run_cli("-m", "nmt_tf.train", f"--flagfile={REPO}/pipelines/smoke.flags",
-                     f"--train_src={tiny_corpus['train_src']}", f"--train_tgt={tiny_corpus['train_tgt']}",
-                     f"--dev_src={tiny_corpus['dev_src']}", f"--dev_tgt={tiny_corpus['dev_tgt']}",
-                     "--max_steps=2", "--nodev_bleu", f"--model_dir={model_dir}",
+    result = run_cli(*smoke_train_args(tiny_corpus, model_dir, "--max_steps=2", "--nodev_bleu"),
                      env={"PYTHONPATH": f"{inject}{os.pathsep}{REPO}"})
     summary = os.path.join(model_dir, "train_summary.json")
     assert result.returncode == train.EXIT_WRITE_FAILED == 5, result.stdout[-2000:] + result.stderr[-2000:]
@@ -173,15 +170,13 @@ def test_a_damaged_best_checkpoint_is_one_clear_error_for_the_tools(trained_mode
 def test_an_export_killed_while_writing_leaves_no_version_a_server_would_load(trained_model_dir, tmp_path):
     import signal
     import subprocess
-    import sys
     import time
 
     from nmt_tf import serve
 
     base = str(tmp_path / "nmt")
-    args = [sys.executable, "-m", "nmt_tf.export", f"--model_dir={trained_model_dir[0]}", f"--export_dir={base}"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_cli("-m", "nmt_tf.export", f"--model_dir={trained_model_dir[0]}", f"--export_dir={base}",
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not tf.io.gfile.glob(os.path.join(base, ".tmp-1-*", "*")):
         time.sleep(0.05)

@@ -5,14 +5,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, checkpoint_weights, run_cli
+from conftest import REPO, checkpoint_weights, run_cli, smoke_train_args, start_cli
 from nmt_tf import flags, train
 
 QUIET = dict(log=lambda *a: None)
@@ -77,14 +76,9 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny_config, tmp_path):
 
 def test_sigkill_at_any_moment_loses_at_most_one_checkpoint_interval(tiny_corpus, tmp_path):
     model_dir = str(tmp_path / "killed")
-    args = ["-m", "nmt_tf.train", f"--flagfile={REPO}/pipelines/smoke.flags",
-            f"--train_src={tiny_corpus['train_src']}", f"--train_tgt={tiny_corpus['train_tgt']}",
-            f"--dev_src={tiny_corpus['dev_src']}", f"--dev_tgt={tiny_corpus['dev_tgt']}",
-            "--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=2",
-            f"--model_dir={model_dir}"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_cli(*smoke_train_args(tiny_corpus, model_dir, "--batch_size=4", "--max_epochs=40",
+                                       "--checkpoint_every_steps=2"),
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ckpt_dir = os.path.join(model_dir, "checkpoints")
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -96,7 +90,7 @@ def test_sigkill_at_any_moment_loses_at_most_one_checkpoint_interval(tiny_corpus
     proc.wait()
     killed_at = int(tf.train.latest_checkpoint(ckpt_dir).rsplit("-", 1)[1])
     # The same command continues from the last checkpoint.
-    done = run_cli(*args[:-2], "--max_epochs=3", f"--model_dir={model_dir}")
+    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, "--batch_size=4", "--max_epochs=3"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"Restored {os.path.join(ckpt_dir, f'ckpt-{killed_at}')}" in done.stdout
     summary = json.load(open(os.path.join(model_dir, "train_summary.json")))
@@ -107,14 +101,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_with_128_plus_the_signal(tiny_corp
     """A scheduler's SIGTERM: the run stops after the update, checkpoints, says
     'interrupted' and exits 143, not 0 (it did not finish)."""
     model_dir = str(tmp_path / "terminated")
-    args = ["-m", "nmt_tf.train", f"--flagfile={REPO}/pipelines/smoke.flags",
-            f"--train_src={tiny_corpus['train_src']}", f"--train_tgt={tiny_corpus['train_tgt']}",
-            f"--dev_src={tiny_corpus['dev_src']}", f"--dev_tgt={tiny_corpus['dev_tgt']}",
-            "--batch_size=4", "--max_epochs=400", "--checkpoint_every_steps=2", "--nodev_bleu",
-            f"--model_dir={model_dir}"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_cli(*smoke_train_args(tiny_corpus, model_dir, "--batch_size=4", "--max_epochs=400",
+                                       "--checkpoint_every_steps=2", "--nodev_bleu"),
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ckpt_dir = os.path.join(model_dir, "checkpoints")
     deadline = time.time() + 120
     while time.time() < deadline and not tf.train.latest_checkpoint(ckpt_dir):
