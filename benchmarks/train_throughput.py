@@ -24,7 +24,6 @@ import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,6 +32,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from training_setup import compiled_model_and_data
 
 absl_flags.DEFINE_integer("untimed_steps", 20, "Updates before timing starts (tracing, first allocations; not the learning-rate --warmup_steps).")
 absl_flags.DEFINE_integer("window_steps", 30, "Updates per timed window.")
@@ -43,20 +43,13 @@ def main(argv):
     import keras
     import tensorflow as tf
 
-    from nmt_tf import data, train
+    from nmt_tf import train
 
     FLAGS = absl_flags.FLAGS
     config = nmt_flags.config_from_flags()
     keras.utils.set_random_seed(config.seed)
     train.set_precision(config)
-    with tempfile.TemporaryDirectory() as tmp:
-        src_tok, tgt_tok, _ = data.build_vocabularies(config, tmp, log=lambda *a: None)
-    ds = data.make_dataset(config.train_src, config.train_tgt, src_tok, tgt_tok,
-                           max_len=config.max_len, batch_size=config.batch_size,
-                           batch_type=config.batch_type, pool_size=config.pool_size,
-                           shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed)
-    model = train.build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
-    model.compile(optimizer=train.make_optimizer(config), jit_compile=config.jit_compile)
+    ds, model = compiled_model_and_data(config)
 
     marks = []   # (time after the update, target tokens of the update)
 

@@ -121,15 +121,19 @@ def build_model(config, source_vocab_size: int, target_vocab_size: int):
 
 
 def make_optimizer(config):
+    """The optimizer of --optimizer: Adam and Adadelta with fused updates
+    (nmt_tf.optimizers), RMSprop and SGD as Keras has them."""
     import keras
+
+    from nmt_tf.optimizers import FusedAdadelta, FusedAdam
 
     lr = nmt_flags.learning_rate(config)
     clip = config.clip_norm or None
     if config.optimizer == "adadelta":
-        return keras.optimizers.Adadelta(learning_rate=lr, rho=config.adadelta_rho,
-                                         epsilon=config.adadelta_epsilon, global_clipnorm=clip)
+        return FusedAdadelta(learning_rate=lr, rho=config.adadelta_rho, epsilon=config.adadelta_epsilon,
+                             global_clipnorm=clip)
     if config.optimizer == "adam":
-        return keras.optimizers.Adam(learning_rate=lr, global_clipnorm=clip)
+        return FusedAdam(learning_rate=lr, global_clipnorm=clip)
     if config.optimizer == "rmsprop":
         return keras.optimizers.RMSprop(learning_rate=lr, global_clipnorm=clip)
     return keras.optimizers.SGD(learning_rate=lr, global_clipnorm=clip)

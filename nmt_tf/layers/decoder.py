@@ -95,16 +95,18 @@ class AttentionDecoder(keras.layers.Layer):
         cell = {key: value for key, value in self.cell.step_kernels().items() if key != "recurrent_rz"}
         return {"state": tf.cast(state_kernel, self.compute_dtype), "cell": cell}
 
-    def _step(self, x_proj, state, weights, keys, annotations, bias, state_mask=None):
+    def _step(self, x_proj, state, weights, keys, projected_annotations, bias, state_mask=None):
         """Teacher forcing's step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n];
-        state_mask: the recurrent dropout mask (training) or None.
-        Returns (s_i [B, n], c_i [B, context_dim], alpha_i [B, Tx])."""
+        projected_annotations: C h_j [B, Tx, 3n]; state_mask: the recurrent
+        dropout mask (training) or None.
+        Returns (s_i [B, n], alpha_i [B, Tx])."""
         dropped = state if state_mask is None else state * state_mask
-        projected = tf.matmul(dropped, weights["state"])
-        context, alpha = self.attention.attend(projected[:, :self.attention_units], keys, annotations, bias)
-        new_state = self.cell.step(x_proj, state, context, state_rz=projected[:, self.attention_units:],
-                                   kernels=weights["cell"], state_dropped=None if state_mask is None else dropped)
-        return new_state, context, alpha
+        query_proj, state_rz = tf.split(tf.matmul(dropped, weights["state"]),
+                                        [self.attention_units, 2 * self.units], axis=1)
+        context_proj, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
+        new_state = self.cell.step(x_proj, state, state_rz=state_rz, kernels=weights["cell"],
+                                   context_proj=context_proj, state_dropped=None if state_mask is None else dropped)
+        return new_state, alpha
 
     def project_annotations(self, annotations, extra_kernel, weights=None):
         """h_j [C | R] for every source position: [batch, Tx, 3n + r], for `step`.
@@ -154,15 +156,15 @@ class AttentionDecoder(keras.layers.Layer):
         weights = weights or self.step_weights()
         n, units = self.units, self.attention_units
         state = tf.cast(state, dtype)
-        previous_state, projected = state[:, :n], state[:, n:]
+        previous_state, query_proj, state_rz = tf.split(state, [n, units, 2 * n], axis=1)
         x_proj = self.cell.project_inputs(previous_embedding, weights["cell"])
-        query_proj = tf.reshape(projected[:, :units], [-1, beam, units])
-        weighted, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
-        weighted = tf.reshape(weighted, [-1, projected_annotations.shape[-1]])
-        gates = 3 * n
-        new_state = self.cell.step(x_proj, previous_state, state_rz=projected[:, units:],
-                                   kernels=weights["cell"], context_proj=weighted[:, :gates])
-        return new_state, self.search_state(new_state, weights), weighted[:, gates:], alpha
+        weighted, alpha = self.attention.attend(tf.reshape(query_proj, [-1, beam, units]), keys,
+                                                projected_annotations, bias)
+        width = projected_annotations.shape[-1]
+        context_proj, readout_context = tf.split(tf.reshape(weighted, [-1, width]), [3 * n, width - 3 * n], axis=1)
+        new_state = self.cell.step(x_proj, previous_state, state_rz=state_rz,
+                                   kernels=weights["cell"], context_proj=context_proj)
+        return new_state, self.search_state(new_state, weights), readout_context, alpha
 
     def call(self, target_embeddings, initial_state, annotations, mask, keys=None, training=False):
         dtype = self.compute_dtype
@@ -171,6 +173,11 @@ class AttentionDecoder(keras.layers.Layer):
             keys = self.precompute(annotations)
         bias = score_bias(mask)
         weights = self.step_weights()
+        # C c_i = sum_j alpha_ij (C h_j), as in search: the annotations are
+        # multiplied by C once, as one large product, instead of every step's
+        # context by C (same products, the loop's share done in bulk; its
+        # gradient too). c_i itself, for the readout, is alpha_i h after the loop.
+        projected = project(annotations, weights["cell"]["context"])                     # [B, Tx, 3n]
         # [Ty, B, 3n], time-major for the loop.
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
         batch = tf.shape(annotations)[0]
@@ -178,14 +185,13 @@ class AttentionDecoder(keras.layers.Layer):
                                             self.seed_generator, dtype, training)
 
         def step(carry, x_t):
-            return self._step(x_t, carry[0], weights, keys, annotations, bias, state_mask)
+            return self._step(x_t, carry[0], weights, keys, projected, bias, state_mask)
 
-        init = (tf.cast(initial_state, dtype),
-                tf.zeros(tf.stack([batch, self.context_dim]), dtype),
-                tf.zeros(tf.shape(mask), tf.float32))
-        states, contexts, alphas = tf.scan(step, x_proj, initializer=init)
-        to_batch_major = lambda t: tf.transpose(t, [1, 0, 2])
-        return to_batch_major(states), to_batch_major(contexts), to_batch_major(alphas)
+        init = (tf.cast(initial_state, dtype), tf.zeros(tf.shape(mask), tf.float32))
+        states, alphas = tf.scan(step, x_proj, initializer=init)
+        states, alphas = tf.transpose(states, [1, 0, 2]), tf.transpose(alphas, [1, 0, 2])
+        contexts = tf.matmul(tf.cast(alphas, dtype), annotations)                       # [B, Ty, 2n]
+        return states, contexts, alphas
 
     def get_config(self):
         return {**super().get_config(), "units": self.units, "attention_units": self.attention_units,

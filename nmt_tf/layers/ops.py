@@ -41,7 +41,6 @@ def gate_layer_norm(x, norm):
     """Layer normalisation of GRU pre-activations [..., 3n] in two blocks, the
     [r, z] gates (2n) and the candidate (n), each normalised on its own;
     `norm` = (gain, bias), each [..., 3n]."""
-    gain, bias = norm
-    two_n = 2 * (x.shape[-1] // 3)
-    return tf.concat([layer_norm(x[..., :two_n], gain[..., :two_n], bias[..., :two_n]),
-                      layer_norm(x[..., two_n:], gain[..., two_n:], bias[..., two_n:])], axis=-1)
+    n = x.shape[-1] // 3
+    blocks = [tf.split(t, [2 * n, n], axis=-1) for t in (x, *norm)]     # split: see gru.gru_update
+    return tf.concat([layer_norm(*parts) for parts in zip(*blocks)], axis=-1)

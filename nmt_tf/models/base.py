@@ -311,7 +311,11 @@ class Seq2SeqModel(keras.Model):
         # the increment still ran: one phantom step per epoch. Tie the whole
         # update to this batch.
         with tf.control_dependencies([grad_norm]):
-            self.optimizer.apply_gradients(zip(gradients, variables))
+            if getattr(self.optimizer, "accepts_global_norm", False):
+                # nmt_tf.optimizers: clip with this norm instead of computing it again.
+                self.optimizer.apply_gradients(zip(gradients, variables), global_norm=grad_norm)
+            else:
+                self.optimizer.apply_gradients(zip(gradients, variables))
         self.nll_sum.update_state(nll_sum)
         self.target_token_count.update_state(tokens)
         return {**self._epoch_logs(), "batch_loss": nll_sum / tf.maximum(tokens, 1.0), "batch_tokens": tokens,

@@ -1,0 +1,117 @@
+"""Optimizers for `model.fit`: Keras' Adam and Adadelta with fused updates.
+
+Keras 3 writes an optimizer's update as a dozen elementwise ops per weight
+(m, v, their bias corrections, the step), each a separate pass over the
+weight's memory. On a CPU, where those passes are bound by memory traffic,
+that cost 8 % of a training step's op time for the 14.8M-parameter reference
+model (BUILD_NOTES.md, "Profile of a training step"). TensorFlow's own
+`ResourceApplyAdam` / `ResourceApplyAdadelta` kernels do the same arithmetic
+in one vectorised pass per weight. The classes here are Keras' Adam and
+Adadelta (same variables, same checkpoints, same hyper-parameters and
+learning-rate schedules) with only `update_step` replaced by those kernels;
+what they compute is Keras' formula, checked against Keras' own update in
+tests/test_optimizers.py.
+
+They also take the global gradient norm from the caller when it has one
+(`apply_gradients(..., global_norm=...)`): `Seq2SeqModel.train_step` computes
+it anyway for its log, and with `global_clipnorm` Keras would compute it a
+second time.
+
+Outside TensorFlow variables (another Keras backend, or a distribution
+strategy's mirrored variables, where `update_step` receives per-replica
+values), Keras' own update runs.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+
+def _resource_handle(variable):
+    """The resource handle of a plain TensorFlow variable (a Keras variable's
+    value), or None for anything else (mirrored / sharded variables)."""
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    if isinstance(value, tf.Variable) and not isinstance(value, tf.distribute.DistributedValues):
+        try:
+            return value.handle
+        except (AttributeError, ValueError):
+            return None
+    return None
+
+
+def _dense(gradient):
+    """IndexedSlices (embedding gradients) to a dense tensor; the fused kernels
+    take dense gradients, as Keras' Adam turns them dense too."""
+    return tf.convert_to_tensor(gradient)
+
+
+class _GivenNormClipping:
+    """`apply_gradients(grads_and_vars, global_norm=None)`: with
+    `global_clipnorm` set and `global_norm` given, clip with that norm
+    instead of computing it again (the same scaling as Keras'
+    `clip_by_global_norm`, NaN for a non-finite norm included)."""
+
+    _given_norm = None
+    accepts_global_norm = True
+
+    def apply_gradients(self, grads_and_vars, global_norm=None):
+        self._given_norm = global_norm
+        try:
+            return super().apply_gradients(grads_and_vars)
+        finally:
+            self._given_norm = None
+
+    def _clip_gradients(self, grads):
+        if self._given_norm is None or not self.global_clipnorm or self.global_clipnorm <= 0:
+            return super()._clip_gradients(grads)
+        norm = tf.cast(self._given_norm, tf.float32)
+        clip = float(self.global_clipnorm)
+        scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+        return [g if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class FusedAdam(_GivenNormClipping, keras.optimizers.Adam):
+    """keras.optimizers.Adam whose per-weight update is TensorFlow's fused
+    `ResourceApplyAdam` kernel (Kingma & Ba 2015, with Keras' epsilon placement:
+    w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)). amsgrad falls
+    back to Keras' update."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        var = _resource_handle(variable)
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index], self._velocities[index]
+        handles = [var, _resource_handle(m), _resource_handle(v)]
+        if self.amsgrad or any(h is None for h in handles) or variable.dtype != tf.float32:
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        return tf.raw_ops.ResourceApplyAdam(
+            var=handles[0], m=handles[1], v=handles[2],
+            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
+            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
+            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(_dense(gradient), dtype), use_locking=False)
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class FusedAdadelta(_GivenNormClipping, keras.optimizers.Adadelta):
+    """keras.optimizers.Adadelta (Zeiler 2012; the paper's optimizer) whose
+    per-weight update is TensorFlow's fused `ResourceApplyAdadelta` kernel:
+    the same formula as Keras' (E[g^2], then the step
+    sqrt(E[dx^2] + eps) / sqrt(E[g^2] + eps) * g, then E[dx^2])."""
+
+    def update_step(self, grad, variable, learning_rate):
+        var = _resource_handle(variable)
+        index = self._get_variable_index(variable)
+        accum, accum_update = self._accumulated_grads[index], self._accumulated_delta_vars[index]
+        handles = [var, _resource_handle(accum), _resource_handle(accum_update)]
+        if any(h is None for h in handles) or variable.dtype != tf.float32:
+            return super().update_step(grad, variable, learning_rate)
+        dtype = variable.dtype
+        return tf.raw_ops.ResourceApplyAdadelta(
+            var=handles[0], accum=handles[1], accum_update=handles[2],
+            lr=tf.cast(learning_rate, dtype), rho=tf.cast(self.rho, dtype),
+            epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(_dense(grad), dtype), use_locking=False)
