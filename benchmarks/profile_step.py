@@ -49,6 +49,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.hardware import vector_flags
 from training_setup import compiled_model_and_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,26 +229,14 @@ def main(argv):
 
     config = nmt_flags.config_from_flags()
     keras.utils.set_random_seed(config.seed)
-    train.set_precision(config)
+    policy = train.set_precision(config)
     logdir = FLAGS.logdir or tempfile.mkdtemp(prefix="profile_step_")
     report = profile_training(config, logdir) if FLAGS.mode == "train" else profile_search(config, logdir)
     report.update({"mode": FLAGS.mode, "profile_steps": FLAGS.profile_steps, "trace": logdir if FLAGS.logdir else None,
-                   "mixed_precision": config.mixed_precision, "tensorflow": tf.__version__,
+                   "mixed_precision": config.mixed_precision, "dtype_policy": policy, "tensorflow": tf.__version__,
                    "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default"),
-                   "cpu_flags": cpu_flags()})
+                   "cpu_flags": vector_flags()})
     print(json.dumps(report))
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's vector-instruction flags that decide kernel speed (avx2, avx512*, amx*)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return sorted({w for w in line.split() if w == "avx2" or w.startswith(("avx512", "amx"))})
-    except OSError:
-        pass
-    return []
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.hardware import vector_flags
 from training_setup import compiled_model_and_data
 
 absl_flags.DEFINE_integer("untimed_steps", 20, "Updates before timing starts (tracing, first allocations; not the learning-rate --warmup_steps).")
@@ -48,7 +49,7 @@ def main(argv):
     FLAGS = absl_flags.FLAGS
     config = nmt_flags.config_from_flags()
     keras.utils.set_random_seed(config.seed)
-    train.set_precision(config)
+    policy = train.set_precision(config)
     ds, model = compiled_model_and_data(config)
 
     marks = []   # (time after the update, target tokens of the update)
@@ -74,13 +75,14 @@ def main(argv):
         "seconds_per_step": round(statistics.median(step_times), 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "untimed_steps": FLAGS.untimed_steps, "window_steps": FLAGS.window_steps,
-        "mixed_precision": config.mixed_precision, "jit_compile": config.jit_compile,
+        "mixed_precision": config.mixed_precision, "dtype_policy": policy, "jit_compile": config.jit_compile,
         "batch_size": config.batch_size, "batch_type": config.batch_type,
         "sizes": {k: config[k] for k in ("embedding_size", "hidden_size", "attention_size",
                                           "maxout_size", "src_vocab_size", "tgt_vocab_size")},
         "parameters": model.count_params(),
         "tensorflow": tf.__version__, "keras": keras.__version__,
         "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+        "cpu_flags": vector_flags(),
     }
     print(json.dumps(result))
 

@@ -121,8 +121,8 @@ flags.DEFINE_float("decay_factor", 1.0, "Multiply the learning rate by this afte
 flags.DEFINE_integer("decay_patience", 2, "Dev evaluations without improvement before each learning-rate decay.", lower_bound=1)
 flags.DEFINE_integer("patience", 10, "Stop after this many dev evaluations without improvement (0: never stop early).", lower_bound=0)
 flags.DEFINE_integer("log_every_steps", 50, "Write training scalars to TensorBoard every this many updates.", lower_bound=1)
-flags.DEFINE_enum("mixed_precision", "none", ["none", "mixed_bfloat16", "mixed_float16"],
-                  "Keras dtype policy: compute in bfloat16 / float16 with float32 weights (mixed_float16 adds loss scaling; use it on GPUs without bf16).")
+flags.DEFINE_enum("mixed_precision", "none", ["none", "auto", "mixed_bfloat16", "mixed_float16"],
+                  "Keras dtype policy: none is float32; mixed_bfloat16 / mixed_float16 compute in bfloat16 / float16 with float32 weights (mixed_float16 adds loss scaling; use it on GPUs without bf16); auto is mixed_bfloat16 on a CPU with bfloat16 instructions (avx512_bf16 or amx_bf16) and no GPU, float32 elsewhere, decided again at every start.")
 flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA. Measured slower on CPU (see BUILD_NOTES.md); worth trying on GPU.")
 flags.DEFINE_integer("seed", 1234, "Random seed for initialization, dropout and data order.")
 flags.DEFINE_boolean("dry_run", False, "Build the model from the flags alone (vocabulary sizes from --src_vocab_size / --tgt_vocab_size; no data read), print its summary and parameter count, and exit.")

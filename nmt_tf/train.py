@@ -139,11 +139,18 @@ def make_optimizer(config):
     return keras.optimizers.SGD(learning_rate=lr, global_clipnorm=clip)
 
 
-def set_precision(config):
+def set_precision(config, log=None) -> str:
+    """Sets Keras' dtype policy from --mixed_precision (auto: from the CPU's
+    features, nmt_tf.hardware) and returns it; `log` gets what auto chose."""
     import keras
 
-    keras.mixed_precision.set_dtype_policy(
-        "float32" if config.mixed_precision == "none" else config.mixed_precision)
+    from nmt_tf.hardware import resolve_precision
+
+    policy, why = resolve_precision(config.mixed_precision)
+    if log is not None and config.mixed_precision == "auto":
+        log(why + ".")
+    keras.mixed_precision.set_dtype_policy(policy)
+    return policy
 
 
 def dry_run(config, log=log_line) -> int:
@@ -250,7 +257,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         config = _check_resume(config, model_dir, set(config) if explicit is None else explicit, log)
     check_config(config)
     keras.utils.set_random_seed(config.seed)
-    set_precision(config)
+    set_precision(config, log)
     before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
     try:
         src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log)
