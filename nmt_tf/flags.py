@@ -213,8 +213,11 @@ def start_cli(argv: list[str], verbose: bool = False, accepts: frozenset | None 
               reasons: dict[str, str] | None = None) -> None:
     """Common start of every nmt_tf CLI's main: no stray arguments, no flags
     of other tools (with `accepts`, from `tool_flags`; `reasons` says why a
-    flag is refused, by name: one error line, exit code 1), quiet TF logs."""
+    flag is refused, by name: one error line, exit code 1), quiet TF logs,
+    and TensorFlow's first import without its start-up noise (nmt_tf.startup)."""
     from absl import app, logging
+
+    from nmt_tf import startup
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -231,6 +234,7 @@ def start_cli(argv: list[str], verbose: bool = False, accepts: frozenset | None 
             raise SystemExit(1)
     # TensorFlow's Python INFO lines (checkpoint saver, ...) unless asked for.
     logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
+    startup.quiet_tensorflow_import()
 
 
 def nmt_flag_names() -> list[str]:

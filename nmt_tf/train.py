@@ -417,10 +417,10 @@ def _stats_dict(stats):
 
 
 def main(argv):
-    from nmt_tf.checkpoints import NoIntactCheckpointError
-    from nmt_tf.data import CorpusError
-
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
+    from nmt_tf.checkpoints import NoIntactCheckpointError
+    from nmt_tf.data import CorpusError     # imports TensorFlow: after start_cli
+
     config = nmt_flags.config_from_flags()
     try:
         if config.dry_run:

@@ -128,9 +128,9 @@ def render_grconv(model_dir: str, checkpoint, sentences: list[str], names: list[
 
 
 def main(argv):
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     from nmt_tf.translate import TranslationError, read_lines
 
-    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     try:
         if bool(FLAGS.saved_model) == bool(FLAGS.model_dir):
