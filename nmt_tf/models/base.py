@@ -44,10 +44,13 @@ def count_parameters(*weights) -> int:
     return sum(int(w.numpy().size) for w in weights)
 
 
-def smoothed_token_loss(labels, logits, label_smoothing: float):
-    """Per-token training loss with label smoothing: (1 - eps) (-log p(y)) +
-    eps x mean over the vocabulary of (-log p(v)), without materialising
-    log p: -log p(v) = logsumexp(logits) - logit_v.
+def smoothed_token_losses(labels, logits, label_smoothing: float):
+    """Per-token plain NLL and training loss with label smoothing, both from
+    one log-sum-exp over the vocabulary: -log p(y) = logsumexp(logits) -
+    logit_y, and the smoothed loss (1 - eps) (-log p(y)) + eps x mean over
+    the vocabulary of (-log p(v)) = logsumexp - (1 - eps) logit_y - eps x
+    mean(logits), without materialising log p (a second softmax for the
+    reported NLL would cost another pass over [batch, Ty, vocab]).
 
     Args:
       labels: [batch, Ty] int target ids (PAD_ID at padding).
@@ -55,15 +58,21 @@ def smoothed_token_loss(labels, logits, label_smoothing: float):
       label_smoothing: eps in [0, 1).
 
     Returns:
-      [batch, Ty] float32, zero at padding.
+      (nll, loss), each [batch, Ty] float32, zero at padding.
     """
     labels = tf.cast(labels, tf.int32)
     logits = tf.cast(logits, tf.float32)
     weights = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
     lse = tf.reduce_logsumexp(logits, axis=-1)
     label_logit = tf.gather(logits, labels, batch_dims=2)
-    loss = lse - (1.0 - label_smoothing) * label_logit - label_smoothing * tf.reduce_mean(logits, axis=-1)
-    return loss * weights
+    nll = lse - label_logit
+    loss = nll + label_smoothing * (label_logit - tf.reduce_mean(logits, axis=-1))
+    return nll * weights, loss * weights
+
+
+def smoothed_token_loss(labels, logits, label_smoothing: float):
+    """The training loss of `smoothed_token_losses` alone: [batch, Ty] float32, zero at padding."""
+    return smoothed_token_losses(labels, logits, label_smoothing)[1]
 
 
 def token_nll(labels, logits):
@@ -273,11 +282,14 @@ class Seq2SeqModel(keras.Model):
         batch; with `return_loss`, also the sum of the training loss per token
         (the NLL itself unless label smoothing is on), from the same logits."""
         logits = self(x, training=training)
-        nll, weights = token_nll(y, logits)
+        if return_loss and self.label_smoothing:
+            nll, loss = smoothed_token_losses(y, logits, self.label_smoothing)
+            weights = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)
+        else:
+            nll, weights = token_nll(y, logits)
+            loss = nll
         out = (tf.reduce_sum(nll), tf.reduce_sum(weights), tf.cast(tf.shape(y)[0], tf.float32))
         if return_loss:
-            loss = (smoothed_token_loss(y, logits, self.label_smoothing) if self.label_smoothing
-                    else nll)
             out += (tf.reduce_sum(loss),)
         return out
 
