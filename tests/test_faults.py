@@ -188,3 +188,62 @@ def test_an_export_killed_while_writing_leaves_no_version_a_server_would_load(tr
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"Removed {os.path.join(base, leftovers[0])}, left by an export that did not finish." in done.stdout
     assert sorted(os.listdir(base)) == ["1"]
+
+
+def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval_and_resumes_exactly(tiny_corpus, tmp_path):
+    """Three SIGKILLs at random moments of one training job (a seeded RNG picks
+    each moment: in an update, a checkpoint write, a dev evaluation, start-up);
+    each rerun of the same command resumes from a checkpoint at most one
+    interval (3 updates) behind the last update it had logged, and the job
+    ends with the weights of a run that was never interrupted."""
+    import random
+    import re
+    import signal
+    import subprocess
+    import time
+
+    import numpy as np
+
+    from conftest import checkpoint_weights
+
+    interval, epochs = 3, 6          # 10 batches of 4 per epoch: 60 updates
+    flags = ("--batch_size=4", f"--max_epochs={epochs}", f"--checkpoint_every_steps={interval}",
+             "--log_every_steps=1")
+    model_dir = str(tmp_path / "killed")
+    rng = random.Random(20261124)
+    resumed_from, last_logged = [], 0
+    for cycle in range(3):
+        log = tmp_path / f"run{cycle}.log"
+        with open(log, "w") as out:
+            proc = start_cli(*smoke_train_args(tiny_corpus, model_dir, *flags), stdout=out,
+                             stderr=subprocess.STDOUT, text=True)
+            deadline = time.time() + 120
+            while time.time() < deadline and " | epoch " not in log.read_text():
+                time.sleep(0.05)                      # until this run has made an update
+            time.sleep(rng.uniform(0.0, 1.5))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+        text = log.read_text()
+        restored = re.search(r"Restored \S*ckpt-(\d+)", text)
+        if cycle:
+            # No "Restored" only if the killed run had not reached its first checkpoint.
+            resumed_from.append(int(restored.group(1)) if restored else 0)
+            assert resumed_from[-1] >= last_logged - interval, (resumed_from, last_logged, text[-2000:])
+        logged = [int(s) for s in re.findall(r"^step (\d+) \|", text, flags=re.M)]
+        assert logged, text[-2000:]
+        last_logged = max(logged)
+        assert last_logged < epochs * 10, "the job finished before it was killed: kill earlier"
+    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *flags))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    restored = re.search(r"Restored \S*ckpt-(\d+)", done.stdout)
+    assert restored and int(restored.group(1)) >= last_logged - interval, done.stdout[-2000:]
+    summary = json.load(open(os.path.join(model_dir, "train_summary.json")))
+    assert summary["steps"] == epochs * 10 and summary["completed_epochs"] == epochs
+
+    straight_dir = str(tmp_path / "straight")
+    assert run_cli(*smoke_train_args(tiny_corpus, straight_dir, *flags)).returncode == 0
+    killed = checkpoint_weights(os.path.join(model_dir, "checkpoints", f"ckpt-{epochs * 10}"))
+    straight = checkpoint_weights(os.path.join(straight_dir, "checkpoints", f"ckpt-{epochs * 10}"))
+    assert killed.keys() == straight.keys() and len(killed) > 10
+    for key in killed:
+        np.testing.assert_allclose(killed[key], straight[key], rtol=1e-5, atol=1e-6, err_msg=key)
