@@ -1,0 +1,378 @@
+"""nmt_tf.serve's REST API is TF Serving's: the answers of its gRPC API, in TF
+Serving's JSON, with TF Serving's errors and HTTP status codes."""
+
+import base64
+import concurrent.futures
+import http.client
+import json
+import shutil
+import threading
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from google.protobuf import json_format
+from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
+                                     prediction_service_pb2_grpc)
+
+from conftest import run_cli
+from nmt_tf import rest as rest_api
+from nmt_tf import serve, serving
+from test_serve import request as grpc_request
+from test_serve import status_of
+
+THREADS = 4
+
+
+@pytest.fixture(scope="module")
+def server(exported, tmp_path_factory):
+    """One nmt_tf.serve with gRPC and REST (the limits of test_serve's server)."""
+    base = str(tmp_path_factory.mktemp("rest") / "nmt")
+    shutil.copytree(exported[1], base)
+    srv, registry, port = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=THREADS,
+                                             max_message_mb=1.0, max_batch_size=50, poll_seconds=0.2,
+                                             log=lambda *a: None)
+    rest_server = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=THREADS, max_message_mb=1.0,
+                                             max_batch_size=50)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield {"base": base, "rest_port": rest_server.port,
+           "predict": prediction_service_pb2_grpc.PredictionServiceStub(channel),
+           "models": model_service_pb2_grpc.ModelServiceStub(channel)}
+    rest_server.stop()
+    registry.stop()
+    srv.stop(grace=0)
+
+
+def rest(server, path, body=None, method=None):
+    """(HTTP status, parsed JSON body) of one request; `body` a dict (sent as JSON) or bytes."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(f"http://127.0.0.1:{server['rest_port']}{path}", data=data,
+                                 method=method or ("GET" if data is None else "POST"))
+    try:
+        with urllib.request.urlopen(req, timeout=120) as reply:
+            assert reply.headers["Content-Type"] == "application/json"
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        assert e.headers["Content-Type"] == "application/json"
+        return e.code, json.loads(e.read())
+
+
+def grpc_outputs(server, signature="", **inputs):
+    reply = server["predict"].Predict(grpc_request(signature=signature, **{
+        alias: tf.make_tensor_proto(values, dtype=tf.string) for alias, values in inputs.items()}), timeout=60)
+    return {alias: tf.make_ndarray(proto) for alias, proto in reply.outputs.items()}
+
+
+def as_bytes(value):
+    """JSON strings (nested in lists) as the bytes gRPC returns."""
+    return [as_bytes(v) for v in value] if isinstance(value, list) else value.encode("utf-8", "surrogateescape")
+
+
+def assert_same(rest_value, grpc_value: np.ndarray):
+    if grpc_value.dtype == object:
+        assert as_bytes(rest_value) == grpc_value.tolist()
+    else:           # JSON numbers read back in the output's dtype: the very values, not close ones
+        np.testing.assert_array_equal(np.asarray(rest_value, dtype=grpc_value.dtype), grpc_value)
+
+
+def still_serving(server):
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": ["Two dogs run."]})
+    assert code == 200 and len(out["predictions"]) == 1, out
+
+
+TRANSLATE = {"text": ["A man in a blue shirt.", "Two dogs run.", ""]}
+SCORE = {"source": ["A man in a blue shirt.", "Two dogs run."], "target": ["Un homme.", "Deux chiens courent."]}
+
+
+@pytest.mark.parametrize("signature, inputs, form", [
+    *[("", TRANSLATE, form) for form in ("instances", "named instances", "inputs", "unnamed inputs")],
+    ("translate", {"text": ["A man."]}, "instances"),
+    ("translate", {"text": ["A man."]}, "inputs"),
+    ("score", SCORE, "named instances"),            # several inputs: always named
+    ("score", SCORE, "inputs"),
+])
+def test_rest_and_grpc_give_the_same_outputs(server, signature, inputs, form):
+    """Row and columnar formats, one or several inputs: every output of the
+    signature (REST has no output_filter), value for value as gRPC returns it."""
+    body = {"signature_name": signature} if signature else {}
+    if form == "instances":
+        body["instances"] = inputs["text"]
+    elif form == "named instances":
+        body["instances"] = [dict(zip(inputs, values)) for values in zip(*inputs.values())]
+    else:
+        body["inputs"] = inputs if form == "inputs" else inputs["text"]
+    code, out = rest(server, "/v1/models/nmt:predict", body)
+    assert code == 200, out
+    expected = grpc_outputs(server, signature, **inputs)
+    if form.endswith("instances"):
+        predictions = out["predictions"]
+        assert len(predictions) == len(next(iter(inputs.values())))
+        got = {alias: [p[alias] for p in predictions] for alias in predictions[0]}
+    else:
+        got = out["outputs"]
+    assert sorted(got) == sorted(expected)
+    for alias, value in expected.items():
+        assert_same(got[alias], value)
+
+
+def test_output_filter_is_grpc_only_and_other_keys_are_ignored(server):
+    """TF Serving's REST API has no output_filter; unknown top-level keys are ignored, as there."""
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": ["A man."], "output_filter": ["score"]})
+    assert code == 200 and len(out["predictions"][0]) > 1
+    assert sorted(out["predictions"][0]) == sorted(grpc_outputs(server, text=["A man."]))
+
+
+def test_binary_input_as_b64_and_raw_bytes_that_are_not_utf8(server):
+    """{"b64": ...} carries any bytes; raw bytes that are not UTF-8 inside a JSON
+    string pass as they are, as TF Serving's parser passes them (no UTF-8 check)."""
+    raw = b"\xff\xfe broken caf\xc3\xa9"
+    expected = grpc_outputs(server, text=[raw])
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": [{"b64": base64.b64encode(raw).decode()}]})
+    assert code == 200, out
+    assert_same([out["predictions"][0]["translation"]], expected["translation"])
+    assert_same([out["predictions"][0]["source_tokens"]], expected["source_tokens"])
+    code, out = rest(server, "/v1/models/nmt:predict", b'{"inputs": {"text": ["' + raw + b'"]}}')
+    assert code == 200, out
+    for alias in ("translation", "source_tokens", "score"):
+        assert_same(out["outputs"][alias], expected[alias])
+
+
+def test_outputs_are_written_as_tf_serving_writes_them():
+    """json_tensor.cc: floats in six digits when that gives the value back (else
+    as many as needed), whole numbers with .0, NaN and Infinity; DT_STRING as the
+    bytes themselves (not checked for UTF-8), as {"b64": ...} when the alias ends
+    with _bytes; one output unnamed, several keyed by alias."""
+    outputs = {"f": tf.make_tensor_proto(np.array([[0.2, 1e-5], [3.0, 1 / 3]], np.float32)),
+               "d": tf.make_tensor_proto(np.array([[0.1 + 0.2, np.nan], [-np.inf, 9000000.0]], np.float64)),
+               "s": tf.make_tensor_proto([b"caf\xc3\xa9 \"q\"", b"\xff"]),
+               "x_bytes": tf.make_tensor_proto([b"\xff\x00", b""]),
+               "n": tf.make_tensor_proto(np.array([7, -1], np.int64)),
+               "b": tf.make_tensor_proto([True, False])}
+    columns = rest_api.predict_response_json(outputs, row=False)
+    assert columns == (b'{"outputs": {"b": [true,false], "d": [[0.30000000000000004,NaN],[-Infinity,9e+06]], '
+                       b'"f": [[0.2,1e-05],[3.0,0.333333343]], "n": [7,-1], '
+                       b'"s": ["caf\xc3\xa9 \\"q\\"","\xff"], "x_bytes": [{"b64": "/wA="},{"b64": ""}]}}')
+    rows = rest_api.predict_response_json(outputs, row=True)
+    assert rows == (b'{"predictions": [{"b": true, "d": [0.30000000000000004,NaN], "f": [0.2,1e-05], "n": 7, '
+                    b'"s": "caf\xc3\xa9 \\"q\\"", "x_bytes": {"b64": "/wA="}}, {"b": false, "d": [-Infinity,9e+06], '
+                    b'"f": [3.0,0.333333343], "n": -1, "s": "\xff", "x_bytes": {"b64": ""}}]}')
+    one = {"translation": tf.make_tensor_proto([b"a", b"b"])}
+    assert rest_api.predict_response_json(one, row=True) == b'{"predictions": ["a", "b"]}'
+    assert rest_api.predict_response_json(one, row=False) == b'{"outputs": ["a","b"]}'
+
+
+# test_serve.py's table of bad requests (test_malformed_requests_get_tf_serving_status_codes), over REST,
+# with the HTTP status TF Serving maps from the gRPC one (model_servers/http_server.cc, ToHTTPStatusCode:
+# NOT_FOUND 404; INVALID_ARGUMENT and FAILED_PRECONDITION 400), except for a body over --max_message_mb:
+# 413, refused before it is read (gRPC: RESOURCE_EXHAUSTED, which TF Serving maps to 429).
+# SAME: the REST request runs into the same check of run_predict, so the message is gRPC's, word for word.
+# Otherwise TF Serving's REST front end refuses the request before Predict, with its own message
+# (http_rest_api_util.cc: the path; json_tensor.cc: the JSON; http_rest_api_handler.cc: the signature).
+SAME = object()
+TEXT = {"instances": ["A man in a blue shirt."]}
+BAD_REQUESTS = [
+    (lambda: grpc_request(name="other"), grpc.StatusCode.NOT_FOUND, "/v1/models/other:predict", TEXT, 404, SAME),
+    (lambda: grpc_request(version=7), grpc.StatusCode.NOT_FOUND, "/v1/models/nmt/versions/7:predict", TEXT, 404,
+     SAME),
+    (lambda: grpc_request(name=""), grpc.StatusCode.INVALID_ARGUMENT, "/v1/models/:predict", TEXT, 400,
+     "Malformed request: POST /v1/models/:predict"),
+    (lambda: grpc_request(signature="nope"), grpc.StatusCode.FAILED_PRECONDITION, "/v1/models/nmt:predict",
+     {"signature_name": "nope", **TEXT}, 400, 'Serving signature name: "nope" not found in signature def'),
+    (lambda: grpc_request(sentence=tf.make_tensor_proto(["x"])), grpc.StatusCode.INVALID_ARGUMENT,
+     "/v1/models/nmt:predict", {"inputs": {"sentence": ["x"]}}, 400, "Missing named input: text in 'inputs' object."),
+    (lambda: grpc_request(text=tf.make_tensor_proto(["x"]), extra=tf.make_tensor_proto(["y"])),
+     grpc.StatusCode.INVALID_ARGUMENT, "/v1/models/nmt:predict", {"instances": [{"text": "x", "extra": "y"}]}, 400,
+     "Failed to process element: 0 key: extra of 'instances' list. Error: INVALID_ARGUMENT: JSON object: "
+     "does not have named input: extra"),
+    (lambda: grpc_request(text=tf.make_tensor_proto([1.0, 2.0])), grpc.StatusCode.INVALID_ARGUMENT,
+     "/v1/models/nmt:predict", {"inputs": [1.0, 2.0]}, 400,
+     "JSON Value: 1.0 Type: Number is not of expected type: string"),
+    (lambda: grpc_request(text=tf.make_tensor_proto([["a", "b"]])), grpc.StatusCode.INVALID_ARGUMENT,
+     "/v1/models/nmt:predict", {"inputs": [["a", "b"]]}, 400, SAME),
+    (lambda: grpc_request(["x"] * 51), grpc.StatusCode.INVALID_ARGUMENT, "/v1/models/nmt:predict",
+     {"instances": ["x"] * 51}, 400, SAME),
+    (lambda: grpc_request(["word " * 300000]), grpc.StatusCode.RESOURCE_EXHAUSTED, "/v1/models/nmt:predict",
+     {"instances": ["word " * 300000]}, 413,
+     "Request Entity Too Large: the request body is 1500019 bytes, more than this server's limit of 1048576 bytes "
+     "(--max_message_mb=1)"),
+]
+
+
+@pytest.mark.parametrize("make, code, path, body, http_code, message", BAD_REQUESTS)
+def test_the_bad_requests_of_the_grpc_table_over_rest(server, make, code, path, body, http_code, message):
+    got_code, details = status_of(lambda: server["predict"].Predict(make(), timeout=60))
+    assert got_code == code, details
+    assert rest(server, path, body) == (http_code, {"error": details if message is SAME else message})
+    still_serving(server)
+
+
+@pytest.mark.parametrize("method, path, body, code, message", [
+    ("POST", "/v1/models/nmt:predict", b"", 400, "JSON Parse error: The document is empty"),
+    ("POST", "/v1/models/nmt:predict", b'{"instances": ["a"', 400,
+     "JSON Parse error: Expecting ',' delimiter at offset: 18"),
+    ("POST", "/v1/models/nmt:predict", b"[1, 2]", 400, "JSON Value: [\n    1,\n    2\n] Is not object"),
+    ("POST", "/v1/models/nmt:predict", b"[" * 100000 + b"]" * 100000, 400,
+     "JSON Parse error: the document is nested too deeply"),
+    ("POST", "/v1/models/nmt:predict", {}, 400, "Missing 'inputs' or 'instances' key"),
+    ("POST", "/v1/models/nmt:predict", {"instances": ["a"], "inputs": ["b"]}, 400,
+     'JSON Value: {\n    "instances": [\n        "a"\n    ],\n    "inputs": [\n        "b"\n    ]\n} '
+     "Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist "),
+    ("POST", "/v1/models/nmt:predict", {"instances": []}, 400,
+     'JSON Value: {\n    "instances": []\n} No values in \'instances\' array'),
+    ("POST", "/v1/models/nmt:predict", {"instances": "a"}, 400,
+     'JSON Value: {\n    "instances": "a"\n} Excepting \'instances\' to be an list/array'),
+    ("POST", "/v1/models/nmt:predict", {"signature_name": 5, "inputs": ["a"]}, 400,
+     'JSON Value: {\n    "signature_name": 5,\n    "inputs": [\n        "a"\n    ]\n} not formatted correctly. '
+     "'signature_name' key must be a string value."),
+    ("POST", "/v1/models/nmt:predict", {"instances": [{"b64": "not base64!"}]}, 400,
+     "Failed to process element: 0 of 'instances' list. Error: INVALID_ARGUMENT: Unable to base64 decode"),
+    ("POST", "/v1/models/nmt:predict", {"instances": ["a", ["b"]]}, 400,
+     "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting shape [] but got: [1]"),
+    ("POST", "/v1/models/nmt:predict", {"instances": ["a", {"text": "b"}]}, 400,
+     "Expecting value/list but got object at item 1 of input list"),
+    ("POST", "/v1/models/nmt:predict", {"inputs": [["a"], "b"]}, 400,
+     'JSON Value: "b" found at incorrect level: 2 in the JSON DOM. Expected at level: 2'),
+    ("POST", "/v1/models/nmt:predict", {"signature_name": "score", "instances": ["a"]}, 400,
+     "instances is a plain list, but expecting list of objects as multiple input tensors required as per "
+     "tensorinfo_map"),
+    ("POST", "/v1/models/nmt:predict", {"signature_name": "score", "instances": [{"source": "a"}]}, 400,
+     "Failed to process element: 0 of 'instances' list. JSON object: {\n    \"source\": \"a\"\n} must only have "
+     "keys: source,target"),
+    ("POST", "/v1/models/nmt:predict", {"inputs": "a"}, 400, "input text must have rank 1, got shape []"),
+    ("POST", "/v1/models/nmt/labels/stable:predict", TEXT, 400, "Unrecognized servable version label: stable"),
+    ("POST", "/v1/models/nmt/versions/99999999999999999999:predict", TEXT, 400,
+     "Failed to convert version: 99999999999999999999 to numeric."),
+    ("POST", "/v1/models/nmt/versions/one:predict", TEXT, 400,
+     "Malformed request: POST /v1/models/nmt/versions/one:predict"),
+    ("POST", "/v1/models/nmt:PREDICT", TEXT, 400, "Malformed request: POST /v1/models/nmt:PREDICT"),
+    ("POST", "/v1/models/nmt:classify", TEXT, 501,
+     "classify is not implemented by nmt_tf.serve (nor by its gRPC API): nmt_tf exports have predict signatures only"),
+    ("PUT", "/v1/models/nmt:predict", b"{}", 400, "Malformed request: PUT /v1/models/nmt:predict"),
+    ("DELETE", "/v1/models/nmt", None, 400, "Malformed request: DELETE /v1/models/nmt"),
+    ("GET", "/v1/models", None, 400, "Missing model name in request."),
+    ("GET", "/v1/models/nmt/labels/stable/metadata", None, 400, "Unrecognized servable version label: stable"),
+    ("GET", "/v2/models/nmt", None, 404, "Not found: /v2/models/nmt (TF Serving's REST API paths start with /v1/)"),
+    ("FOO", "/v1/models/nmt", None, 501, "Unsupported method ('FOO')"),
+])
+def test_malformed_rest_requests_get_tf_serving_errors(server, method, path, body, code, message):
+    assert rest(server, path, body, method) == (code, {"error": message})
+    still_serving(server)
+
+
+def test_a_body_over_the_limit_is_refused_unread_and_chunked_bodies_need_a_length(server):
+    """413 from the headers alone: a client that declares 10 GB and sends
+    nothing gets it at once (the server cannot have waited for the body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server["rest_port"], timeout=30)
+    conn.putrequest("POST", "/v1/models/nmt:predict")
+    conn.putheader("Content-Length", str(10**10))
+    conn.endheaders()
+    reply = conn.getresponse()
+    assert reply.status == 413 and json.loads(reply.read())["error"].startswith(
+        "Request Entity Too Large: the request body is 10000000000 bytes")
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", server["rest_port"], timeout=30)
+    conn.request("POST", "/v1/models/nmt:predict", body=iter([b'{"instances": ["a"]}']), encode_chunked=True)
+    reply = conn.getresponse()
+    assert reply.status == 411 and "Content-Length" in json.loads(reply.read())["error"]
+    conn.close()
+    still_serving(server)
+
+
+def test_32_concurrent_clients_are_served_by_a_bounded_pool(server):
+    """32 clients at once on THREADS workers: every answer is the one gRPC gives
+    for that sentence, none fails, and the server runs no thread per connection."""
+    sentences = ["A man.", "Two dogs run.", "A girl in a red dress.", "People walk.", "A black dog.", "",
+                 "Men play football.", "A woman sings."]
+    expected = {s: grpc_outputs(server, text=[s]) for s in sentences}
+    before = {t.ident for t in threading.enumerate()}
+    most, done = [0], threading.Event()
+
+    def watch():            # server threads started during the burst (clients and this watcher aside)
+        while not done.wait(0.005):
+            new = [t for t in threading.enumerate() if t.ident not in before
+                   and not t.name.startswith(("rest-client", "watcher"))]
+            most[0] = max(most[0], len(new))
+
+    def client(i):
+        sentence = sentences[i % len(sentences)]
+        return sentence, rest(server, "/v1/models/nmt:predict", {"inputs": {"text": [sentence]}})
+
+    watcher = threading.Thread(target=watch, name="watcher")
+    watcher.start()
+    with concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="rest-client") as pool:
+        results = list(pool.map(client, range(32)))
+    done.set()
+    watcher.join()
+    assert all(code == 200 for _, (code, _) in results), [out for _, (code, out) in results if code != 200]
+    for sentence, (_, out) in results:
+        for alias in ("translation", "score", "alignment", "nbest_translations"):
+            assert_same(out["outputs"][alias], expected[sentence][alias])
+    assert most[0] <= THREADS, most[0]
+
+
+def test_an_unexpected_failure_is_a_json_500_and_the_server_keeps_serving(server, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(rest_api, "run_predict", broken)
+    assert rest(server, "/v1/models/nmt:predict", TEXT) == (500, {"error": "RuntimeError: boom"})
+    monkeypatch.undo()
+    still_serving(server)
+
+
+def test_model_status_and_metadata(server):
+    ok = {"model_version_status": [{"version": "1", "state": "AVAILABLE",
+                                    "status": {"error_code": "OK", "error_message": ""}}]}
+    assert rest(server, "/v1/models/nmt") == (200, ok)
+    assert rest(server, "/v1/models/nmt/versions/1") == (200, ok)
+    assert rest(server, "/v1/models/nmt?ignored=query") == (200, ok)
+    assert rest(server, "/v1/models/nmt/labels/stable") == (200, ok)        # as gRPC: labels not looked at
+    for path, spec in (("/v1/models/nmt/versions/7", {"name": "nmt", "version": {"value": 7}}),
+                       ("/v1/models/other", {"name": "other"})):
+        _, details = status_of(lambda: server["models"].GetModelStatus(
+            get_model_status_pb2.GetModelStatusRequest(model_spec=spec), timeout=30))
+        assert rest(server, path) == (404, {"error": details})
+    meta_request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    meta_request.model_spec.name = "nmt"
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    server["predict"].GetModelMetadata(meta_request, timeout=30).metadata["signature_def"].Unpack(signatures)
+    for path in ("/v1/models/nmt/metadata", "/v1/models/nmt/versions/1/metadata"):
+        code, out = rest(server, path)
+        assert code == 200
+        assert out["model_spec"] == {"name": "nmt", "version": "1", "signature_name": ""}
+        assert out["metadata"]["signature_def"] == json_format.MessageToDict(
+            signatures, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        assert {"serving_default", "translate", "score"} <= set(out["metadata"]["signature_def"]["signature_def"])
+        assert out["metadata"]["signature_def"]["signature_def"]["score"]["inputs"]["target"]["dtype"] == "DT_STRING"
+    assert rest(server, "/v1/models/nmt/versions/7/metadata") == (
+        404, {"error": "Servable not found for request: Specific(nmt, 7)"})
+
+
+def test_a_version_that_failed_to_load_is_in_the_rest_model_status(exported, tmp_path):
+    base = tmp_path / "nmt"
+    shutil.copytree(exported[2], base / "1")
+    registry = serving.ModelRegistry("nmt", str(base), log=lambda *a: None)
+    registry.poll()
+    (base / "2").mkdir()
+    (base / "2" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    registry.poll()
+    code, body = rest_api.rest_response(registry, "GET", "/v1/models/nmt", b"")
+    statuses = json.loads(body)["model_version_status"]
+    assert code == 200 and [s["version"] for s in statuses] == ["2", "1"]
+    assert statuses[1] == {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+    assert statuses[0]["state"] == "END" and statuses[0]["status"]["error_code"] == "UNKNOWN"
+    assert statuses[0]["status"]["error_message"] == registry.failed[2]
+    code, body = rest_api.rest_response(registry, "GET", "/v1/models/nmt/versions/2", b"")
+    assert code == 200 and [s["state"] for s in json.loads(body)["model_version_status"]] == ["END"]
+
+
+def test_a_second_server_on_a_taken_rest_port_exits_with_a_clear_error(server):
+    second = run_cli("-m", "nmt_tf.serve", "--port=0", f"--rest_api_port={server['rest_port']}", "--host=127.0.0.1",
+                     f"--model_base_path={server['base']}", timeout=120)
+    assert second.returncode == 1, second.stdout + second.stderr[-2000:]
+    assert (f"error: could not listen on 127.0.0.1:{server['rest_port']} for the REST API: the port is in use; "
+            "choose another --rest_api_port") in second.stderr.splitlines()
+    assert "Serving model" not in second.stdout
+    still_serving(server)
