@@ -1,4 +1,6 @@
-"""PNG pictures: attention heatmaps (paper 000 Fig. 3) and BLEU curves (Fig. 2).
+"""PNG pictures: attention heatmaps (paper 000 Fig. 3), BLEU curves (Fig. 2),
+grConv trees (paper 002 Fig. 6) and maps of word and phrase representations
+(paper 004 Figs. 4, 5).
 
 Rendered with matplotlib's Agg backend (no display needed); every function
 returns PNG bytes, which callers write to files or decode for TensorBoard.
@@ -125,4 +127,68 @@ def grconv_tree_png(tokens: list[str], gates, threshold: float = 0.1, title: str
     ax.set_xlim(-1.0, n)
     ax.axis("off")
     ax.set_title(title or f"grConv structure (edges with gating coefficient > {threshold})", fontsize=9)
+    return _png(fig)
+
+
+MAP_LABELS = 150           # at most this many labels on a representation map
+
+
+def spread_labels(points, max_labels: int = MAP_LABELS, spacing: float = 0.03) -> list[int]:
+    """Which points of a map get a label: in the given order (the caller's
+    priority, e.g. most frequent first), each point whose label would not
+    sit nearer than `spacing` x the map's extent to one already chosen, up to
+    `max_labels`.
+
+    Args:
+      points: [N, 2] coordinates.
+
+    Returns:
+      The chosen indices, in order.
+    """
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+    if not len(points):
+        return []
+    extent = float(np.max(np.ptp(points, axis=0))) or 1.0
+    chosen: list[int] = []
+    for i, p in enumerate(points):
+        if len(chosen) == max_labels:
+            break
+        if not chosen or np.min(np.linalg.norm(points[chosen] - p, axis=1)) >= spacing * extent:
+            chosen.append(i)
+    return chosen
+
+
+def representation_map_png(points, labels: list[str], title: str, groups: list[str] | None = None,
+                           max_labels: int = MAP_LABELS) -> bytes:
+    """A 2-D map of learned vectors with their labels, as paper 004 shows the
+    word embeddings (Fig. 4) and the phrase representations (Fig. 5).
+
+    Args:
+      points: [N, 2] coordinates (t-SNE of the vectors,
+        `nmt_tf.representations.tsne_2d`).
+      labels: the N words or phrases, in priority order for labelling.
+      title: the figure's title.
+      groups: optional N group names; each group gets a colour and a legend
+        entry (e.g. phrase lengths).
+      max_labels: labels are drawn for at most this many points, chosen by
+        `spread_labels` so that they do not pile up; the title says how many.
+    """
+    plt = _pyplot()
+    points = np.asarray(points, dtype=np.float32).reshape(-1, 2)
+    n = len(points)
+    side = float(np.clip(0.8 * np.sqrt(n) + 3.0, 6.0, 16.0))
+    fig, ax = plt.subplots(figsize=(side, side), layout="constrained")
+    names = list(dict.fromkeys(groups)) if groups is not None else [None]
+    for k, name in enumerate(names):
+        members = [i for i in range(n) if groups is None or groups[i] == name]
+        ax.scatter(points[members, 0], points[members, 1], s=10, color=f"C{k % 10}", label=name, alpha=0.8)
+    chosen = spread_labels(points, max_labels)
+    for i in chosen:
+        ax.annotate(labels[i], points[i], xytext=(2, 2), textcoords="offset points", fontsize=7)
+    if groups is not None:
+        ax.legend(fontsize=8, loc="best")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    shown = f"all {n} labelled" if len(chosen) == n else f"{len(chosen)} of {n} labelled"
+    ax.set_title(f"{title}\n(t-SNE, {shown})", fontsize=10)
     return _png(fig)

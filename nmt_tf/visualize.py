@@ -21,6 +21,19 @@ words at the bottom, each node above the words it covers, a solid edge to a
 child whose copy coefficient (w_l or w_r) exceeds --grconv_threshold (0.1),
 dashed edges to both children where the new activation's w_c does; opacity
 is the coefficient (grconv_<line>.png, TensorBoard tag grconv/<line>).
+
+  python -m nmt_tf.visualize --representations --model_dir=runs/m30k [--phrases=phrases.txt] --out=maps/
+
+--representations writes the learned representations of paper 004 Figs. 4
+and 5 into --out (default representations/): the source word embeddings
+and a vector per phrase (RNNencdec: its summary c; RNNsearch: the mean of
+the annotations h_j, or s_0 with --phrase_vector=initial_state), each as
+TensorBoard Embedding Projector files (<kind>.tsv, <kind>_metadata.tsv,
+projector_config.pbtxt: `tensorboard --logdir OUT`) and as a labelled
+2-D t-SNE map (<kind>.png, TensorBoard tag representations/<kind>).
+--phrases lists the words or phrases, one per line; without it, the
+--most_frequent words and 2- to 4-word n-grams of the training source.
+See nmt_tf.representations.
 """
 
 from __future__ import annotations
@@ -32,13 +45,28 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.representations import PHRASE_VECTORS, RepresentationError
 
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
-absl_flags.DEFINE_string("out", None, "PNG file (--text) or directory (--input); default attention.png / attention/.")
+absl_flags.DEFINE_string("out", None, "PNG file (--text) or directory (--input, --representations); default "
+                         "attention.png / attention/ (grconv.png / grconv/ with --grconv; representations/).")
 absl_flags.DEFINE_string("logdir", None, "Also write the heatmaps as TensorBoard images into this log directory.")
 absl_flags.DEFINE_boolean("grconv", False, "Instead of attention, draw the structure a grConv encoder learned for each "
                           "sentence (paper 002 Fig. 6; needs --model_dir of a --encoder=grconv model).")
 absl_flags.DEFINE_float("grconv_threshold", 0.1, "Gating coefficients above this are drawn as edges (paper: 0.1).")
+absl_flags.DEFINE_boolean("representations", False, "Instead of attention, write the learned word and phrase "
+                          "representations (paper 004 Figs. 4, 5) into --out: TensorBoard Embedding Projector "
+                          "files and labelled t-SNE maps (needs --model_dir).")
+absl_flags.DEFINE_string("phrases", None, "--representations: a file of words or phrases, one per line (plain or "
+                         "gzip); default: the --most_frequent words and 2- to 4-word n-grams of the model's "
+                         "training source.")
+absl_flags.DEFINE_enum("phrase_vector", "auto", list(PHRASE_VECTORS),
+                       "--representations: the vector of a phrase. summary: RNNencdec's c = tanh(V h_T) (paper 004 "
+                       "Fig. 5); mean_annotation: RNNsearch's annotations h_j averaged over the phrase and [EOS]; "
+                       "initial_state: the decoder's s_0; auto: summary for RNNencdec, mean_annotation for RNNsearch.")
+absl_flags.DEFINE_integer("most_frequent", 200, "--representations without --phrases: how many of the most frequent "
+                          "words, and how many frequent n-grams, of the training source to map.", lower_bound=1)
+REPRESENTATION_FLAGS = ("phrases", "phrase_vector", "most_frequent")
 TOOL_FLAGS = nmt_flags.tool_flags(
     __name__, ("model_dir", "saved_model", "input", "max_input_length", *nmt_flags.WEIGHTS_FLAGS,
                *(name for name in nmt_flags.SEARCH_FLAGS if name not in ("replace_unk", "unk_dictionary"))))
@@ -106,7 +134,8 @@ def render_grconv(model_dir: str, checkpoint, sentences: list[str], names: list[
     import tensorflow as tf
 
     from nmt_tf import plots
-    from nmt_tf.text import EOS, EOS_ID
+    from nmt_tf.representations import source_batch
+    from nmt_tf.text import EOS
     from nmt_tf.translator import restore_model
 
     model, src_tok = restore_model(model_dir, checkpoint, log=lambda *a: None)[:2]
@@ -115,15 +144,74 @@ def render_grconv(model_dir: str, checkpoint, sentences: list[str], names: list[
     writer = tf.summary.create_file_writer(logdir) if logdir else None
     drawn = []
     for sentence, name, path in zip(sentences, names, out_paths):
-        tokens = src_tok.tokenize(tf.constant([sentence]))
-        ids = tf.concat([src_tok.lookup(tokens), tf.constant([[EOS_ID]])], axis=1).to_tensor()
-        labels = [t.decode("utf-8") for t in tokens.to_list()[0]] + [EOS]
+        ids, (tokens,) = source_batch(src_tok, [sentence])
+        labels = tokens + [EOS]
         gates = model.encode(ids, return_gates=True)["gates"].numpy()[:, 0]
         png = plots.grconv_tree_png(labels, gates, threshold, title=f"grConv structure: {sentence[:80]}")
         _save(png, path, writer, f"grconv/{name}", sentence)
         drawn.append({"path": path, "tokens": labels, "gates": gates})
     if writer is not None:
         writer.flush()
+    return drawn
+
+
+def _length_group(words: int) -> str:
+    """Legend entry of a phrase of `words` words on the phrase map (paper 004 Fig. 5 shows 4 or more)."""
+    return "4+ words" if words >= 4 else f"{words} word{'s' if words > 1 else ''}"
+
+
+def render_representations(model_dir: str, checkpoint, out_dir: str, phrases: str | None = None,
+                           phrase_vector: str = "auto", most_frequent: int = 200, logdir: str | None = None,
+                           log=print) -> list[dict]:
+    """Writes paper 004's representation maps (Figs. 4, 5) of a model into `out_dir`.
+
+    For the words and phrases of the file `phrases` (default: the
+    `most_frequent` words and n-grams of the training source), computes the
+    source word embeddings and the phrase vectors (`phrase_vector`, see
+    nmt_tf.representations), writes them as TensorBoard projector files and
+    draws each kind with 3 or more points as a t-SNE map <kind>.png (also a
+    TensorBoard image under `logdir`). Notes on what was left out go to `log`.
+
+    Returns one dict per kind: name, description, count, width, left_out,
+    png and tsv (the files written; None when too few points for them).
+    """
+    import tensorflow as tf
+
+    from nmt_tf import plots
+    from nmt_tf import representations as reps
+    from nmt_tf.translator import restore_model
+
+    lines, notes = reps.read_phrases(phrases) if phrases else (None, [])
+    model, src_tok, _, config = restore_model(model_dir, checkpoint, log=lambda *a: None)[:4]
+    vector = reps.resolve_phrase_vector(model, phrase_vector)
+    if lines is None:
+        lines = reps.frequent_phrases(config.train_src, src_tok.words, most_frequent)
+        notes.append(f"{len(lines)} words and phrases: the most frequent words and n-grams of {config.train_src}")
+    maps = [reps.word_vectors(model, src_tok, lines), reps.phrase_vectors(model, src_tok, lines, vector)]
+    reps.write_projector(out_dir, maps)
+    writer = tf.summary.create_file_writer(logdir) if logdir else None
+    drawn = []
+    for rep in maps:
+        if rep.left_out:
+            more = " ..." if len(rep.left_out) > 10 else ""
+            notes.append(f"{len(rep.left_out)} {rep.name} with [UNK] tokens (outside the source vocabulary) left out "
+                         f"of the {rep.name} map: {', '.join(rep.left_out[:10])}{more}")
+        png_path = None
+        if len(rep.labels) >= 3:
+            groups = [_length_group(w) for w in rep.columns["words"]] if "words" in rep.columns else None
+            png = plots.representation_map_png(reps.tsne_2d(rep.vectors), rep.labels,
+                                               f"{rep.name}: {rep.description}", groups)
+            png_path = os.path.join(out_dir, f"{rep.name}.png")
+            _save(png, png_path, writer, f"representations/{rep.name}", rep.description)
+        else:
+            notes.append(f"only {len(rep.labels)} {rep.name}: too few for a t-SNE map (3 needed), no {rep.name}.png")
+        drawn.append({"name": rep.name, "description": rep.description, "count": len(rep.labels),
+                      "width": int(rep.vectors.shape[1]), "left_out": rep.left_out, "png": png_path,
+                      "tsv": os.path.join(out_dir, f"{rep.name}.tsv") if rep.labels else None})
+    if writer is not None:
+        writer.flush()
+    for note in notes:
+        log(note)
     return drawn
 
 
@@ -138,6 +226,26 @@ def main(argv):
         if FLAGS.saved_model and nmt_flags.fixed_at_export_given():
             raise VisualizeError(f"--{', --'.join(nmt_flags.fixed_at_export_given())}: "
                                  f"{nmt_flags.FIXED_AT_EXPORT_REASON}, or draw from --model_dir.")
+        given = [f"--{name}" for name in REPRESENTATION_FLAGS if FLAGS[name].present]
+        if FLAGS.representations:
+            if not FLAGS.model_dir:
+                raise VisualizeError("--representations needs --model_dir (a SavedModel keeps neither the "
+                                     "embeddings nor the encoder's vectors).")
+            if FLAGS.text or FLAGS.input or FLAGS.grconv:
+                raise VisualizeError("--representations reads its words and phrases from --phrases (or the "
+                                     "training source), not --text or --input, and does not go with --grconv.")
+            if FLAGS.phrases and FLAGS["most_frequent"].present:
+                raise VisualizeError("--most_frequent sizes the default list; it does not go with --phrases.")
+            out_dir = FLAGS.out or "representations"
+            for item in render_representations(FLAGS.model_dir, nmt_flags.weights_choice(), out_dir, FLAGS.phrases,
+                                               FLAGS.phrase_vector, FLAGS.most_frequent, FLAGS.logdir):
+                files = ", ".join(f for f in (item["tsv"], item["png"]) if f) or "nothing written"
+                print(f"{item['name']}: {item['count']} vectors of width {item['width']} ({item['description']}): "
+                      f"{files}")
+            print(f"Projector files in {out_dir}: tensorboard --logdir {out_dir}")
+            return 0
+        if given:
+            raise VisualizeError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --representations.")
         if bool(FLAGS.text) == bool(FLAGS.input):
             raise VisualizeError("give exactly one of --text and --input.")
         kind = "grconv" if FLAGS.grconv else "attention"
@@ -160,7 +268,7 @@ def main(argv):
                                 nmt_flags.weights_choice(), FLAGS.max_input_length)
         for item in render(fn, sentences, names, paths, FLAGS.logdir):
             print(f"{item['path']}: {item['translation']}")
-    except (VisualizeError, TranslationError, FileNotFoundError, OSError) as e:
+    except (VisualizeError, RepresentationError, TranslationError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
