@@ -403,7 +403,7 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
     (int32, right-padded with 0): source = x_1..x_n [EOS], target_ids =
     [BOS] y_1..y_m, labels = y_1..y_m [EOS].
 
-    Batching follows the paper (000 App. B.2): the stream is read in pools of
+    Batching follows the paper (paper 000 App. B.2; docs/SPEC.md §5): the stream is read in pools of
     `pool_size` pairs (paper: 1,600); each pool is sorted by length and cut
     into batches, so a batch holds pairs of similar length, and the batches
     are then shuffled (within a buffer of two pools). Every batch is full but

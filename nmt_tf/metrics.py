@@ -1,4 +1,4 @@
-"""Translation quality: sacreBLEU scores and the papers' analyses.
+"""Translation quality: sacreBLEU scores and the papers' analyses (docs/SPEC.md §7).
 
 Two kinds of BLEU, always named:
 

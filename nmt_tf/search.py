@@ -13,7 +13,7 @@ TensorFlow ops are used). A model provides
 
 for K hypotheses per sentence (K = 1 in greedy search).
 
-Beam search follows the RNNsearch papers (SPEC §6; paper 000 §4.2): a
+Beam search follows the RNNsearch papers (docs/SPEC.md §6; paper 000 §4.2): a
 hypothesis that ends with [EOS] leaves the beam and the beam shrinks by one,
 until `beam_size` hypotheses have finished (or the length limit is reached,
 where every live hypothesis is closed with [EOS]). Live hypotheses compete on
@@ -298,7 +298,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
 
     def advance(t, top_score, token, parent, new_state, alpha, fin_norm, fin_id, fin_count, done, history):
         """Step t's bookkeeping, given the best extensions of the beam."""
-        # The beam shrinks by one for every finished hypothesis (SPEC §6).
+        # The beam shrinks by one for every finished hypothesis (docs/SPEC.md §6).
         valid = (slots < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
         is_eos = token == EOS_ID
         # Histories are kept as back-pointers (read once, at the end).

@@ -1,4 +1,4 @@
-"""NumPy implementations of the SPEC equations, written from the paper's
+"""NumPy implementations of the equations of docs/SPEC.md, written from the paper's
 formulas one sentence at a time (no batching, no padding), to check the
 TensorFlow layers against."""
 
@@ -15,7 +15,7 @@ def layer_norm(v, gain, bias, eps=1e-5):
 
 
 def gru_step(x, h, W, U, b, C=None, c=None, m=None, norms=None):
-    """SPEC §1: W [d, 3n], U [n, 3n], b [3n], gates [r, z, candidate]; m: a
+    """docs/SPEC.md §1: W [d, 3n], U [n, 3n], b [3n], gates [r, z, candidate]; m: a
     recurrent dropout mask on h where it meets U (the update keeps h).
 
     norms: layer normalisation (Nematus style), {"input" | "recurrent" |
@@ -117,7 +117,7 @@ def rnnsearch_weights(model):
 
 
 def grconv(xs, U, bu, Wl, Wr, b, Gl, Gr, gb):
-    """Paper 002 §2.2 for ONE sentence xs [T, m]: (root [d], gates per level [[T-t, 3], ...])."""
+    """Paper 002 §2.2 (docs/SPEC.md §4) for ONE sentence xs [T, m]: (root [d], gates per level [[T-t, 3], ...])."""
     h = xs @ U + bu
     levels = []
     while len(h) > 1:

@@ -119,3 +119,116 @@ def test_search_flags_with_a_saved_model_are_refused_as_fixed_at_export(tmp_path
                        ("visualize", ["--length_alpha=0.5", "--text=x"])):
         done = run_cli("-m", f"nmt_tf.{tool}", f"--saved_model={tmp_path}", *args, timeout=120)
         assert done.returncode == 1 and "fixed when the SavedModel was exported" in done.stderr, (tool, done.stderr)
+
+
+# --- docs/SPEC.md: every section and paper the repository cites exists in it ---
+
+SPEC_PATH = os.path.join(REPO, "docs/SPEC.md")
+# Where citations live: the package, the tests, the recipes, the benchmarks, the deployment notes, the READMEs.
+CITING = ("nmt_tf/**/*.py", "tests/**/*.py", "pipelines/**/README.md", "pipelines/**/*.flags", "pipelines/**/*.py",
+          "benchmarks/**/*.py", "benchmarks/**/*.flags", "export/**/*.md", "README.md", "BUILD_NOTES.md")
+# "docs/SPEC.md §2", "docs/SPEC.md §2, §5", "docs/SPEC.md §1–2" (a line break may fall before the §).
+SPEC_CITATION = re.compile(r"docs/SPEC\.md`?\s*(§\s*\d+(?:\s*[–-]\s*\d+)?(?:\s*(?:,|and)\s*§\s*\d+(?:\s*[–-]\s*\d+)?)*)")
+# "paper 000", "paper 002's", "papers 000 and 004", "paper 000 / 002".
+PAPER_CITATION = re.compile(r"\b[Pp]apers? (\d{3}(?:\s*(?:,|/|and|or)\s*\d{3})*)\b")
+
+
+def spec():
+    return open(SPEC_PATH, encoding="utf-8").read()
+
+
+def citing_files():
+    paths = set()
+    for pattern in CITING:
+        paths.update(p for p in glob.glob(os.path.join(REPO, pattern), recursive=True)
+                     if os.path.isfile(p) and "__pycache__" not in p)
+    return sorted(paths)
+
+
+def citations(pattern):
+    """[(file, line, cited text)] of every match of `pattern` in the citing files."""
+    found = []
+    for path in citing_files():
+        text = open(path, encoding="utf-8").read()
+        for match in pattern.finditer(text):
+            found.append((os.path.relpath(path, REPO), text.count("\n", 0, match.start()) + 1, match.group(1)))
+    return found
+
+
+def section_numbers(cited):
+    """'§2, §5' -> {2, 5}; '§1–2' -> {1, 2}."""
+    numbers = set()
+    for first, last in re.findall(r"§\s*(\d+)(?:\s*[–-]\s*(\d+))?", cited):
+        numbers.update(range(int(first), int(last or first) + 1))
+    return numbers
+
+
+def spec_sections():
+    return [int(n) for n in re.findall(r"^## (\d+)\. ", spec(), flags=re.M)]
+
+
+def paper_key():
+    """{"000": row, ...}: the key at the top of docs/SPEC.md (before its §1)."""
+    key = spec().split("\n## 1. ", 1)[0]
+    return dict(re.findall(r"^\| \*\*paper (\d{3})\*\* \| (.+) \|$", key, flags=re.M))
+
+
+def test_spec_sections_are_numbered_one_to_n():
+    numbers = spec_sections()
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 7, numbers
+
+
+def test_every_spec_section_cited_exists():
+    cited = citations(SPEC_CITATION)
+    assert len(cited) >= 15, cited          # the pattern still finds the citations
+    sections = set(spec_sections())
+    missing = [(path, line, text) for path, line, text in cited if not section_numbers(text) <= sections]
+    assert not missing, f"sections not in docs/SPEC.md: {missing}"
+
+
+def test_the_spec_is_always_cited_by_its_path():
+    """The specification is cited as docs/SPEC.md, a path a fresh clone has, never by
+    its bare name (S[P]EC in the pattern keeps this file from matching itself)."""
+    bare = citations(re.compile(r"((?<![\w/.])S[P]EC(?:\.md)?(?!\w))"))
+    assert not bare, f"cite the specification as docs/SPEC.md: {bare}"
+
+
+def test_every_paper_cited_is_in_the_key():
+    key = paper_key()
+    assert sorted(key) == ["000", "001", "002", "003", "004"], sorted(key)
+    for number, row in key.items():
+        assert re.search(r"arXiv:\d{4}\.\d{4,5}", row), f"paper {number} has no arXiv id in the key"
+    cited = citations(PAPER_CITATION)
+    assert len(cited) >= 30, cited
+    missing = [(path, line, text) for path, line, text in cited
+               if not set(re.findall(r"\d{3}", text)) <= set(key)]
+    assert not missing, f"papers not in the key of docs/SPEC.md: {missing}"
+
+
+def test_the_spec_names_only_files_that_exist():
+    named = set(re.findall(r"\b((?:nmt_tf|tests|pipelines)/[\w/]+\.(?:py|md))\b", spec()))
+    assert len(named) >= 15, named
+    assert not [p for p in named if not os.path.exists(os.path.join(REPO, p))], named
+
+
+def test_reading_the_code_maps_every_module():
+    """README's "Reading the code" names every module file, points to docs/SPEC.md and
+    cites only its sections."""
+    text = readme()
+    assert text.index("## Reading the code") < text.index("## Layout")
+    section = text.split("## Reading the code", 1)[1].split("\n## ", 1)[0]
+    assert "docs/SPEC.md" in section and "paper 000" in section
+    assert set(map(int, re.findall(r"§(\d+)", section))) <= set(spec_sections())
+    modules = [os.path.relpath(p, REPO) for d in ("nmt_tf", "nmt_tf/layers", "nmt_tf/models")
+               for p in sorted(glob.glob(os.path.join(REPO, d, "*.py"))) if not p.endswith("__init__.py")]
+    assert len(modules) >= 30, modules
+    names = [os.path.basename(m) for m in modules]
+    unnamed = []
+    for module, name in zip(modules, names):
+        if names.count(name) > 1:       # two files of one name: the map must give the path
+            found = module in section
+        else:
+            found = re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", section) is not None
+        if not found:
+            unnamed.append(module)
+    assert not unnamed, f"README's 'Reading the code' does not name {unnamed}"

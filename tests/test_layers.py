@@ -1,4 +1,4 @@
-"""Layers against NumPy implementations of the SPEC equations, and masking."""
+"""Layers against NumPy implementations of the equations of docs/SPEC.md, and masking."""
 
 import numpy as np
 import pytest
@@ -193,7 +193,7 @@ def test_get_config_round_trip(layer):
 
 
 def test_recurrent_dropout_keeps_one_mask_per_sentence_for_all_steps():
-    """masked_gru_scan with a state mask m is the SPEC GRU with m * h_{t-1} in
+    """masked_gru_scan with a state mask m is the GRU of docs/SPEC.md §1 with m * h_{t-1} in
     every recurrent product (the same m at every step), and the state update
     keeps h_{t-1} itself."""
     from nmt_tf.layers.gru import masked_gru_scan

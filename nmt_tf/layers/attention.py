@@ -1,4 +1,4 @@
-"""The alignment model of RNNsearch (paper 000 §3.1, App. A.1.2).
+"""The alignment model of RNNsearch (paper 000 §3.1, App. A.1.2; docs/SPEC.md §2).
 
     e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j + b_a)
     alpha_ij = exp(e_ij) / sum_k exp(e_ik)      over real source positions only

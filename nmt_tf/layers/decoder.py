@@ -1,4 +1,4 @@
-"""The RNNsearch decoder recurrence (paper 000 §3.1, App. A.2.2).
+"""The RNNsearch decoder recurrence (paper 000 §3.1, App. A.2.2; docs/SPEC.md §2).
 
 For target position i, with s_{i-1} the previous state and E y_{i-1} the
 embedded previous word:
@@ -201,7 +201,7 @@ class AttentionDecoder(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
 class ContextDecoder(keras.layers.Layer):
-    """The RNN Encoder-Decoder's decoder (paper 004 §2; SPEC §3).
+    """The RNN Encoder-Decoder's decoder (paper 004 §2; docs/SPEC.md §3).
 
     A GRU whose three gates all see the same summary c of the source at every
     step: s_i = GRU(s_{i-1}, E y_{i-1}, c). Because c does not change, its

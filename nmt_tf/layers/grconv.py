@@ -1,4 +1,5 @@
-"""The gated recursive convolutional encoder, grConv (Cho et al. 2014b, paper 002 §2.2).
+"""The gated recursive convolutional encoder, grConv (Cho et al. 2014b, paper 002 §2.2;
+docs/SPEC.md §4).
 
 Level 0: h_j^(0) = U x_j. Level t = 1..T-1 has one node fewer than level t-1:
 

@@ -1,4 +1,5 @@
-"""The gated recurrent unit of Cho et al. (2014), as RNNsearch uses it.
+"""The gated recurrent unit of Cho et al. (2014a, paper 004 §2.3), as RNNsearch uses it
+(paper 000 App. A.1.1; docs/SPEC.md §1).
 
 For input x_t, previous state h_{t-1} and (decoder only) context c:
 

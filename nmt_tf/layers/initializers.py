@@ -1,4 +1,4 @@
-"""Initializers of the RNNsearch paper (Bahdanau et al. 2015, App. B.1).
+"""Initializers of the RNNsearch paper (Bahdanau et al. 2015, paper 000 App. B.1; docs/SPEC.md §2).
 
 Recurrent matrices (U, U_z, U_r) are random orthogonal; W_a and U_a are drawn
 from N(0, 0.001^2); v_a and all biases are zero; every other weight matrix is

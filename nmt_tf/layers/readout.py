@@ -1,4 +1,4 @@
-"""The deep output of RNNsearch: a maxout layer (paper 000 App. A.2.2).
+"""The deep output of RNNsearch: a maxout layer (paper 000 App. A.2.2; docs/SPEC.md §2).
 
     t~_i = U_o s_i + V_o E y_{i-1} + C_o c_i + b_o        size 2l
     t_i  = [max(t~_{i,2k-1}, t~_{i,2k})]_{k=1..l}          size l

@@ -5,7 +5,7 @@ A batch is ``(x, y)`` with ``x = {"source_ids": [B, Tx], "target_ids": [B, Ty]}`
 (y_1 .. y_n [EOS], right-padded with 0). Padding never contributes to the loss.
 
 The objective is the mean negative log-likelihood of the target tokens of the
-batch (paper 000 §4 trains on the NLL; the papers report it per sentence too,
+batch (paper 000 §4 trains on the NLL, docs/SPEC.md §5; the papers report it per sentence too,
 and `train_summary.json` has both); with `label_smoothing` = eps > 0 training
 minimises (1 - eps) NLL + eps x (cross-entropy with the uniform distribution)
 per token instead (Szegedy et al. 2016), while every reported loss and

@@ -10,7 +10,7 @@ with the GRU encoder or the gated recursive convolutional encoder of paper 002.
     output:   p(y_i | y_<i, x) = softmax(W_o t_i + b_o')
 
 The decoder and readout are RNNsearch's with c in place of c_i, so the two
-models differ only in how the source reaches the decoder (SPEC §3). The grConv
+models differ only in how the source reaches the decoder (docs/SPEC.md §3). The grConv
 root is summarized by the same c = tanh(V .) so that its decoder is exactly
 RNNencdec's (paper 002 uses the RNNenc decoder for both); its nodes are not
 used as annotations for attention. For grConv, the summary and state size n

@@ -7,7 +7,7 @@
     output:   p(y_i | y_<i, x) = softmax(W_o t_i + b_o')
 
 With the paper's sizes (m=620, n=1000, n'=1000, l=500, 30k vocabularies)
-this model has 80.4 million parameters (SPEC §2; `--dry_run` prints it).
+this model has 80.4 million parameters (docs/SPEC.md §2; `--dry_run` prints it).
 
 Dropout (not in the paper, useful on small corpora): `dropout` on both
 embeddings and on the maxout features t_i, `annotation_dropout` on the
@@ -148,7 +148,7 @@ class RNNSearch(Seq2SeqModel):
         return logits
 
     def parameter_groups(self) -> dict:
-        """Parameter counts by part of the model, in the order of SPEC §2."""
+        """Parameter counts by part of the model, in the order of docs/SPEC.md §2."""
         enc = self.encoder
         shared = self.shared_parameter_groups()
         return {
