@@ -50,6 +50,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf.files import read_lines, write_atomically
+from nmt_tf.translator import UnkReplacement
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
 absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")
@@ -309,7 +310,8 @@ def main(argv):
     try:
         reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
                       nmt_flags.weights_choice(), FLAGS.max_input_length, FLAGS.lines_per_batch,
-                      ensemble=FLAGS.ensemble, unk_replacement=nmt_flags.unk_replacement())
+                      ensemble=FLAGS.ensemble, unk_replacement=UnkReplacement.from_flags(
+                          FLAGS.replace_unk, FLAGS.unk_dictionary))
     except (EvaluationError, OSError, ValueError) as e:      # OSError: FileNotFoundError, WriteFailed (a full disk)
         print(f"error: {e}", file=sys.stderr)
         return 1

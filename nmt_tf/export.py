@@ -63,7 +63,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf.files import WriteFailed
-from nmt_tf.translator import Translator, restore_ensemble
+from nmt_tf.translator import Translator, UnkReplacement, restore_ensemble
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
 absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more than the highest existing).", lower_bound=0)
@@ -215,7 +215,8 @@ def main(argv):
     try:
         export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir, nmt_flags.search_options(),
                FLAGS.version, nmt_flags.weights_choice(), FLAGS.max_input_length,
-               freeze_step_weights=FLAGS.freeze_step_weights, unk_replacement=nmt_flags.unk_replacement())
+               freeze_step_weights=FLAGS.freeze_step_weights, unk_replacement=UnkReplacement.from_flags(
+                   FLAGS.replace_unk, FLAGS.unk_dictionary))
     except (OSError, ValueError) as e:      # FileNotFoundError, FileExistsError, WriteFailed (a full disk)
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ from typing import Any
 from absl import flags
 
 from nmt_tf.files import write_atomically
+from nmt_tf.models import ARCHITECTURES
 
 FLAGS = flags.FLAGS
 
@@ -62,7 +63,7 @@ flags.DEFINE_integer("pool_size", 1600, "Pairs read, sorted by length and cut in
 flags.DEFINE_integer("shuffle_buffer", 200000, "Number of sentence pairs held in memory for shuffling the training stream; memory use does not grow with the corpus.", lower_bound=1)
 
 # ---------------------------------------------------------------- model
-flags.DEFINE_enum("model", "rnnsearch", ["rnnsearch", "rnnencdec"],
+flags.DEFINE_enum("model", "rnnsearch", list(ARCHITECTURES),
                   "Model architecture: rnnsearch (attention; Bahdanau et al. 2015) or rnnencdec (a fixed-length "
                   "summary of the source; Cho et al. 2014a).")
 flags.DEFINE_enum("encoder", "rnn", ["rnn", "grconv"],
@@ -255,15 +256,6 @@ def weights_choice():
     from nmt_tf.checkpoints import WeightsChoice
 
     return WeightsChoice(FLAGS.checkpoint, FLAGS.average_checkpoints, FLAGS.average_from)
-
-
-def unk_replacement():
-    """`nmt_tf.translator.UnkReplacement` from --replace_unk / --unk_dictionary, or None."""
-    from nmt_tf.translator import UnkReplacement
-
-    if FLAGS.unk_dictionary and not FLAGS.replace_unk:
-        raise ValueError("--unk_dictionary goes with --replace_unk.")
-    return UnkReplacement(FLAGS.unk_dictionary) if FLAGS.replace_unk else None
 
 
 def search_options():

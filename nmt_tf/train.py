@@ -46,6 +46,7 @@ import warnings
 from absl import app
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf import models
 from nmt_tf.files import WriteFailed, write_atomically
 
 EXIT_NAN = 3
@@ -77,10 +78,8 @@ class NaNLossError(TrainingError):
 
 
 def check_config(config) -> None:
-    """Flag combinations that cannot work, as one TrainingError before anything runs."""
-    if config.model == "rnnsearch" and config.encoder != "rnn":
-        raise TrainingError("--encoder=grconv goes with --model=rnnencdec; RNNsearch always uses its "
-                            "bidirectional GRU.")
+    """Flag combinations that cannot work, as one TrainingError before anything runs
+    (the vocabulary flags here; the model's own in nmt_tf.models.build_model)."""
     if config.joint_vocabulary:
         if config.tokenizer != "sentencepiece":
             raise TrainingError("--joint_vocabulary needs --tokenizer=sentencepiece.")
@@ -88,36 +87,22 @@ def check_config(config) -> None:
             raise TrainingError(f"--joint_vocabulary learns one vocabulary: --src_vocab_size "
                                 f"({config.src_vocab_size}) and --tgt_vocab_size ({config.tgt_vocab_size}) "
                                 "must be equal.")
-    if config.tied_embeddings != "none" and config.maxout_size != config.embedding_size:
-        raise TrainingError(f"--tied_embeddings={config.tied_embeddings} needs --maxout_size equal to "
-                            f"--embedding_size (now {config.maxout_size} and {config.embedding_size}): the "
-                            "output layer multiplies the maxout units by the target embeddings.")
     if config.tied_embeddings == "all" and not config.joint_vocabulary:
         raise TrainingError("--tied_embeddings=all shares one embedding matrix between source and target "
                             "words: it needs --joint_vocabulary (with --tokenizer=sentencepiece).")
+    try:
+        models.model_class(config.model).check_flags(config)
+    except ValueError as e:
+        raise TrainingError(str(e)) from None
 
 
 def build_model(config, source_vocab_size: int, target_vocab_size: int):
-    """The model named by --model (and --encoder), built (all weights created)."""
-    from nmt_tf.models.rnnencdec import RNNEncDec
-    from nmt_tf.models.rnnsearch import RNNSearch
-
+    """nmt_tf.models.build_model, with its ValueErrors as one-line TrainingErrors."""
     check_config(config)
-    common = dict(embedding_size=config.embedding_size, hidden_size=config.hidden_size,
-                  maxout_size=config.maxout_size, dropout=config.dropout,
-                  annotation_dropout=config.annotation_dropout, recurrent_dropout=config.recurrent_dropout,
-                  layer_norm=config.layer_norm, tied_embeddings=config.tied_embeddings,
-                  label_smoothing=config.label_smoothing)
-    if config.model == "rnnsearch":
-        model = RNNSearch(source_vocab_size, target_vocab_size, attention_size=config.attention_size,
-                          name="rnnsearch", **common)
-    elif config.model == "rnnencdec":
-        model = RNNEncDec(source_vocab_size, target_vocab_size, encoder=config.encoder,
-                          grconv_size=config.grconv_size, name=f"rnnencdec_{config.encoder}", **common)
-    else:
-        raise TrainingError(f"unknown --model={config.model}")
-    model.build()
-    return model
+    try:
+        return models.build_model(config, source_vocab_size, target_vocab_size)
+    except ValueError as e:
+        raise TrainingError(str(e)) from None
 
 
 def make_optimizer(config):

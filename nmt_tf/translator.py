@@ -40,6 +40,13 @@ class UnkReplacement:
     numbers) that often passes unchanged; with sub-word models [UNK] is rare.
     """
 
+    @classmethod
+    def from_flags(cls, replace_unk: bool, unk_dictionary: str | None):
+        """The replacement --replace_unk / --unk_dictionary ask for, or None."""
+        if unk_dictionary and not replace_unk:
+            raise ValueError("--unk_dictionary goes with --replace_unk.")
+        return cls(unk_dictionary) if replace_unk else None
+
     def __init__(self, dictionary: str | None = None):
         import tensorflow as tf
 
@@ -225,13 +232,14 @@ def restore_model(model_dir: str, weights="best", log=print) -> RestoredModel:
     `weights`: a `nmt_tf.checkpoints.WeightsChoice`, or just the checkpoint
     (best, last, averaged or a path). With averaging, RestoredModel.checkpoint
     says which checkpoints were averaged."""
-    from nmt_tf import checkpoints, data, train
+    from nmt_tf import checkpoints, data
+    from nmt_tf.models import build_model
 
     if isinstance(weights, str):
         weights = checkpoints.WeightsChoice(checkpoint=weights)
     config = nmt_flags.load_config(model_dir)
     source_tokenizer, target_tokenizer = data.load_tokenizers(config, model_dir)
-    model = train.build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+    model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     if weights.average > 1:
         paths = checkpoints.checkpoint_paths(model_dir, weights.average_from, weights.average)
         if len(paths) < weights.average:

@@ -74,6 +74,11 @@ class RNNEncDec(Seq2SeqModel):
     def encoder_output_size(self) -> int:
         return self.hidden_size if self.encoder_type == "rnn" else self.grconv_size
 
+    @classmethod
+    def from_flags(cls, config, source_vocab_size: int, target_vocab_size: int):
+        return cls(source_vocab_size, target_vocab_size, encoder=config.encoder, grconv_size=config.grconv_size,
+                   name=f"rnnencdec_{config.encoder}", **cls.shared_flags(config))
+
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""
         m, n = self.embedding_size, self.hidden_size

@@ -63,6 +63,18 @@ class RNNSearch(Seq2SeqModel):
                                         recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
                                         name="decoder")
 
+    @classmethod
+    def check_flags(cls, config) -> None:
+        super().check_flags(config)
+        if config.encoder != "rnn":
+            raise ValueError("--encoder=grconv goes with --model=rnnencdec; RNNsearch always uses its "
+                             "bidirectional GRU.")
+
+    @classmethod
+    def from_flags(cls, config, source_vocab_size: int, target_vocab_size: int):
+        return cls(source_vocab_size, target_vocab_size, attention_size=config.attention_size, name="rnnsearch",
+                   **cls.shared_flags(config))
+
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""
         m, n = self.embedding_size, self.hidden_size

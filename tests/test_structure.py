@@ -1,0 +1,99 @@
+"""The package's import structure: no circle, and the library never reaches up into the training tool."""
+
+import ast
+import os
+
+from conftest import REPO
+
+PACKAGE = os.path.join(REPO, "nmt_tf")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: nmt_tf modules it imports}, read from the source (imports inside
+    functions included, as they run when the function does)."""
+    modules = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                modules[module.removesuffix(".__init__")] = path
+    graph = {}
+    for module, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:            # "from nmt_tf import data" imports nmt_tf.data
+                    child = f"{node.module}.{alias.name}"
+                    found.add(child if child in modules else node.module)
+        graph[module] = {m for m in found if m in modules and m != module}
+    return graph
+
+
+def find_cycle(graph):
+    """One import circle as a list of modules, or None."""
+    state = {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for dep in sorted(graph[module]):
+            if state.get(dep) == "open":
+                return path[path.index(dep):] + [dep]
+            if dep not in state:
+                found = visit(dep, path + [dep])
+                if found:
+                    return found
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module, [module])
+            if found:
+                return found
+    return None
+
+
+def test_the_package_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 30 and "nmt_tf.data" in graph["nmt_tf.train"]     # the graph is read at all
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def reaches(graph, start, target):
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module == target:
+            return True
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    return False
+
+
+def test_translation_export_and_serving_do_not_import_the_training_tool():
+    graph = import_graph()
+    for module in ("nmt_tf.translator", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.serving", "nmt_tf.rest",
+                   "nmt_tf.translate", "nmt_tf.evaluate", "nmt_tf.models"):
+        assert not reaches(graph, module, "nmt_tf.train"), module
+
+
+def test_every_registered_architecture_builds_and_is_a_model_choice():
+    from nmt_tf import flags, models
+    from nmt_tf.models.base import Seq2SeqModel
+
+    assert list(models.ARCHITECTURES) == flags.FLAGS["model"].parser.enum_values
+    for name in models.ARCHITECTURES:
+        config = flags.default_config(model=name, embedding_size=8, hidden_size=8, attention_size=8,
+                                      maxout_size=4, grconv_size=8)
+        model = models.build_model(config, 12, 14)
+        assert isinstance(model, Seq2SeqModel) and model.built
+        assert model.source_vocab_size == 12 and model.target_vocab_size == 14
