@@ -37,7 +37,7 @@ import tensorflow as tf
 from nmt_tf import text
 from nmt_tf.files import write_atomically
 from nmt_tf.files import is_gzip, open_binary
-from nmt_tf.text import BOS_ID, EOS_ID
+from nmt_tf.text import with_bos, with_eos
 
 _TOKENIZE_BATCH = 1024          # lines tokenized together (vectorized TF string ops)
 _SCAN_BATCH = 8192
@@ -436,13 +436,8 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
         s, t = src_tokenizer.tokenize(src_lines), tgt_tokenizer.tokenize(tgt_lines)
         valid = _classify(s, t, max_len)[2]
         s, t = src_tokenizer.lookup(s), tgt_tokenizer.lookup(t)
-        rows = tf.shape(src_lines)[:1]
-        eos = tf.fill(tf.concat([rows, [1]], 0), EOS_ID)
-        bos = tf.fill(tf.concat([rows, [1]], 0), BOS_ID)
         keep = lambda r: tf.ragged.boolean_mask(r, valid)
-        return {"source_ids": keep(tf.concat([s, eos], axis=1)),
-                "target_ids": keep(tf.concat([bos, t], axis=1)),
-                "labels": keep(tf.concat([t, eos], axis=1))}
+        return {"source_ids": keep(with_eos(s)), "target_ids": keep(with_bos(t)), "labels": keep(with_eos(t))}
 
     ds = (ds.batch(_TOKENIZE_BATCH)
           .map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

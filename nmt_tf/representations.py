@@ -159,11 +159,10 @@ def source_batch(tokenizer, lines: list[str]):
     """
     import tensorflow as tf
 
-    from nmt_tf.text import EOS_ID, PAD_ID
+    from nmt_tf.text import PAD_ID, with_eos
 
     tokens = tokenizer.tokenize(tf.constant(lines, tf.string))
-    eos = tf.fill([len(lines), 1], EOS_ID)
-    ids = tf.concat([tokenizer.lookup(tokens), eos], axis=1).to_tensor(PAD_ID)
+    ids = with_eos(tokenizer.lookup(tokens)).to_tensor(PAD_ID)
     return ids, [[t.decode("utf-8") for t in row] for row in tokens.to_list()]
 
 

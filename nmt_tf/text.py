@@ -47,6 +47,28 @@ SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 TOKENIZERS = ("word", "wordpiece", "sentencepiece")
+
+
+# The models' input convention, built here for the training pipeline
+# (nmt_tf.data), the exported graph (nmt_tf.translator) and the tools alike:
+# a source is x_1 .. x_n [EOS], the decoder reads [BOS] y_1 .. y_m (teacher
+# forcing) and is trained to predict y_1 .. y_m [EOS].
+
+def _column(ids, value):
+    """[rows of `ids`, 1] filled with `value` in `ids`' dtype."""
+    return tf.fill(tf.stack([ids.nrows(out_type=tf.int32), 1]), tf.constant(value, ids.dtype))
+
+
+def with_eos(ids):
+    """Ragged [B, (n)] ids -> x_1 .. x_n [EOS] (sources, and labels); string
+    tokens get the "[EOS]" token."""
+    return tf.concat([ids, _column(ids, EOS if ids.dtype == tf.string else EOS_ID)], axis=1)
+
+
+def with_bos(ids):
+    """Ragged [B, (m)] target ids -> [BOS] y_1 .. y_m, the decoder's inputs."""
+    return tf.concat([_column(ids, BOS_ID), ids], axis=1)
+
 # SentencePiece's word-boundary marker (U+2581), which starts a piece that follows a space.
 SENTENCEPIECE_SPACE = "\u2581"
 # Languages with their own apostrophe and punctuation-spacing rules; any

@@ -120,19 +120,16 @@ class Translator:
 
     def _ids(self, tokenizer, text, add_bos=False):
         """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
-        from nmt_tf.text import BOS_ID, EOS, EOS_ID
+        from nmt_tf.text import with_bos, with_eos
 
         tf = self.tf
         tokens = tokenizer.tokenize(text)
         lengths = tokens.row_lengths()
         tokens = tokens[:, :self.max_input_length]
         ids = tokenizer.lookup(tokens)
-        rows = tf.shape(text)[:1]
-        eos = tf.fill(tf.concat([rows, [1]], 0), EOS_ID)
-        with_eos = tf.concat([ids, eos], axis=1)
-        shifted = tf.concat([tf.fill(tf.concat([rows, [1]], 0), BOS_ID), ids], axis=1) if add_bos else None
-        display = tf.concat([tokens, tf.fill(tf.concat([rows, [1]], 0), EOS)], axis=1).to_tensor("")
-        return with_eos, shifted, display, lengths > self.max_input_length, tf.equal(lengths, 0)
+        shifted = with_bos(ids) if add_bos else None
+        display = with_eos(tokens).to_tensor("")
+        return with_eos(ids), shifted, display, lengths > self.max_input_length, tf.equal(lengths, 0)
 
     def _dense(self, ragged):
         """Ragged ids -> [B, L] padded with 0, L >= 1 (an empty batch still has one column)."""

@@ -133,3 +133,12 @@ def test_sentencepiece_learns_no_piece_for_invalid_bytes():
     for kind in ("unigram", "bpe"):
         vocab = text.sentencepiece_vocabulary(text.learn_sentencepiece(sentences, 40, kind))
         assert not [p for p in vocab if text.REPLACEMENT_CHAR in p], kind
+
+
+def test_the_model_input_convention():
+    """x [EOS] for sources and labels, [BOS] y for the decoder's inputs; string tokens get "[EOS]"."""
+    ids = tf.ragged.constant([[5, 6, 7], [], [8]], dtype=tf.int32)
+    assert text.with_eos(ids).to_list() == [[5, 6, 7, text.EOS_ID], [text.EOS_ID], [8, text.EOS_ID]]
+    assert text.with_bos(ids).to_list() == [[text.BOS_ID, 5, 6, 7], [text.BOS_ID], [text.BOS_ID, 8]]
+    words = tf.ragged.constant([["a", "b"], []])
+    assert text.with_eos(words).to_list() == [[b"a", b"b", b"[EOS]"], [b"[EOS]"]]
