@@ -184,12 +184,42 @@ def test_block_orthogonal_blocks_are_orthogonal():
         np.testing.assert_allclose(block.T @ block, np.eye(6), atol=1e-5)
 
 
-@pytest.mark.parametrize("layer", [BidirectionalGRU(3, recurrent_dropout=0.2, layer_norm=True),
-                                   ConditionalGRUCell(3, 4, layer_norm=True), AdditiveAttention(5), MaxoutReadout(2),
-                                   AttentionDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True)])
+def every_layer_and_initializer():
+    """One instance of every layer and initializer class of nmt_tf.layers, with
+    non-default arguments; a class added to the package without one here
+    fails test_every_layer_is_in_the_round_trip."""
+    from nmt_tf.layers.decoder import ContextDecoder
+    from nmt_tf.layers.grconv import GatedRecursiveConvolution, ScaledOrthogonal
+    from nmt_tf.layers.gru import GRU
+
+    return [BidirectionalGRU(3, recurrent_dropout=0.2, layer_norm=True), GRU(4, recurrent_dropout=0.1, layer_norm=True),
+            ConditionalGRUCell(3, 4, layer_norm=True), AdditiveAttention(5), MaxoutReadout(2),
+            AttentionDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True),
+            ContextDecoder(3, 5, recurrent_dropout=0.2, layer_norm=True), GatedRecursiveConvolution(7),
+            BlockOrthogonal(seed=3), ScaledOrthogonal(gain=0.3, seed=5)]
+
+
+@pytest.mark.parametrize("layer", every_layer_and_initializer(), ids=lambda layer: type(layer).__name__)
 def test_get_config_round_trip(layer):
     clone = type(layer).from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
+
+
+def test_every_layer_is_in_the_round_trip():
+    import inspect
+
+    import keras
+
+    import nmt_tf.layers.attention, nmt_tf.layers.decoder, nmt_tf.layers.grconv  # noqa: E401
+    import nmt_tf.layers.gru, nmt_tf.layers.initializers, nmt_tf.layers.readout  # noqa: E401
+
+    defined = {cls for module in (nmt_tf.layers.attention, nmt_tf.layers.decoder, nmt_tf.layers.grconv,
+                                  nmt_tf.layers.gru, nmt_tf.layers.initializers, nmt_tf.layers.readout)
+               for _, cls in inspect.getmembers(module, inspect.isclass)
+               if cls.__module__ == module.__name__
+               and issubclass(cls, (keras.layers.Layer, keras.initializers.Initializer))}
+    assert len(defined) >= 10
+    assert defined == {type(layer) for layer in every_layer_and_initializer()}
 
 
 def test_recurrent_dropout_keeps_one_mask_per_sentence_for_all_steps():

@@ -84,7 +84,7 @@ class AttentionDecoder(keras.layers.Layer):
         """The matrices of a step, fused, sliced and cast once per sequence.
 
         "state": [W_a | U_r | U_z], everything multiplying s_{i-1} before the
-        reset gate; "cell": the GRU's `step_kernels()` but its U_rz, which is
+        reset gate; "cell": the GRU's `step_weights()` but its U_rz, which is
         in "state" (every step here passes U_rz s_{i-1} to the cell, so a
         second copy would only be built, or stored by a frozen export, for
         nothing). Building them copies megabytes, so time loops (teacher
@@ -92,7 +92,7 @@ class AttentionDecoder(keras.layers.Layer):
         """
         n = self.units
         state_kernel = tf.concat([self.attention.query_kernel, self.cell.recurrent_kernel[:, :2 * n]], axis=1)
-        cell = {key: value for key, value in self.cell.step_kernels().items() if key != "recurrent_rz"}
+        cell = {key: value for key, value in self.cell.step_weights().items() if key != "recurrent_rz"}
         return {"state": tf.cast(state_kernel, self.compute_dtype), "cell": cell}
 
     def _step(self, x_proj, state, weights, keys, projected_annotations, bias, state_mask=None):
@@ -245,8 +245,8 @@ class ContextDecoder(keras.layers.Layer):
         return self.cell.normalize_context(context_proj)
 
     def step_weights(self) -> dict:
-        """The GRU's `step_kernels()` (W, b, U_rz, U, C), sliced and cast once per sequence."""
-        return self.cell.step_kernels()
+        """The GRU's `step_weights()` (W, b, U_rz, U, C), sliced and cast once per sequence."""
+        return self.cell.step_weights()
 
     def _step(self, x_proj, state, context_proj, kernels, state_mask=None):
         dropped = state if state_mask is None else state * state_mask

@@ -351,7 +351,7 @@ class ConditionalGRUCell(keras.layers.Layer):
         """W x + b (layer-normalised with layer_norm) for inputs [..., input_dim]
         -> [..., 3n] (outside the loop for teacher forcing; per step in
         search, with `kernels`)."""
-        kernels = kernels or self.step_kernels()
+        kernels = kernels or self.step_weights()
         x_proj = project(tf.cast(inputs, self.compute_dtype), kernels["input"], kernels["bias"])
         return gate_layer_norm(x_proj, kernels["input_norm"]) if self.layer_norm else x_proj
 
@@ -359,9 +359,9 @@ class ConditionalGRUCell(keras.layers.Layer):
         """C c [..., 3n] as the gates add it: layer-normalised with layer_norm."""
         if not self.layer_norm:
             return context_proj
-        return gate_layer_norm(context_proj, (kernels or self.step_kernels())["context_norm"])
+        return gate_layer_norm(context_proj, (kernels or self.step_weights())["context_norm"])
 
-    def step_kernels(self) -> dict:
+    def step_weights(self) -> dict:
         """W, b, U_rz [n, 2n], U [n, n] (candidate) and C [context_dim, 3n] in
         the compute dtype, and with layer_norm the (gain, bias) pairs
         "input_norm", "recurrent_norm" and "context_norm".
@@ -386,12 +386,12 @@ class ConditionalGRUCell(keras.layers.Layer):
         decoder fuses it with the attention's W_a s_{i-1}); `context_proj` is
         C c_i when the caller has it (search: sum_j alpha_ij (C h_j) from
         products taken once per sentence), else C c_i is computed from
-        `context`; `kernels` is `step_kernels()`, taken once per sequence;
+        `context`; `kernels` is `step_weights()`, taken once per sequence;
         `state_dropped` is s_{i-1} with recurrent dropout (training; then
         `state_rz` must be U_rz of it). With layer_norm, x_proj comes
         normalised (`project_inputs`); C c and the h-terms are normalised here.
         """
-        kernels = kernels or self.step_kernels()
+        kernels = kernels or self.step_weights()
         if state_rz is None:
             state_rz = tf.matmul(state, kernels["recurrent_rz"])
         if context_proj is None:

@@ -59,7 +59,7 @@ class MaxoutReadout(keras.layers.Layer):
         return tf.cast(tf.concat([self.state_kernel, self.embedding_kernel, self.context_kernel], 0),
                        self.compute_dtype)
 
-    def step_kernels(self) -> dict:
+    def step_weights(self) -> dict:
         """U_o and V_o in the compute dtype, for `step` (search loops take them
         once, outside). Kept apart, not stacked as [U_o; V_o], so that the
         V_o E y_{i-1} product, which does not wait for s_i, can run earlier."""
@@ -82,7 +82,7 @@ class MaxoutReadout(keras.layers.Layer):
     def step(self, state, previous_embedding, context_proj, kernels):
         """One search step with C_o c_i already computed (`context_proj`
         [N, 2l]: search gets it as sum_j alpha_ij (C_o h_j), from products
-        taken once per sentence); `kernels` is `step_kernels()`.
+        taken once per sentence); `kernels` is `step_weights()`.
 
         U_o s_i and V_o E y_{i-1} + b_o are two products: the second depends
         only on the previous word, so TensorFlow's executor runs it while the

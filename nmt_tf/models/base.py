@@ -225,7 +225,7 @@ class Seq2SeqModel(keras.Model):
         kernel, bias = self.output_weights()
         bounds = output_block_bounds(self.target_vocab_size)
         return {"target_embedding": tf.cast(self.target_embedding.embeddings, dtype),
-                "readout": self.readout.step_kernels(),
+                "readout": self.readout.step_weights(),
                 "readout_context": tf.cast(self.readout.context_kernel, dtype),
                 "output": [(tf.cast(kernel[:, a:b], dtype), tf.cast(bias[a:b], dtype)) for a, b in bounds],
                 "decoder": self.decoder.step_weights()}
