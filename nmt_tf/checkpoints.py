@@ -25,8 +25,8 @@ import os
 import tensorflow as tf
 
 from nmt_tf.files import WriteFailed, write_atomically
+from nmt_tf.model_dir import AVERAGED, BEST, CHECKPOINTS, DAMAGED
 
-CHECKPOINTS, BEST, AVERAGED, DAMAGED = "checkpoints", "best", "averaged", "damaged"
 SCORES = "scores.json"
 
 

@@ -34,6 +34,7 @@ import zlib
 
 import tensorflow as tf
 
+from nmt_tf import model_dir as layout
 from nmt_tf import text
 from nmt_tf.files import write_atomically
 from nmt_tf.files import is_gzip, open_binary
@@ -214,20 +215,20 @@ def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
 
 
 def vocabulary_paths(model_dir: str) -> tuple[str, str]:
-    return os.path.join(model_dir, "vocab.src.txt"), os.path.join(model_dir, "vocab.tgt.txt")
+    return layout.pair(model_dir, layout.VOCABULARIES)
 
 
 def sentencepiece_paths(model_dir: str) -> tuple[str, str]:
     """The SentencePiece models of --tokenizer=sentencepiece (the same bytes
     twice with --joint_vocabulary)."""
-    return os.path.join(model_dir, "sentencepiece.src.model"), os.path.join(model_dir, "sentencepiece.tgt.model")
+    return layout.pair(model_dir, layout.SENTENCEPIECE_MODELS)
 
 
 def word_shortlist_paths(model_dir: str) -> tuple[str, str]:
     """The most frequent training words, as many as the vocabulary size: what
     counts as a known word for the papers' "no UNK" analyses, also for
     sub-word models."""
-    return os.path.join(model_dir, "words.src.txt"), os.path.join(model_dir, "words.tgt.txt")
+    return layout.pair(model_dir, layout.WORD_SHORTLISTS)
 
 
 def word_splitter(lang: str):

@@ -49,6 +49,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf import model_dir as layout
 from nmt_tf.files import read_lines, write_atomically
 from nmt_tf.translator import UnkReplacement
 
@@ -128,7 +129,7 @@ def subject_from_saved_model(path, label, out_dir):
     extra = os.path.join(path, "assets.extra")
     words = [os.path.join(extra, os.path.basename(p)) for p in data.word_shortlist_paths(".")]
     if not all(os.path.exists(p) for p in words):
-        words = [os.path.join(path, "assets", n) for n in ("vocab.src.txt", "vocab.tgt.txt")]
+        words = [os.path.join(path, "assets", n) for n in layout.VOCABULARIES]
     return Subject(label, lambda lines: signature(text=tf.constant(lines, tf.string)), None,
                    meta["src_lang"], meta["tgt_lang"], _word_set(words[0]), _word_set(words[1]), out_dir,
                    f"{path} (beam {meta['search']['beam_size']}, fixed at export)")
@@ -286,7 +287,7 @@ def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: 
         label = labels[i] if i < len(labels) else os.path.basename(os.path.normpath(path))
         if not os.path.exists(path):
             raise EvaluationError(f"{path} does not exist (--{kind}).")
-        default_dir = os.path.join(path, "eval", src_name) if kind == "model_dir" else os.path.join("eval", src_name)
+        default_dir = layout.eval_dir(path if kind == "model_dir" else "", src_name)
         model_out = os.path.join(out_dir, label) if out_dir and several else (out_dir or default_dir)
         subject = (subject_from_model_dir([path, *(ensemble or [])], label, options, weights, max_input_length,
                                           model_out, log, unk_replacement)

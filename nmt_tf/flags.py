@@ -22,6 +22,7 @@ from typing import Any
 
 from absl import flags
 
+from nmt_tf import model_dir as layout
 from nmt_tf.files import write_atomically
 from nmt_tf.models import ARCHITECTURES
 
@@ -301,7 +302,7 @@ def explicitly_set() -> set[str]:
 
 
 def flags_path(model_dir: str) -> str:
-    return os.path.join(model_dir, "flags.json")
+    return layout.path(model_dir, layout.FLAGS_JSON)
 
 
 def save_config(config: Config, model_dir: str) -> None:
@@ -317,7 +318,7 @@ def save_config(config: Config, model_dir: str) -> None:
             lines.append(f"--{name}" if value else f"--no{name}")
         else:
             lines.append(f"--{name}={value}")
-    write_atomically(os.path.join(model_dir, "flags.txt"), "".join(line + "\n" for line in lines))
+    write_atomically(layout.path(model_dir, layout.FLAGS_TXT), "".join(line + "\n" for line in lines))
 
 
 def load_config(model_dir: str) -> Config:

@@ -46,6 +46,7 @@ import warnings
 from absl import app
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf import model_dir as layout
 from nmt_tf import models
 from nmt_tf.files import WriteFailed, write_atomically
 
@@ -187,14 +188,14 @@ def _prepare_data(config, model_dir: str, log):
     nmt_flags.save_config(config, model_dir)
     src_tok, tgt_tok, known = data.build_vocabularies(config, model_dir, log=log)
     stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
-                              cache_path=os.path.join(model_dir, "corpus_stats.json"), known=known)
+                              cache_path=layout.path(model_dir, layout.CORPUS_STATS), known=known)
     log(stats.describe("Training"))
     if stats.pairs == 0:
         raise data.CorpusError(data.no_pairs_message(stats))
     dev_stats = None
     if has_dev:
         dev_stats = data.corpus_stats(config.dev_src, config.dev_tgt, src_tok, tgt_tok, config.max_len,
-                                      cache_path=os.path.join(model_dir, "corpus_stats.dev.json"))
+                                      cache_path=layout.path(model_dir, layout.DEV_CORPUS_STATS))
         log(dev_stats.describe("Dev"))
         if dev_stats.pairs == 0:
             raise data.CorpusError(data.no_pairs_message(dev_stats))
@@ -254,7 +255,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
 
     model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
-    write_atomically(os.path.join(model_dir, "model_config.json"),
+    write_atomically(layout.path(model_dir, layout.MODEL_CONFIG),
                      json.dumps({"class_name": type(model).__name__, "config": model.get_config()}, indent=2))
     optimizer = make_optimizer(config)
     model.compile(optimizer=optimizer, jit_compile=config.jit_compile)
@@ -311,7 +312,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         higher_is_better=bleu is not None and config.early_stopping_metric == "bleu") if has_dev else None
     print_lines = not cb.is_terminal()
     controller = cb.TrainingController(config, state, manager, best_checkpoints, evaluator,
-                                       os.path.join(model_dir, "logs"), n_batches, log=log,
+                                       layout.path(model_dir, layout.LOGS), n_batches, log=log,
                                        print_lines=print_lines, bleu=bleu)
     controller.set_model(model)
     callbacks = [controller]
@@ -381,7 +382,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                             if best_checkpoints and best_checkpoints.ranking else None),
         "corpus": {"train": _stats_dict(stats), "dev": _stats_dict(dev_stats) if dev_stats else None},
     }
-    path = os.path.join(model_dir, "train_summary.json")
+    path = layout.path(model_dir, layout.TRAIN_SUMMARY)
     write_atomically(path, json.dumps(summary, indent=2))
     log(f"Training stopped ({status}) at step {step:,}, epoch {summary['epochs']:.2f}, after "
         f"{summary['train_seconds'] / 60:.1f} min of training "
@@ -389,7 +390,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     log(f"Outputs in {os.path.abspath(model_dir)}:\n"
         f"  checkpoints/ (last: {os.path.basename(manager.latest_checkpoint or '-')}), "
         f"best/ (best dev {summary['best_dev']['metric'] if summary['best_dev'] else '-'}), vocab.src.txt, vocab.tgt.txt, flags.json\n"
-        f"  train_summary.json; TensorBoard: tensorboard --logdir {os.path.join(model_dir, 'logs')}")
+        f"  train_summary.json; TensorBoard: tensorboard --logdir {layout.path(model_dir, layout.LOGS)}")
     return summary
 
 
