@@ -49,6 +49,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.client import ClientError
 from nmt_tf import model_dir as layout
 from nmt_tf.files import read_lines, write_atomically
 from nmt_tf.translator import UnkReplacement
@@ -119,18 +120,16 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
 
 
 def subject_from_saved_model(path, label, out_dir):
-    import tensorflow as tf
-
     from nmt_tf import data, export
-    from nmt_tf.translator import load_signature
+    from nmt_tf.client import SignatureClient
 
     meta = export.read_metadata(path)
-    signature = load_signature(path)
+    client = SignatureClient(saved_model=path)
     extra = os.path.join(path, "assets.extra")
     words = [os.path.join(extra, os.path.basename(p)) for p in data.word_shortlist_paths(".")]
     if not all(os.path.exists(p) for p in words):
         words = [os.path.join(path, "assets", n) for n in layout.VOCABULARIES]
-    return Subject(label, lambda lines: signature(text=tf.constant(lines, tf.string)), None,
+    return Subject(label, lambda lines: client(text=lines), None,
                    meta["src_lang"], meta["tgt_lang"], _word_set(words[0]), _word_set(words[1]), out_dir,
                    f"{path} (beam {meta['search']['beam_size']}, fixed at export)")
 
@@ -313,7 +312,7 @@ def main(argv):
                       nmt_flags.weights_choice(), FLAGS.max_input_length, FLAGS.lines_per_batch,
                       ensemble=FLAGS.ensemble, unk_replacement=UnkReplacement.from_flags(
                           FLAGS.replace_unk, FLAGS.unk_dictionary))
-    except (EvaluationError, OSError, ValueError) as e:      # OSError: FileNotFoundError, WriteFailed (a full disk)
+    except (EvaluationError, ClientError, OSError, ValueError) as e:   # OSError: FileNotFoundError, WriteFailed
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(format_table(reports))

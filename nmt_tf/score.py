@@ -43,6 +43,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --model_name, ...
+from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import open_binary
 
 absl_flags.DEFINE_string("phrase_table", None, "A Moses phrase table to extend with the model's score.")
@@ -72,51 +73,9 @@ def moses_unescape(text: bytes) -> bytes:
     return text
 
 
-class LocalScorer:
-    """The SavedModel's `score` signature, in this process."""
-
-    def __init__(self, path: str):
-        import tensorflow as tf
-
-        from nmt_tf.translator import load_signature
-
-        try:
-            self.signature = load_signature(path, "score")
-        except FileNotFoundError as e:
-            raise ScoreError(str(e)) from e
-        self.tf = tf
-
-    def __call__(self, sources: list[bytes], targets: list[bytes]) -> dict:
-        out = self.signature(source=self.tf.constant(sources, self.tf.string),
-                             target=self.tf.constant(targets, self.tf.string))
-        return {k: v.numpy() for k, v in out.items()}
-
-
-class ServerScorer:
-    """The `score` signature on a TF Serving-compatible server."""
-
-    def __init__(self, address: str, model_name: str, timeout: float):
-        import grpc
-        from tensorflow_serving.apis import prediction_service_pb2_grpc
-
-        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(address))
-        self.model_name, self.timeout = model_name, timeout
-
-    def __call__(self, sources: list[bytes], targets: list[bytes]) -> dict:
-        import grpc
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
-
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = self.model_name
-        request.model_spec.signature_name = "score"
-        request.inputs["source"].CopyFrom(tf.make_tensor_proto(sources, dtype=tf.string))
-        request.inputs["target"].CopyFrom(tf.make_tensor_proto(targets, dtype=tf.string))
-        try:
-            response = self.stub.Predict(request, timeout=self.timeout)
-        except grpc.RpcError as e:
-            raise ScoreError(f"server: {e.code().name}: {e.details()}") from e
-        return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+def pair_scorer(client):
+    """(sources, targets) -> the score signature's outputs, through a `SignatureClient` of it."""
+    return lambda sources, targets: client(source=sources, target=targets)
 
 
 def open_input(path: str):
@@ -277,8 +236,9 @@ def main(argv):
             ["pairs"] if FLAGS.target else [])
         if len(modes) != 1:
             raise ScoreError("give one of --phrase_table, --nbest (with --source), --source with --target, --tsv.")
-        scorer = LocalScorer(FLAGS.saved_model) if FLAGS.saved_model else ServerScorer(
-            FLAGS.server, FLAGS.model_name, FLAGS.timeout)
+        client = SignatureClient("score", saved_model=FLAGS.saved_model, server=FLAGS.server,
+                                 model_name=FLAGS.model_name, timeout=FLAGS.timeout)
+        scorer = pair_scorer(client)
         out = open_output(FLAGS.output)
         try:
             ordered = OrderedScorer(scorer, out, FLAGS.lines_per_batch, FLAGS.moses_unescape and modes[0] != "pairs"
@@ -305,7 +265,7 @@ def main(argv):
             if FLAGS.output:
                 out.close()
         print(f"scored {ordered.scored:,} pairs", file=sys.stderr)
-    except ScoreError as e:
+    except (ScoreError, ClientError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -38,6 +38,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --n_best, ...
+from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import open_binary, open_binary_stream
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
@@ -51,26 +52,6 @@ class TranslationError(RuntimeError):
     """A problem the user can fix, in one sentence."""
 
 
-class LocalBackend:
-    """Runs the SavedModel's serving_default signature in this process."""
-
-    def __init__(self, path: str):
-        import tensorflow as tf
-
-        from nmt_tf.translator import load_signature
-
-        try:
-            self.signature = load_signature(path)
-        except FileNotFoundError as e:
-            raise TranslationError(str(e)) from e
-        self.tf = tf
-        self.n_best = int(self.signature.structured_outputs["nbest_scores"].shape[1])
-
-    def __call__(self, lines: list[bytes]) -> dict:
-        out = self.signature(text=self.tf.constant(lines, self.tf.string))
-        return {k: v.numpy() for k, v in out.items()}
-
-
 def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool) -> list[str]:
     """The serving_default outputs that `format_result` writes for these flags."""
     outputs = ["translation", "truncated"]
@@ -81,52 +62,6 @@ def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool) -> lis
     if with_alignments:
         outputs += ["source_tokens", "target_tokens", "alignment"]
     return outputs
-
-
-class ServerBackend:
-    """Sends Predict requests through the tensorflow-serving-api stub, asking
-    only for `outputs` (all when None): the alignment tensor is by far the
-    largest part of a reply."""
-
-    def __init__(self, address: str, model_name: str, version: int, timeout: float, outputs: list[str] | None = None):
-        import grpc
-        from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
-
-        self.channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 256 * 1024 * 1024)])
-        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
-        self.model_name, self.version, self.timeout, self.outputs = model_name, version, timeout, outputs
-        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
-        self._spec(request.model_spec)
-        try:
-            meta = self.stub.GetModelMetadata(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise TranslationError(f"{address}: {e.code().name}: {e.details()}") from e
-        signatures = get_model_metadata_pb2.SignatureDefMap()
-        meta.metadata["signature_def"].Unpack(signatures)
-        shape = signatures.signature_def["serving_default"].outputs["nbest_scores"].tensor_shape
-        self.n_best = int(shape.dim[1].size)
-
-    def _spec(self, spec):
-        spec.name = self.model_name
-        spec.signature_name = "serving_default"
-        if self.version:
-            spec.version.value = self.version
-
-    def __call__(self, lines: list[bytes]) -> dict:
-        import grpc
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
-
-        request = predict_pb2.PredictRequest()
-        self._spec(request.model_spec)
-        request.inputs["text"].CopyFrom(tf.make_tensor_proto(lines, dtype=tf.string))
-        request.output_filter.extend(self.outputs or [])
-        try:
-            response = self.stub.Predict(request, timeout=self.timeout)
-        except grpc.RpcError as e:
-            raise TranslationError(f"server: {e.code().name}: {e.details()}") from e
-        return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
 
 
 def read_lines(path: str | None):
@@ -202,17 +137,19 @@ def count_lines(path: str | None) -> int | None:
     return sum(1 for _ in read_lines(path))
 
 
-def translate_lines(backend, lines, out, batch_size: int, n_best: int, with_scores: bool,
+def translate_lines(client, lines, out, batch_size: int, n_best: int, with_scores: bool,
                     with_alignments: bool, progress: Progress | None = None) -> int:
-    """Translates an iterable of byte lines into the text stream `out`; returns lines done."""
-    if n_best > backend.n_best:
+    """Translates an iterable of byte lines into the text stream `out` with a
+    `nmt_tf.client.SignatureClient` of the serving_default signature; returns lines done."""
+    exported = client.output_size("nbest_scores", 1)
+    if n_best > exported:
         raise TranslationError(f"--n_best={n_best} but the model was exported with n-best "
-                               f"{backend.n_best} (re-export with --n_best={n_best})")
+                               f"{exported} (re-export with --n_best={n_best})")
     done, batch = 0, []
 
     def flush():
         nonlocal done
-        result = backend(batch)
+        result = client(text=batch)
         for i in range(len(batch)):
             if not (with_alignments or with_scores or n_best > 1) and result["truncated"][i]:
                 print(f"warning: line {done + i + 1} was longer than the model's input limit and was cut",
@@ -241,19 +178,19 @@ def main(argv):
         print("error: give exactly one of --saved_model and --server.", file=sys.stderr)
         return 1
     try:
-        backend = (LocalBackend(FLAGS.saved_model) if FLAGS.saved_model else
-                   ServerBackend(FLAGS.server, FLAGS.model_name, FLAGS.model_version, FLAGS.timeout,
-                                 needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments)))
+        client = SignatureClient(saved_model=FLAGS.saved_model, server=FLAGS.server, model_name=FLAGS.model_name,
+                                 version=FLAGS.model_version, timeout=FLAGS.timeout,
+                                 outputs=needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments))
         progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() else None)
         out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
         try:
-            translate_lines(backend, read_lines(FLAGS.input), out, FLAGS.lines_per_batch, FLAGS.n_best,
+            translate_lines(client, read_lines(FLAGS.input), out, FLAGS.lines_per_batch, FLAGS.n_best,
                             FLAGS.with_scores, FLAGS.with_alignments, progress)
         finally:
             progress.close()
             if FLAGS.output:
                 out.close()
-    except TranslationError as e:
+    except (TranslationError, ClientError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -332,7 +332,7 @@ def translate_lines(translate_fn, lines, batch_size: int = 64, progress=None,
     results = {k: [None] * len(lines) for k in keys}
     for start in range(0, len(order), batch_size):
         index = order[start:start + batch_size]
-        out = {k: v.numpy() for k, v in translate_fn([lines[i] for i in index]).items()}
+        out = {k: np.asarray(v) for k, v in translate_fn([lines[i] for i in index]).items()}   # tensors or arrays
         for row, i in enumerate(index):
             src = [t.decode("utf-8") for t in out["source_tokens"][row] if t]
             tgt = [t.decode("utf-8") for t in out["target_tokens"][row] if t]

@@ -45,6 +45,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.client import ClientError
 from nmt_tf.representations import PHRASE_VECTORS, RepresentationError
 
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
@@ -79,13 +80,11 @@ class VisualizeError(ValueError):
 def translate_function(saved_model: str | None, model_dir: str | None, options, checkpoint,
                        max_input_length: int):
     """[batch] string -> the serving signature's outputs, from a SavedModel or a model directory."""
-    import tensorflow as tf
-
     if saved_model:
-        from nmt_tf.translator import load_signature
+        from nmt_tf.client import SignatureClient
 
-        signature = load_signature(saved_model)
-        return lambda lines: signature(text=tf.constant(lines, tf.string))
+        client = SignatureClient(saved_model=saved_model)
+        return lambda lines: client(text=lines)
     from nmt_tf.translator import Translator, compiled_translate, restore_model
 
     model, src_tok, tgt_tok = restore_model(model_dir, checkpoint, log=lambda *a: None)[:3]
@@ -268,7 +267,7 @@ def main(argv):
                                 nmt_flags.weights_choice(), FLAGS.max_input_length)
         for item in render(fn, sentences, names, paths, FLAGS.logdir):
             print(f"{item['path']}: {item['translation']}")
-    except (VisualizeError, RepresentationError, TranslationError, FileNotFoundError, OSError) as e:
+    except (VisualizeError, RepresentationError, TranslationError, ClientError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

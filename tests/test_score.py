@@ -8,6 +8,7 @@ import pytest
 
 from conftest import run_cli
 from nmt_tf import score
+from nmt_tf.client import SignatureClient
 
 PHRASES = [
     b"a man ||| un homme ||| 0.5 0.25 0.4 0.2 ||| 0-0 1-1 ||| 10 8 4",
@@ -19,7 +20,7 @@ PHRASES = [
 
 @pytest.fixture(scope="module")
 def scorer(exported):
-    return score.LocalScorer(exported[2])
+    return score.pair_scorer(SignatureClient("score", saved_model=exported[2]))
 
 
 def run_phrase_table(scorer, lines, **kw):

@@ -15,6 +15,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
 
 from conftest import run_cli
 from nmt_tf import serve, translate
+from nmt_tf.client import SignatureClient
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +263,7 @@ def test_translate_reads_gzip_from_standard_input_as_from_files(monkeypatch, tmp
 
 
 def test_translate_json_lines(exported):
-    backend = translate.LocalBackend(exported[2])
+    backend = SignatureClient(saved_model=exported[2])
     out = io.StringIO()
     n = translate.translate_lines(backend, [b"A man.", b"Two dogs run."], out, batch_size=1, n_best=2,
                                   with_scores=True, with_alignments=True)
@@ -292,3 +293,36 @@ def test_serve_chooses_its_cpu_kernels_and_threads_before_tensorflow_starts(oned
     assert ("oneDNN custom operations are on" in result.stderr) == onednn
     threads = "intra-op 2, inter-op 3" if onednn else "intra-op 1, inter-op one per core"
     assert f"TensorFlow threads: {threads}" in result.stdout
+
+
+def test_one_client_for_a_signature_here_or_on_the_server(server, exported):
+    """nmt_tf.client.SignatureClient gives the same outputs in this process and
+    over gRPC, for both signatures; only the outputs asked for come back; the
+    export's n-best size is read from either; bad names are one error."""
+    import numpy as np
+
+    from nmt_tf.client import ClientError
+
+    address = f"127.0.0.1:{server['port']}"
+    texts = [b"A man in a blue shirt.", b"Two dogs run."]
+    for signature, inputs in (("serving_default", {"text": texts}),
+                              ("score", {"source": texts, "target": [b"Un homme.", b"Deux chiens."]})):
+        here = SignatureClient(signature, saved_model=exported[2])(**inputs)
+        there = SignatureClient(signature, server=address, model_name="nmt")(**inputs)
+        assert sorted(here) == sorted(there) and len(here) >= 5
+        for name in here:
+            if here[name].dtype.kind in "fc":
+                np.testing.assert_allclose(there[name], here[name], rtol=1e-5, atol=1e-6, err_msg=name)
+            else:
+                np.testing.assert_array_equal(there[name], here[name], err_msg=name)
+    wanted = ["translation", "score"]
+    for client in (SignatureClient(saved_model=exported[2], outputs=wanted),
+                   SignatureClient(server=address, model_name="nmt", outputs=wanted)):
+        assert sorted(client(text=texts)) == sorted(wanted)
+        assert client.output_size("nbest_scores", 1) >= 1
+    with pytest.raises(FileNotFoundError, match="no 'nope' signature"):
+        SignatureClient("nope", saved_model=exported[2])
+    with pytest.raises(ClientError, match="no 'nope' signature"):
+        SignatureClient("nope", server=address, model_name="nmt")
+    with pytest.raises(ClientError, match="NOT_FOUND"):
+        SignatureClient(server=address, model_name="other")
