@@ -34,10 +34,10 @@ import zlib
 
 import tensorflow as tf
 
+from nmt_tf import files
 from nmt_tf import model_dir as layout
 from nmt_tf import text
-from nmt_tf.files import write_atomically
-from nmt_tf.files import is_gzip, open_binary
+from nmt_tf.files import is_gzip, write_atomically
 from nmt_tf.text import with_bos, with_eos
 
 _TOKENIZE_BATCH = 1024          # lines tokenized together (vectorized TF string ops)
@@ -64,15 +64,10 @@ def _require_file(path: str | None, flag: str) -> str:
 
 def count_lines(path: str) -> int:
     """Number of lines (a last line without newline counts), streaming."""
-    lines, last = 0, b"\n"
     try:
-        with open_binary(path) as f:
-            while chunk := f.read(1 << 22):
-                lines += chunk.count(b"\n")
-                last = chunk[-1:]
+        return files.count_lines(path)
     except (OSError, EOFError, zlib.error) as e:
         raise CorpusError(f"{path} could not be read: {e}.") from e
-    return lines + (last != b"\n")
 
 
 def check_parallel(src: str | None, tgt: str | None, src_flag: str, tgt_flag: str) -> int:

@@ -49,8 +49,8 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.client import ClientError
 from nmt_tf import model_dir as layout
+from nmt_tf.client import ClientError
 from nmt_tf.files import read_lines, write_atomically
 from nmt_tf.translator import UnkReplacement
 
@@ -120,10 +120,11 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
 
 
 def subject_from_saved_model(path, label, out_dir):
-    from nmt_tf import data, export
+    from nmt_tf import data
     from nmt_tf.client import SignatureClient
+    from nmt_tf.translator import read_metadata
 
-    meta = export.read_metadata(path)
+    meta = read_metadata(path)
     client = SignatureClient(saved_model=path)
     extra = os.path.join(path, "assets.extra")
     words = [os.path.join(extra, os.path.basename(p)) for p in data.word_shortlist_paths(".")]
@@ -149,7 +150,7 @@ def evaluate_subject(subject: Subject, sources: list[str], references: list[str]
                      log=print) -> dict:
     """Translates, scores and analyses one model; writes its files; returns its report."""
     from nmt_tf import metrics
-    from nmt_tf.translate import Progress
+    from nmt_tf.progress import Progress
     from nmt_tf.translator import translate_lines
 
     os.makedirs(subject.out_dir, exist_ok=True)

@@ -63,7 +63,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf.files import WriteFailed
-from nmt_tf.translator import Translator, UnkReplacement, restore_ensemble
+from nmt_tf.translator import EXPORT_METADATA, Translator, UnkReplacement, restore_ensemble
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
 absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more than the highest existing).", lower_bound=0)
@@ -99,7 +99,6 @@ def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
     return path
 
 
-METADATA = "nmt_tf.json"
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "ensemble", "max_input_length", *nmt_flags.SEARCH_FLAGS,
                                              *nmt_flags.WEIGHTS_FLAGS))
 
@@ -121,19 +120,11 @@ def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options,
             "checkpoint": weights, "model_dirs": [os.path.abspath(d) for d in model_dirs],
             "replace_unk": unk_replacement is not None,
             "unk_dictionary": unk_replacement.dictionary if unk_replacement is not None else None}
-    with open(os.path.join(extra, METADATA), "w", encoding="utf-8") as f:
+    with open(os.path.join(extra, EXPORT_METADATA), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
     for path in data.word_shortlist_paths(model_dir):
         if os.path.exists(path):
             shutil.copy(path, os.path.join(extra, os.path.basename(path)))
-
-
-def read_metadata(saved_model_dir: str) -> dict:
-    path = os.path.join(saved_model_dir, "assets.extra", METADATA)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: {saved_model_dir} is not an nmt_tf export")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def remove_stale_temporaries(export_dir: str, log=print) -> list[str]:

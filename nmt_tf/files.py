@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
+import zlib
 
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -74,7 +76,41 @@ def write_atomically(path: str, content: str | bytes) -> None:
         raise WriteFailed(path, e) from e
 
 
+def count_lines(path: str) -> int:
+    """Number of lines of a plain or gzip file (a last line without a newline
+    counts), read in chunks; OSError / EOFError / zlib.error for a file that
+    cannot be read whole."""
+    lines, last = 0, b"\n"
+    with open_binary(path) as f:
+        while chunk := f.read(1 << 22):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
 def read_lines(path: str) -> list[bytes]:
     """Every line of a plain or gzip text file, as bytes without its line end."""
     with open_binary(path) as f:
         return [line.rstrip(b"\r\n") for line in f]
+
+
+class InputError(ValueError):
+    """A user's input file that cannot be read, in one sentence naming it and its flag."""
+
+
+def input_lines(path: str | None, flag: str):
+    """The lines of a user's input file (or standard input when `path` is
+    None), plain or gzip, as bytes without their line end, streamed; a
+    missing file, a directory or damaged gzip data is one InputError naming
+    it and `--flag`."""
+    name = path or "standard input"
+    try:
+        with (open_binary(path) if path else open_binary_stream(sys.stdin.buffer)) as f:
+            for line in f:
+                yield line.rstrip(b"\r\n")
+    except FileNotFoundError:
+        raise InputError(f"{path} does not exist (--{flag}).") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not a file (--{flag}).") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:     # a damaged or cut gzip stream
+        raise InputError(f"{name} is damaged gzip data: {e}") from e

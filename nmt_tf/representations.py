@@ -41,7 +41,7 @@ import re
 
 import numpy as np
 
-from nmt_tf.files import open_binary, write_atomically
+from nmt_tf.files import InputError, input_lines, write_atomically
 
 PHRASE_VECTORS = ("auto", "summary", "mean_annotation", "initial_state")
 VECTOR_DESCRIPTIONS = {
@@ -98,12 +98,9 @@ def read_phrases(path: str) -> tuple[list[str], list[str]]:
     no word.
     """
     try:
-        with open_binary(path) as f:
-            raw = [normalize(l.decode("utf-8", errors="replace")) for l in f]
-    except FileNotFoundError:
-        raise RepresentationError(f"{path} does not exist (--phrases).") from None
-    except IsADirectoryError:
-        raise RepresentationError(f"{path} is a directory, not a file of phrases (--phrases).") from None
+        raw = [normalize(l.decode("utf-8", errors="replace")) for l in input_lines(path, "phrases")]
+    except InputError as e:
+        raise RepresentationError(str(e)) from None
     lines = list(dict.fromkeys(l for l in raw if l))
     if not lines:
         raise RepresentationError(f"{path} holds no words or phrases (--phrases): give one per line.")

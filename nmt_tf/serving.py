@@ -55,7 +55,7 @@ def _alignment_bound(path: str) -> tuple[int, int] | None:
     --max_output_length); None for a SavedModel that is not an nmt_tf export."""
     import math
 
-    from nmt_tf.export import read_metadata
+    from nmt_tf.translator import read_metadata
 
     try:
         meta = read_metadata(path)

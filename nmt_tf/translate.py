@@ -28,18 +28,16 @@ terminal, progress with an ETA goes to stderr.
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
-import time
-import zlib
 
 from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --n_best, ...
 from nmt_tf.client import ClientError, SignatureClient
-from nmt_tf.files import open_binary, open_binary_stream
+from nmt_tf.files import InputError, count_lines, input_lines
+from nmt_tf.progress import Progress
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
@@ -66,16 +64,12 @@ def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool) -> lis
 
 def read_lines(path: str | None):
     """Lines as bytes, without the newline (undecodable bytes pass through);
-    gzip data is decompressed, from a file or from standard input."""
-    name = path or "standard input"
+    gzip data is decompressed, from a file or from standard input
+    (files.input_lines, its errors as TranslationErrors)."""
     try:
-        with (open_binary(path) if path else open_binary_stream(sys.stdin.buffer)) as f:
-            for line in f:
-                yield line.rstrip(b"\r\n")
-    except FileNotFoundError as e:
-        raise TranslationError(f"{path} does not exist (--input).") from e
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:     # a damaged or cut gzip stream
-        raise TranslationError(f"{name} is damaged gzip data: {e}") from e
+        yield from input_lines(path, "input")
+    except InputError as e:
+        raise TranslationError(str(e)) from None
 
 
 def _text(value) -> str:
@@ -103,38 +97,6 @@ def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignm
                                for row in out["alignment"][i][:len(tgt)]]
         record["truncated"] = bool(out["truncated"][i])
     return json.dumps(record, ensure_ascii=False)
-
-
-class Progress:
-    """A progress line with ETA on stderr, only when stderr is a terminal."""
-
-    def __init__(self, total: int | None):
-        self.total, self.done, self.start = total, 0, time.time()
-        self.enabled = sys.stderr.isatty()
-
-    def update(self, n: int):
-        self.done += n
-        if not self.enabled:
-            return
-        elapsed = time.time() - self.start
-        rate = self.done / max(elapsed, 1e-9)
-        if self.total:
-            eta = (self.total - self.done) / max(rate, 1e-9)
-            sys.stderr.write(f"\r{self.done:,}/{self.total:,} lines ({100 * self.done / self.total:.0f}%), "
-                             f"{rate:.1f} lines/s, ETA {eta:.0f}s   ")
-        else:
-            sys.stderr.write(f"\r{self.done:,} lines, {rate:.1f} lines/s   ")
-        sys.stderr.flush()
-
-    def close(self):
-        if self.enabled:
-            sys.stderr.write("\n")
-
-
-def count_lines(path: str | None) -> int | None:
-    if path is None:
-        return None
-    return sum(1 for _ in read_lines(path))
 
 
 def translate_lines(client, lines, out, batch_size: int, n_best: int, with_scores: bool,
@@ -181,7 +143,7 @@ def main(argv):
         client = SignatureClient(saved_model=FLAGS.saved_model, server=FLAGS.server, model_name=FLAGS.model_name,
                                  version=FLAGS.model_version, timeout=FLAGS.timeout,
                                  outputs=needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments))
-        progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() else None)
+        progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() and FLAGS.input else None)
         out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
         try:
             translate_lines(client, read_lines(FLAGS.input), out, FLAGS.lines_per_batch, FLAGS.n_best,

@@ -11,6 +11,7 @@ order.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, NamedTuple
 
@@ -299,6 +300,17 @@ def load_saved_model(path: str):
         first = str(getattr(e, "message", e)).strip().splitlines()
         raise FileNotFoundError(f"{path} could not be loaded as a SavedModel ({type(e).__name__}: "
                                 f"{first[0] if first else 'damaged'}); export it again") from e
+
+
+EXPORT_METADATA = "nmt_tf.json"        # in a SavedModel's assets.extra/: written by nmt_tf.export
+
+
+def read_metadata(saved_model_dir: str) -> dict:
+    path = os.path.join(saved_model_dir, "assets.extra", EXPORT_METADATA)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: {saved_model_dir} is not an nmt_tf export")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def load_signature(path: str, name: str = "serving_default"):

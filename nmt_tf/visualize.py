@@ -46,6 +46,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf.client import ClientError
+from nmt_tf.files import InputError, input_lines
 from nmt_tf.representations import PHRASE_VECTORS, RepresentationError
 
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
@@ -216,8 +217,6 @@ def render_representations(model_dir: str, checkpoint, out_dir: str, phrases: st
 
 def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
-    from nmt_tf.translate import TranslationError, read_lines
-
     FLAGS = absl_flags.FLAGS
     try:
         if bool(FLAGS.saved_model) == bool(FLAGS.model_dir):
@@ -254,7 +253,7 @@ def main(argv):
             sentences, names = [FLAGS.text], ["text"]
             paths = [FLAGS.out or f"{kind}.png"]
         else:
-            sentences = [l.decode("utf-8", errors="replace") for l in read_lines(FLAGS.input)]
+            sentences = [l.decode("utf-8", errors="replace") for l in input_lines(FLAGS.input, "input")]
             names = [f"{i + 1:04d}" for i in range(len(sentences))]
             out_dir = FLAGS.out or kind
             paths = [os.path.join(out_dir, f"{kind}_{n}.png") for n in names]
@@ -267,7 +266,7 @@ def main(argv):
                                 nmt_flags.weights_choice(), FLAGS.max_input_length)
         for item in render(fn, sentences, names, paths, FLAGS.logdir):
             print(f"{item['path']}: {item['translation']}")
-    except (VisualizeError, RepresentationError, TranslationError, ClientError, OSError) as e:
+    except (VisualizeError, RepresentationError, InputError, ClientError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

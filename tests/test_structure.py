@@ -97,3 +97,20 @@ def test_every_registered_architecture_builds_and_is_a_model_choice():
         model = models.build_model(config, 12, 14)
         assert isinstance(model, Seq2SeqModel) and model.built
         assert model.source_vocab_size == 12 and model.target_vocab_size == 14
+
+
+def test_no_module_imports_a_command_line_tool():
+    """The tools (modules run as `python -m nmt_tf.<tool>`) share the library,
+    never each other: a tool importing a tool would run its flag definitions
+    and drag in its dependencies."""
+    graph = import_graph()
+
+    def source(module):
+        path = os.path.join(REPO, *module.split("."))
+        return open(os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py",
+                    encoding="utf-8").read()
+
+    tools = {m for m in graph if 'if __name__ == "__main__":' in source(m)}
+    assert {"nmt_tf.train", "nmt_tf.translate", "nmt_tf.evaluate", "nmt_tf.export", "nmt_tf.serve"} <= tools
+    for module, deps in graph.items():
+        assert not deps & tools, f"{module} imports the tool(s) {sorted(deps & tools)}"
