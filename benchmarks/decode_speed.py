@@ -70,6 +70,8 @@ def main(argv):
     import tensorflow as tf
 
     from nmt_tf import export
+    from nmt_tf.hardware import vector_flags
+    from nmt_tf.translator import load_signature
 
     FLAGS = absl_flags.FLAGS
     tmp = None
@@ -84,12 +86,12 @@ def main(argv):
     if FLAGS.sort_by_length:
         lines.sort(key=lambda line: len(line.split()))
     result = {"source": os.path.relpath(FLAGS.source, REPO), "tensorflow": tf.__version__,
-              "cpu_count": os.cpu_count(), "order": "length-sorted" if FLAGS.sort_by_length else "file",
+              "cpu_count": os.cpu_count(), "cpu_flags": vector_flags(), "order": "length-sorted" if FLAGS.sort_by_length else "file",
               "configs": {}}
     for name, path in paths.items():
         if not path:
             continue
-        signature = tf.saved_model.load(path).signatures["serving_default"]
+        signature = load_signature(path)      # registers tensorflow-text's ops (SentencePiece exports)
         for batch_size in map(int, FLAGS.batch_sizes):
             subset = lines[:FLAGS.limit_batch1] if batch_size == 1 and FLAGS.limit_batch1 else lines
             result["configs"][f"{name}_batch{batch_size}"] = measure(signature, subset, batch_size, FLAGS.runs)
