@@ -125,6 +125,19 @@ flags.DEFINE_integer("patience", 10, "Stop after this many dev evaluations witho
 flags.DEFINE_integer("log_every_steps", 50, "Write training scalars to TensorBoard every this many updates.", lower_bound=1)
 flags.DEFINE_enum("mixed_precision", "none", ["none", "auto", "mixed_bfloat16", "mixed_float16"],
                   "Keras dtype policy: none is float32; mixed_bfloat16 / mixed_float16 compute in bfloat16 / float16 with float32 weights (mixed_float16 adds loss scaling; use it on GPUs without bf16); auto is mixed_bfloat16 on a CPU with bfloat16 instructions (avx512_bf16 or amx_bf16) and no GPU, float32 elsewhere, decided again at every start.")
+flags.DEFINE_enum("distribution", "none", ["none", "mirrored", "multi_worker"],
+                  "tf.distribute strategy of training: none (one device), mirrored (one process, a replica per GPU; "
+                  "per logical CPU device with --cpu_devices), multi_worker (one process per machine, the cluster in "
+                  "the TF_CONFIG environment variable). --batch_size is the global batch; README, 'Training on "
+                  "several devices or machines'.")
+flags.DEFINE_integer("cpu_devices", 0,
+                     "--distribution=mirrored on a machine without GPUs: split the CPU into this many logical devices, "
+                     "one replica each (0: as TensorFlow finds it). For trying distribution out; not faster.",
+                     lower_bound=0)
+flags.DEFINE_integer("collective_timeout", 0,
+                     "--distribution=multi_worker: seconds a gradient all-reduce may wait for the other workers "
+                     "before the job stops with an error (0: no limit; a worker that died is also detected by "
+                     "TensorFlow's coordination service).", lower_bound=0)
 flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA. Measured slower on CPU (see BUILD_NOTES.md); worth trying on GPU.")
 flags.DEFINE_integer("seed", 1234, "Random seed for initialization, dropout and data order.")
 flags.DEFINE_boolean("dry_run", False, "Build the model from the flags alone (vocabulary sizes from --src_vocab_size / --tgt_vocab_size; no data read), print its summary and parameter count, and exit.")
@@ -177,7 +190,7 @@ FROZEN_FLAGS = (
     "optimizer",
 )
 # Flags that are stored in flags.json (everything above but the per-run ones).
-_NOT_STORED = ("dry_run",)
+_NOT_STORED = ("dry_run", "distribution", "cpu_devices", "collective_timeout")   # where a run runs, not what it trains
 
 
 def tool_flags(module_name: str, names) -> frozenset:

@@ -14,6 +14,8 @@
     logs/train, logs/dev      TensorBoard
     train_summary.json        steps, epochs, time, NLL, tokens/s, status
     eval/<source name>/       nmt_tf.evaluate's default output folder
+    workers/<task>_<id>/      what a worker other than the chief writes under
+                              --distribution=multi_worker (nmt_tf.distribution)
 
 Every path is built here, so the layout is written once; files that may be
 cut short by a full disk or a crash are written with
@@ -27,6 +29,7 @@ import os
 FLAGS_JSON, FLAGS_TXT, MODEL_CONFIG = "flags.json", "flags.txt", "model_config.json"
 CORPUS_STATS, DEV_CORPUS_STATS, TRAIN_SUMMARY = "corpus_stats.json", "corpus_stats.dev.json", "train_summary.json"
 CHECKPOINTS, BEST, AVERAGED, DAMAGED, LOGS, EVAL = "checkpoints", "best", "averaged", "damaged", "logs", "eval"
+WORKERS = "workers"
 VOCABULARIES = ("vocab.src.txt", "vocab.tgt.txt")
 SENTENCEPIECE_MODELS = ("sentencepiece.src.model", "sentencepiece.tgt.model")
 WORD_SHORTLISTS = ("words.src.txt", "words.tgt.txt")
@@ -45,3 +48,8 @@ def pair(model_dir: str, names: tuple[str, str]) -> tuple[str, str]:
 def eval_dir(model_dir: str, source_name: str) -> str:
     """nmt_tf.evaluate's default output folder for the source file named `source_name`."""
     return os.path.join(model_dir, EVAL, source_name)
+
+
+def worker_dir(model_dir: str, worker_name: str) -> str:
+    """Where the worker `worker_name` (not the chief) of a multi-worker run writes."""
+    return os.path.join(model_dir, WORKERS, worker_name)

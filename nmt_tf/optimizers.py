@@ -12,17 +12,26 @@ learning-rate schedules) with only `update_step` replaced by those kernels;
 what they compute is Keras' formula, checked against Keras' own update in
 tests/test_optimizers.py.
 
-They also take the global gradient norm from the caller when it has one
-(`apply_gradients(..., global_norm=...)`): `Seq2SeqModel.train_step` computes
-it anyway for its log, and with `global_clipnorm` Keras would compute it a
-second time.
+All four optimizers of `--optimizer` (Adam, Adadelta, RMSprop, SGD) take
+two things from `Seq2SeqModel.train_step` (`apply_gradients(...,
+global_norm=..., summed=...)`):
 
-Outside TensorFlow variables (another Keras backend, or a distribution
-strategy's mirrored variables, where `update_step` receives per-replica
-values), Keras' own update runs.
+- the global gradient norm, which the step computes anyway for its log, and
+  which `global_clipnorm` would otherwise compute a second time;
+- under a `tf.distribute` strategy with several replicas, the news that the
+  gradients are already summed over the replicas. The step sums them itself
+  so that it clips with the norm of the whole batch's gradient, as one
+  device would; Keras would sum them (again) after clipping each replica's
+  share with that share's own norm.
+
+Outside plain TensorFlow variables (another Keras backend, or a strategy's
+mirrored variables, where `update_step` receives per-replica values), Keras'
+own update formula runs.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import keras
 import tensorflow as tf
@@ -46,21 +55,33 @@ def _dense(gradient):
     return tf.convert_to_tensor(gradient)
 
 
-class _GivenNormClipping:
-    """`apply_gradients(grads_and_vars, global_norm=None)`: with
-    `global_clipnorm` set and `global_norm` given, clip with that norm
-    instead of computing it again (the same scaling as Keras'
-    `clip_by_global_norm`, NaN for a non-finite norm included)."""
+class TrainStepGradients:
+    """Mixin of a Keras optimizer: `apply_gradients(grads_and_vars,
+    global_norm=None, summed=False)`. With `global_clipnorm` set and
+    `global_norm` given, clip with that norm instead of computing it again
+    (the same scaling as Keras' `clip_by_global_norm`, NaN for a non-finite
+    norm included); with `summed`, the gradients are already the sum over a
+    strategy's replicas and are not all-reduced again. `given(...)` sets the
+    same for an `apply_gradients` made through a wrapper (Keras'
+    LossScaleOptimizer)."""
 
     _given_norm = None
+    _summed = False
     accepts_global_norm = True
 
-    def apply_gradients(self, grads_and_vars, global_norm=None):
-        self._given_norm = global_norm
+    @contextlib.contextmanager
+    def given(self, global_norm=None, summed=False):
+        self._given_norm, self._summed = global_norm, summed
         try:
-            return super().apply_gradients(grads_and_vars)
+            yield
         finally:
-            self._given_norm = None
+            self._given_norm, self._summed = None, False
+
+    def apply_gradients(self, grads_and_vars, global_norm=None, summed=False):
+        if global_norm is None and not summed:
+            return super().apply_gradients(grads_and_vars)
+        with self.given(global_norm, summed):
+            return super().apply_gradients(grads_and_vars)
 
     def _clip_gradients(self, grads):
         if self._given_norm is None or not self.global_clipnorm or self.global_clipnorm <= 0:
@@ -70,9 +91,14 @@ class _GivenNormClipping:
         scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
         return [g if g is None else g * tf.cast(scale, g.dtype) for g in grads]
 
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        if self._summed:
+            return list(grads_and_vars)
+        return super()._all_reduce_sum_gradients(grads_and_vars)
+
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
-class FusedAdam(_GivenNormClipping, keras.optimizers.Adam):
+class FusedAdam(TrainStepGradients, keras.optimizers.Adam):
     """keras.optimizers.Adam whose per-weight update is TensorFlow's fused
     `ResourceApplyAdam` kernel (Kingma & Ba 2015, with Keras' epsilon placement:
     w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)). amsgrad falls
@@ -97,7 +123,7 @@ class FusedAdam(_GivenNormClipping, keras.optimizers.Adam):
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
-class FusedAdadelta(_GivenNormClipping, keras.optimizers.Adadelta):
+class FusedAdadelta(TrainStepGradients, keras.optimizers.Adadelta):
     """keras.optimizers.Adadelta (Zeiler 2012; the paper's optimizer) whose
     per-weight update is TensorFlow's fused `ResourceApplyAdadelta` kernel:
     the same formula as Keras' (E[g^2], then the step
@@ -115,3 +141,13 @@ class FusedAdadelta(_GivenNormClipping, keras.optimizers.Adadelta):
             var=handles[0], accum=handles[1], accum_update=handles[2],
             lr=tf.cast(learning_rate, dtype), rho=tf.cast(self.rho, dtype),
             epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(_dense(grad), dtype), use_locking=False)
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class RMSprop(TrainStepGradients, keras.optimizers.RMSprop):
+    """keras.optimizers.RMSprop taking the train step's norm and summed gradients."""
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class SGD(TrainStepGradients, keras.optimizers.SGD):
+    """keras.optimizers.SGD taking the train step's norm and summed gradients."""

@@ -18,7 +18,8 @@ model directory has checkpoints but none can be read whole (a damaged
 checkpoint is otherwise moved to DIR/damaged/ and the run resumes from the
 newest intact one, or from the best intact one of best/); 5 a file could not
 be written (a full disk; the message names it, and the previous checkpoint is
-intact);
+intact); 6 --distribution=multi_worker: another worker of the job stopped
+(start every worker again with the same command to resume);
 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint (128 + the
 signal's number; rerun the same command to resume).
 
@@ -31,7 +32,11 @@ Outputs in --model_dir:
   best/                     the --keep_best_checkpoints weights with the best dev scores (scores.json)
   damaged/                  checkpoints a resume could not read whole, moved aside
   logs/train, logs/dev      TensorBoard
-  train_summary.json        steps, epochs, time, train / dev NLL, tokens/s
+  train_summary.json        steps, epochs, time, train / dev NLL, tokens/s, weights' SHA-256
+  workers/worker_<i>/       --distribution=multi_worker: what the other workers write
+
+--distribution=mirrored / multi_worker trains under tf.distribute
+(nmt_tf/distribution.py); --batch_size stays the global batch.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from nmt_tf.files import WriteFailed, write_atomically
 EXIT_NAN = 3
 EXIT_NO_INTACT_CHECKPOINT = 4
 EXIT_WRITE_FAILED = 5
+EXIT_WORKER_LOST = 6
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, nmt_flags.TRAINING_FLAGS)
 
 
@@ -107,11 +113,10 @@ def build_model(config, source_vocab_size: int, target_vocab_size: int):
 
 
 def make_optimizer(config):
-    """The optimizer of --optimizer: Adam and Adadelta with fused updates
-    (nmt_tf.optimizers), RMSprop and SGD as Keras has them."""
-    import keras
-
-    from nmt_tf.optimizers import FusedAdadelta, FusedAdam
+    """The optimizer of --optimizer: Adam and Adadelta with fused updates,
+    RMSprop and SGD as Keras has them; all four from nmt_tf.optimizers, which
+    take the train step's gradient norm and replica sums."""
+    from nmt_tf.optimizers import SGD, FusedAdadelta, FusedAdam, RMSprop
 
     lr = nmt_flags.learning_rate(config)
     clip = config.clip_norm or None
@@ -121,8 +126,8 @@ def make_optimizer(config):
     if config.optimizer == "adam":
         return FusedAdam(learning_rate=lr, global_clipnorm=clip)
     if config.optimizer == "rmsprop":
-        return keras.optimizers.RMSprop(learning_rate=lr, global_clipnorm=clip)
-    return keras.optimizers.SGD(learning_rate=lr, global_clipnorm=clip)
+        return RMSprop(learning_rate=lr, global_clipnorm=clip)
+    return SGD(learning_rate=lr, global_clipnorm=clip)
 
 
 def set_precision(config, log=None) -> str:
@@ -173,11 +178,26 @@ def _check_resume(config, model_dir, explicit, log):
     return nmt_flags.Config(merged)
 
 
-def _prepare_data(config, model_dir: str, log):
+def _prepare_data(config, model_dir: str, log, write_dir: str | None = None):
     """Checks the corpora, writes flags.json and the vocabularies, counts the
     corpora; returns (source tokenizer, target tokenizer, training stats, dev
-    stats or None). Raises CorpusError / FileNotFoundError on unusable data."""
+    stats or None). Raises CorpusError / FileNotFoundError on unusable data.
+
+    write_dir: a worker other than the chief (nmt_tf.distribution) reads the
+    chief's flags and vocabularies in model_dir and writes its own files here.
+    """
     from nmt_tf import data
+
+    if write_dir is not None and write_dir != model_dir:
+        os.makedirs(write_dir, exist_ok=True)
+        src_tok, tgt_tok, _ = data.build_vocabularies(config, model_dir, log=log)   # the chief's: loaded
+        stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
+                                  cache_path=layout.path(write_dir, layout.CORPUS_STATS))
+        dev_stats = None
+        if config.dev_src or config.dev_tgt:
+            dev_stats = data.corpus_stats(config.dev_src, config.dev_tgt, src_tok, tgt_tok, config.max_len,
+                                          cache_path=layout.path(write_dir, layout.DEV_CORPUS_STATS))
+        return src_tok, tgt_tok, stats, dev_stats
 
     # Corpus checks before anything expensive.
     data.check_parallel(config.train_src, config.train_tgt, "train_src", "train_tgt")
@@ -229,12 +249,6 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         taken from `<model_dir>/flags.json`. None means all of them.
       log: where progress lines go.
     """
-    import keras
-    import tensorflow as tf
-
-    from nmt_tf import callbacks as cb
-    from nmt_tf import checkpoints, data
-
     if not config.model_dir:
         raise TrainingError("--model_dir is required.")
     model_dir = config.model_dir
@@ -242,30 +256,61 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     if resuming:
         config = _check_resume(config, model_dir, set(config) if explicit is None else explicit, log)
     check_config(config)
+    # Before anything else touches TensorFlow (a multi-worker strategy and
+    # logical CPU devices configure its runtime as it starts).
+    from nmt_tf import distribution
+
+    try:
+        strategy, worker = distribution.make_strategy(config.distribution, config.cpu_devices,
+                                                      config.collective_timeout)
+    except distribution.DistributionError as e:
+        raise TrainingError(str(e)) from None
+    distribution.barrier(strategy)      # every worker has seen whether this is a resume
+
+    import keras
+    import tensorflow as tf
+
+    from nmt_tf import callbacks as cb
+    from nmt_tf import checkpoints, data
+
+    # The chief writes the model directory; other workers their own part of it.
+    write_dir = model_dir if worker.is_chief else layout.worker_dir(model_dir, worker.name)
+    if config.distribution != "none":
+        log(distribution.describe(strategy, worker))
     keras.utils.set_random_seed(config.seed)
     set_precision(config, log)
     before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
     try:
-        src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log)
+        if worker.is_chief:
+            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log)
+        distribution.barrier(strategy)  # the chief's flags and vocabularies are written
+        if not worker.is_chief:
+            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, write_dir=write_dir)
     except BaseException:
-        if not resuming:      # nothing was trained: a corrected retry must start afresh, with any settings
+        if not resuming and worker.is_chief:   # nothing was trained: a corrected retry must start afresh
             _remove_new_files(model_dir, before)
         raise
     has_dev = dev_stats is not None
     n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
 
-    model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
-    write_atomically(layout.path(model_dir, layout.MODEL_CONFIG),
-                     json.dumps({"class_name": type(model).__name__, "config": model.get_config()}, indent=2))
-    optimizer = make_optimizer(config)
-    model.compile(optimizer=optimizer, jit_compile=config.jit_compile)
-    optimizer.build(model.trainable_variables)
+    with strategy.scope():
+        model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
+        optimizer = make_optimizer(config)
+        model.compile(optimizer=optimizer, jit_compile=config.jit_compile)
+        optimizer.build(model.trainable_variables)
+    if worker.is_chief:
+        write_atomically(layout.path(model_dir, layout.MODEL_CONFIG),
+                         json.dumps({"class_name": type(model).__name__, "config": model.get_config()}, indent=2))
 
     state = cb.TrainingState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, state=state)
     # Before the manager reads the state file: damaged checkpoints are moved aside.
-    restore_from, kind = checkpoints.newest_intact(model_dir, log=log)    # or NoIntactCheckpointError
-    manager = tf.train.CheckpointManager(checkpoint, checkpoints.checkpoints_dir(model_dir),
+    if worker.is_chief:
+        restore_from, kind = checkpoints.newest_intact(model_dir, log=log)    # or NoIntactCheckpointError
+    distribution.barrier(strategy)     # damaged ones are moved aside: the others read the chief's choice
+    if not worker.is_chief:
+        restore_from, kind = checkpoints.newest_intact(model_dir, log=log)
+    manager = tf.train.CheckpointManager(checkpoint, checkpoints.checkpoints_dir(write_dir),
                                          max_to_keep=config.keep_checkpoints, checkpoint_name="ckpt")
     if kind == "last":
         # Weights and optimizer must match exactly; training-state counters
@@ -293,9 +338,14 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         f"precision {keras.mixed_precision.dtype_policy().name}.")
 
     def dataset(path_src, path_tgt, **kw):
-        return data.make_dataset(path_src, path_tgt, src_tok, tgt_tok, max_len=config.max_len,
-                                 batch_size=config.batch_size, batch_type=config.batch_type,
-                                 pool_size=config.pool_size, **kw)
+        ds = data.make_dataset(path_src, path_tgt, src_tok, tgt_tok, max_len=config.max_len,
+                               batch_size=config.batch_size, batch_type=config.batch_type,
+                               pool_size=config.pool_size, **kw)
+        # Every worker reads the corpus and keeps its replicas' shares of each global
+        # batch (a text corpus is one file a side: it cannot be shared out by files).
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        return ds.with_options(options)
 
     evaluator = cb.DevEvaluator(model, dataset(config.dev_src, config.dev_tgt)) if has_dev else None
     bleu = None
@@ -308,11 +358,11 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     elif config.early_stopping_metric == "bleu" and has_dev:
         log("Dev BLEU is off (--nodev_bleu): the best checkpoint and early stopping use the dev loss.")
     best_checkpoints = checkpoints.BestCheckpoints(
-        tf.train.Checkpoint(model=model), checkpoints.best_dir(model_dir), config.keep_best_checkpoints,
+        tf.train.Checkpoint(model=model), checkpoints.best_dir(write_dir), config.keep_best_checkpoints,
         higher_is_better=bleu is not None and config.early_stopping_metric == "bleu") if has_dev else None
     print_lines = not cb.is_terminal()
     controller = cb.TrainingController(config, state, manager, best_checkpoints, evaluator,
-                                       layout.path(model_dir, layout.LOGS), n_batches, log=log,
+                                       layout.path(write_dir, layout.LOGS), n_batches, log=log,
                                        print_lines=print_lines, bleu=bleu)
     controller.set_model(model)
     callbacks = [controller]
@@ -359,6 +409,8 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         "status": status,
         "signal": controller.received_signal if status == "interrupted" else None,
         "model_dir": os.path.abspath(model_dir),
+        "distribution": {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
+                         "workers": worker.workers, "worker": worker.name, "chief": worker.is_chief},
         "steps": step,
         "epochs": int(state.epoch.numpy()) + (int(state.epoch_batches.numpy()) / n_batches if n_batches else 0.0),
         "completed_epochs": int(state.epoch.numpy()),
@@ -378,12 +430,20 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                       "lowest_perplexity": math.exp(min(float(state.best_dev.numpy()), 700.0))}
                      if int(state.best_step.numpy()) >= 0 else None),
         "checkpoint": manager.latest_checkpoint,
-        "best_checkpoint": (os.path.join(checkpoints.best_dir(model_dir), best_checkpoints.ranking[0]["path"])
+        "best_checkpoint": (os.path.join(checkpoints.best_dir(write_dir), best_checkpoints.ranking[0]["path"])
                             if best_checkpoints and best_checkpoints.ranking else None),
         "corpus": {"train": _stats_dict(stats), "dev": _stats_dict(dev_stats) if dev_stats else None},
+        "weights_sha256": weights_fingerprint(model),
     }
-    path = layout.path(model_dir, layout.TRAIN_SUMMARY)
+    path = layout.path(write_dir, layout.TRAIN_SUMMARY)
     write_atomically(path, json.dumps(summary, indent=2))
+    if not worker.is_chief:
+        # Saved only because a checkpoint needs every worker; a resume reads the chief's.
+        import shutil
+
+        for name in (layout.CHECKPOINTS, layout.BEST):
+            shutil.rmtree(layout.path(write_dir, name), ignore_errors=True)
+        return summary
     log(f"Training stopped ({status}) at step {step:,}, epoch {summary['epochs']:.2f}, after "
         f"{summary['train_seconds'] / 60:.1f} min of training "
         f"({summary['target_tokens_per_sec']:,.0f} target tokens/s).")
@@ -392,6 +452,19 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         f"best/ (best dev {summary['best_dev']['metric'] if summary['best_dev'] else '-'}), vocab.src.txt, vocab.tgt.txt, flags.json\n"
         f"  train_summary.json; TensorBoard: tensorboard --logdir {layout.path(model_dir, layout.LOGS)}")
     return summary
+
+
+def weights_fingerprint(model) -> str:
+    """SHA-256 of the model's weights (names, shapes and float32 bytes, in
+    order): equal for the same weights, so workers can be compared."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for w in model.weights:
+        value = w.numpy()
+        digest.update(f"{w.path}:{value.shape}:{value.dtype}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
 
 
 def _stats_dict(stats):
@@ -425,6 +498,18 @@ def main(argv):
     except (TrainingError, CorpusError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Exception as e:
+        from nmt_tf.distribution import lost_worker
+
+        if config.distribution != "multi_worker" or not lost_worker(e):
+            raise
+        import re
+
+        reason = re.sub(r"\{\{[^}]*\}\}\s*", "", str(e)).strip().splitlines()
+        print(f"error: the multi-worker job lost a worker, so this one stopped too ({type(e).__name__}: "
+              f"{' '.join(line.strip() for line in reason[:2])}). Start every worker again with the same "
+              "command: training resumes from the last checkpoint in --model_dir.", file=sys.stderr)
+        return EXIT_WORKER_LOST
     if summary["status"] == "interrupted":
         return interrupted_exit_code(summary["signal"])
     return 0

@@ -129,10 +129,10 @@ def run_cli(*args, timeout=300, env=None):
                           timeout=timeout, env=_cli_env(env))
 
 
-def start_cli(*args, **popen_kw):
+def start_cli(*args, env=None, **popen_kw):
     """Starts `python -m ...` in a fresh process, as run_cli runs it; returns the Popen
-    (for tests that signal or kill it)."""
-    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=_cli_env(), **popen_kw)
+    (for tests that signal or kill it, or run several at once)."""
+    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=_cli_env(env), **popen_kw)
 
 
 def smoke_train_args(corpus, model_dir, *flags):

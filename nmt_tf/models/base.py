@@ -91,6 +91,13 @@ def token_nll(labels, logits):
     return nll * weights, weights
 
 
+def _across_workers(strategy) -> bool:
+    """A MultiWorkerMirroredStrategy with more than one worker (the condition
+    under which Keras' TensorFlow trainer reduces step outputs across workers)."""
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.extended._in_multi_worker_mode())
+
+
 class Seq2SeqModel(keras.Model):
     """An encoder-decoder with the papers' deep output, trained by `fit` on token-level NLL.
 
@@ -326,36 +333,91 @@ class Seq2SeqModel(keras.Model):
         nll, _ = token_nll(y, self(x, training=False))
         return -nll
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Keras 3.15's TensorFlow trainer, under a strategy, builds the model
+        on the first batch of `fit`, averaged over the replicas by
+        `strategy.reduce("MEAN", batch)`. MultiWorkerMirroredStrategy's reduce
+        takes no dict of tensors, so `fit` fails there at once ("Attempt to
+        convert a value ({'source_ids': PerReplica ...}) ... to a Tensor";
+        multi-worker `fit` is reported broken in keras-team/keras#20585). The
+        model is built before `fit`; the first replica's share of the batch
+        serves to build the rest as well as a mean would."""
+        if iterator is not None and self._distribute_strategy is not None:
+            strategy = self._distribute_strategy
+            for _, _, it in iterator:
+                batch = next(it)
+                data_batch = tf.nest.map_structure(
+                    lambda v: (strategy.experimental_local_results(v)[0]
+                               if isinstance(v, tf.distribute.DistributedValues) else v), batch)
+                break
+        return super()._maybe_symbolic_build(data_batch=data_batch)
+
     def _epoch_logs(self):
         loss = self.nll_sum.result() / tf.maximum(self.target_token_count.result(), 1.0)
         return {"loss": loss, "perplexity": tf.exp(loss)}
 
     def train_step(self, data):
+        """One update. Under a `tf.distribute` strategy each replica holds a
+        share of the batch: the loss is normalised by the whole batch's target
+        tokens, the replicas' gradients are summed here and clipped with the
+        norm of that sum, so that the update is the one a single device makes
+        on the whole batch (up to the order of floating-point sums)."""
         x, y = data[0], data[1]
+        replica = tf.distribute.get_replica_context()
+        replicas = replica.num_replicas_in_sync if replica is not None else 1
         with tf.GradientTape() as tape:
             nll_sum, tokens, sentences, loss_sum = self.batch_nll(x, y, training=True, return_loss=True)
+            if replicas > 1:
+                tokens = replica.all_reduce(tf.distribute.ReduceOp.SUM, tokens)
             loss = loss_sum / tf.maximum(tokens, 1.0)
             if self.losses:
-                loss = loss + tf.add_n([tf.cast(l, tf.float32) for l in self.losses])
+                loss = loss + tf.add_n([tf.cast(l, tf.float32) for l in self.losses]) / replicas
             scaled_loss = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables
         gradients = tape.gradient(scaled_loss, variables)
+        self.nll_sum.update_state(nll_sum)
+        self.target_token_count.update_state(tokens / replicas)   # each replica adds its share
+        # The optimizer itself, inside Keras' LossScaleOptimizer (mixed_float16).
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        takes_sums = getattr(optimizer, "accepts_global_norm", False)     # nmt_tf.optimizers
+        if replicas > 1:
+            if not takes_sums:
+                raise ValueError("Training under a distribution strategy needs an optimizer of "
+                                 f"nmt_tf.optimizers; got {type(optimizer).__name__}.")
+            present = [i for i, g in enumerate(gradients) if g is not None]
+            summed, (nll_sum, sentences, epoch_nll, epoch_tokens) = replica.all_reduce(
+                tf.distribute.ReduceOp.SUM,
+                ([tf.convert_to_tensor(gradients[i]) for i in present],
+                 # (identity: under MultiWorkerMirroredStrategy a metric's result has no
+                 # device in a traced step, and all_reduce needs one)
+                 tuple(tf.identity(v) for v in (nll_sum, sentences, self.nll_sum.result(),
+                                                self.target_token_count.result()))))
+            for i, g in zip(present, summed):
+                gradients[i] = g
+            epoch_loss = epoch_nll / tf.maximum(epoch_tokens, 1.0)
+            epoch_logs = {"loss": epoch_loss, "perplexity": tf.exp(epoch_loss)}
+        else:
+            epoch_logs = self._epoch_logs()
         scale = self.optimizer.scale_loss(tf.constant(1.0))
-        grad_norm = tf.linalg.global_norm(gradients) / tf.cast(scale, tf.float32)
+        grad_norm = tf.linalg.global_norm([g for g in gradients if g is not None]) / tf.cast(scale, tf.float32)
         # Keras increments optimizer.iterations with no data dependency on the
         # batch, so when get_next() hits the end of an epoch of unknown length
         # the increment still ran: one phantom step per epoch. Tie the whole
         # update to this batch.
         with tf.control_dependencies([grad_norm]):
-            if getattr(self.optimizer, "accepts_global_norm", False):
-                # nmt_tf.optimizers: clip with this norm instead of computing it again.
-                self.optimizer.apply_gradients(zip(gradients, variables), global_norm=grad_norm)
+            if takes_sums:
+                # Clip with this norm instead of computing it again; do not sum again.
+                with optimizer.given(global_norm=grad_norm, summed=replicas > 1):
+                    self.optimizer.apply_gradients(zip(gradients, variables))
             else:
                 self.optimizer.apply_gradients(zip(gradients, variables))
-        self.nll_sum.update_state(nll_sum)
-        self.target_token_count.update_state(tokens)
-        return {**self._epoch_logs(), "batch_loss": nll_sum / tf.maximum(tokens, 1.0), "batch_tokens": tokens,
+        logs = {**epoch_logs, "batch_loss": nll_sum / tf.maximum(tokens, 1.0), "batch_tokens": tokens,
                 "batch_sentences": sentences, "grad_norm": grad_norm}
+        if _across_workers(tf.distribute.get_strategy()):
+            # Keras averages a multi-worker step's outputs with strategy.reduce(MEAN, v,
+            # axis=0), which fails on scalars: give it vectors of one value.
+            logs = {k: tf.reshape(v, [1]) for k, v in logs.items()}
+        return logs
 
     def test_step(self, data):
         x, y = data[0], data[1]

@@ -1,0 +1,170 @@
+"""Training under tf.distribute (--distribution): MirroredStrategy over two
+logical CPU devices, and MultiWorkerMirroredStrategy with two worker
+processes on 127.0.0.1, each against a single-process run of the same job."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import checkpoint_weights, run_cli, smoke_train_args, start_cli
+
+from nmt_tf import distribution
+
+# One device and N replicas sum the same numbers in another order (and the
+# replicas' shares are padded to their own longest sentence): float32
+# round-off, over 10 updates.
+WEIGHTS_ATOL = 5e-5
+LOSS_RTOL = 1e-5
+# SGD, whose update scales with the gradient (Adam's hardly does), with clipping:
+# a gradient summed twice over the replicas, or normalised by one replica's
+# tokens, or clipped with one replica's norm, trains other weights.
+JOB = ("--batch_size=8", "--max_epochs=2", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu",
+       "--optimizer=sgd", "--learning_rate=1.0", "--clip_norm=2")
+
+
+def free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def tf_config(ports, index):
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
+def start_workers(corpus, model_dir, *flags):
+    """Two worker processes of one multi-worker job; returns their Popens."""
+    ports = free_ports(2)
+    return [start_cli(*smoke_train_args(corpus, model_dir, *flags, "--distribution=multi_worker"),
+                      env={"TF_CONFIG": tf_config(ports, i)}, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+
+
+def finish(procs, timeout=240):
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        out.append((p.returncode, stdout, stderr))
+    return out
+
+
+def summary(model_dir, worker=None):
+    base = os.path.join(model_dir, "workers", worker) if worker else model_dir
+    with open(os.path.join(base, "train_summary.json")) as f:
+        return json.load(f)
+
+
+def assert_same_training(a_dir, b_dir, step):
+    a = checkpoint_weights(os.path.join(a_dir, "checkpoints", f"ckpt-{step}"))
+    b = checkpoint_weights(os.path.join(b_dir, "checkpoints", f"ckpt-{step}"))
+    assert a.keys() == b.keys() and len(a) > 10
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=WEIGHTS_ATOL, err_msg=k)
+    sa, sb = summary(a_dir), summary(b_dir)
+    assert sa["steps"] == sb["steps"] == step
+    for part in ("train", "dev"):
+        np.testing.assert_allclose(sa[part]["nll_per_token"], sb[part]["nll_per_token"], rtol=LOSS_RTOL)
+
+
+@pytest.fixture(scope="module")
+def one_device(tiny_corpus, tmp_path_factory):
+    """The job on one device, in a process of its own like the others."""
+    model_dir = str(tmp_path_factory.mktemp("dist") / "one_device")
+    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB))
+    assert done.returncode == 0, done.stderr
+    return model_dir
+
+
+def test_mirrored_over_two_cpu_devices_trains_what_one_device_trains(tiny_corpus, one_device, tmp_path):
+    model_dir = str(tmp_path / "mirrored")
+    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, "--distribution=mirrored", "--cpu_devices=2"))
+    assert done.returncode == 0, done.stderr
+    assert "Distribution: MirroredStrategy, 2 replica(s)." in done.stdout
+    assert summary(model_dir)["distribution"]["replicas"] == 2
+    assert_same_training(one_device, model_dir, step=10)       # 40 pairs, global batch 8, 2 epochs
+
+
+def test_two_workers_on_localhost_hold_one_model_and_train_what_one_process_trains(
+        tiny_corpus, one_device, tmp_path):
+    model_dir = str(tmp_path / "two_workers")
+    (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *JOB))
+    assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
+    assert "2 replica(s) on 2 workers; this is worker_0 (chief)" in out0
+    assert "this is worker_1." in out1
+    chief, other = summary(model_dir), summary(model_dir, "worker_1")
+    assert chief["weights_sha256"] == other["weights_sha256"]            # bit for bit
+    assert chief["distribution"]["chief"] and not other["distribution"]["chief"]
+    # Only the chief writes the model directory; the other worker's copies of
+    # the checkpoints are gone, and it wrote no vocabulary or flags.
+    assert sorted(os.listdir(os.path.join(model_dir, "workers", "worker_1"))) == [
+        "corpus_stats.dev.json", "corpus_stats.json", "logs", "train_summary.json"]
+    assert_same_training(one_device, model_dir, step=10)
+
+
+def test_a_killed_worker_stops_the_job_with_a_clear_error_and_a_rerun_resumes(tiny_corpus, tmp_path):
+    model_dir = str(tmp_path / "killed")
+    job = ("--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu")
+    procs = start_workers(tiny_corpus, model_dir, *job)
+    ckpt_dir = os.path.join(model_dir, "checkpoints")
+    deadline = time.time() + 180
+    while time.time() < deadline and procs[0].poll() is None:
+        latest = tf.train.latest_checkpoint(ckpt_dir)
+        if latest and int(latest.rsplit("-", 1)[1]) >= 10:
+            break
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGKILL)
+    (rc0, _, err0), _ = finish(procs)
+    assert rc0 == 6, err0[-3000:]
+    assert "error: the multi-worker job lost a worker" in err0
+    assert "Start every worker again with the same command" in err0
+    assert "Traceback" not in err0
+    last = int(tf.train.latest_checkpoint(ckpt_dir).rsplit("-", 1)[1])
+    # The same two commands, with a nearer end, resume from the chief's last checkpoint.
+    job = ("--batch_size=4", "--max_epochs=4", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu")
+    (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *job))
+    assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
+    restored = f"Restored {os.path.join(ckpt_dir, f'ckpt-{last}')}"
+    assert restored in out0 and restored in out1
+    assert summary(model_dir)["steps"] == 40                   # 10 batches of 4 per epoch
+    assert summary(model_dir)["weights_sha256"] == summary(model_dir, "worker_1")["weights_sha256"]
+
+
+def test_settings_that_cannot_work_are_one_clear_error(tiny_corpus, tmp_path, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(distribution.DistributionError, match="needs the TF_CONFIG environment variable"):
+        distribution.make_strategy("multi_worker")
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker"}}')
+    with pytest.raises(distribution.DistributionError, match="TF_CONFIG is not a cluster description"):
+        distribution.make_strategy("multi_worker")
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}}')
+    with pytest.raises(distribution.DistributionError, match="only 'chief' and 'worker' tasks"):
+        distribution.make_strategy("multi_worker")
+    with pytest.raises(distribution.DistributionError, match="--cpu_devices splits the CPU"):
+        distribution.make_strategy("none", cpu_devices=2)
+    # From the command line: one line and exit code 1.
+    done = run_cli(*smoke_train_args(tiny_corpus, str(tmp_path / "m"), "--distribution=multi_worker"),
+                   env={"TF_CONFIG": ""})
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("error: --distribution=multi_worker needs the TF_CONFIG")
+    assert not os.path.exists(tmp_path / "m")
+
+
+def test_the_distribution_flags_describe_where_a_run_runs_and_are_not_stored(tiny_config, tmp_path):
+    from nmt_tf import flags
+
+    config = tiny_config(model_dir=str(tmp_path), distribution="mirrored", cpu_devices=2)
+    flags.save_config(config, str(tmp_path))
+    stored = json.load(open(flags.flags_path(str(tmp_path))))
+    assert not {"distribution", "cpu_devices", "collective_timeout"} & set(stored)
