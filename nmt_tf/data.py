@@ -388,11 +388,30 @@ def _pool_batches(pool, batch_size: int, batch_type: str):
         lambda a, b: {k: v[a:b].to_tensor() for k, v in pool.items()})
 
 
+def _encode_fn(src_tokenizer, tgt_tokenizer, max_len: int):
+    """Batch of (source lines, target lines) -> ragged id rows of the pairs
+    training uses (no EOS / BOS), as every input pipeline tokenizes them."""
+
+    def encode(src_lines, tgt_lines):
+        s, t = src_tokenizer.tokenize(src_lines), tgt_tokenizer.tokenize(tgt_lines)
+        valid = _classify(s, t, max_len)[2]
+        s, t = src_tokenizer.lookup(s), tgt_tokenizer.lookup(t)
+        return tf.ragged.boolean_mask(s, valid), tf.ragged.boolean_mask(t, valid)
+
+    return encode
+
+
+def _model_rows(s, t):
+    """Ragged id rows -> the model's source, target input and label rows."""
+    return {"source_ids": with_eos(s), "target_ids": with_bos(t), "labels": with_eos(t)}
+
+
 def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: int,
                  batch_size: int, batch_type: str = "sentences", pool_size: int = 1600,
                  shuffle: bool = False, shuffle_buffer: int = 100_000, seed: int = 0,
                  epoch: int = 0, skip_batches: int = 0,
-                 input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+                 input_context: tf.distribute.InputContext | None = None,
+                 prepared: str | None = None) -> tf.data.Dataset:
     """Batches of one epoch of a parallel corpus, ready for `model.fit`.
 
     Each element is ``({"source_ids": [B, Tx], "target_ids": [B, Ty]}, labels [B, Ty])``
@@ -418,27 +437,26 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
       skip_batches: batches of this epoch already trained on (resume).
       input_context: from `tf.distribute`; each input pipeline reads a
         disjoint shard of the lines and builds per-replica batches.
+      prepared: a directory of `write_prepared_shards`: the pairs are read
+        from its shards, already tokenized, instead of from src / tgt.
     """
-    ds = parallel_lines(src, tgt)
-    if input_context is not None:
-        if input_context.num_input_pipelines > 1:
-            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        batch_size = max(1, input_context.get_per_replica_batch_size(batch_size))
     epoch_seed = (seed * 1_000_003 + epoch) % (2 ** 31 - 1)
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
-
-    def encode(src_lines, tgt_lines):
-        s, t = src_tokenizer.tokenize(src_lines), tgt_tokenizer.tokenize(tgt_lines)
-        valid = _classify(s, t, max_len)[2]
-        s, t = src_tokenizer.lookup(s), tgt_tokenizer.lookup(t)
-        keep = lambda r: tf.ragged.boolean_mask(r, valid)
-        return {"source_ids": keep(with_eos(s)), "target_ids": keep(with_bos(t)), "labels": keep(with_eos(t))}
-
-    ds = (ds.batch(_TOKENIZE_BATCH)
-          .map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-          .unbatch()
-          .ragged_batch(pool_size)
+    if input_context is not None:
+        batch_size = max(1, input_context.get_per_replica_batch_size(batch_size))
+    if prepared:
+        ds = _prepared_rows(prepared, shuffle, shuffle_buffer, epoch_seed, input_context)
+    else:
+        ds = parallel_lines(src, tgt)
+        if input_context is not None and input_context.num_input_pipelines > 1:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        if shuffle:
+            ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
+        encode = _encode_fn(src_tokenizer, tgt_tokenizer, max_len)
+        ds = (ds.batch(_TOKENIZE_BATCH)
+              .map(lambda a, b: _model_rows(*encode(a, b)), num_parallel_calls=tf.data.AUTOTUNE,
+                   deterministic=True)
+              .unbatch())
+    ds = (ds.ragged_batch(pool_size)
           .flat_map(lambda pool: _pool_batches(pool, batch_size, batch_type)))
     if shuffle:
         per_pool = math.ceil(pool_size / batch_size) if batch_type == "sentences" else 16
@@ -447,3 +465,106 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
     if skip_batches:
         ds = ds.skip(skip_batches)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+# --------------------------------------------------------------------------
+# Prepared shards: a corpus tokenized once (--prepared_shards)
+
+PREPARED_FORMAT = 1
+PREPARED_MANIFEST = "manifest.json"
+
+
+def prepared_key(src: str, tgt: str, src_tokenizer, tgt_tokenizer, max_len: int) -> dict:
+    """What prepared shards were made from: the corpus files (path, size,
+    mtime), the vocabularies (their ids) and --max_len."""
+    vocab = hashlib.sha1()
+    for tok in (src_tokenizer, tgt_tokenizer):
+        vocab.update(f"{tok.kind}|{tok.lang}|".encode() + "\n".join(tok.vocabulary).encode("utf-8") + b"\0")
+    return {"format": PREPARED_FORMAT, "corpus": fingerprint(src, tgt), "vocabularies": vocab.hexdigest(),
+            "max_len": max_len}
+
+
+def read_prepared_manifest(prepared_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(prepared_dir, PREPARED_MANIFEST), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_prepared_shards(src: str, tgt: str, src_tokenizer, tgt_tokenizer, prepared_dir: str, *,
+                          max_len: int, shards: int, log=print) -> dict:
+    """Tokenizes a parallel corpus once, with the training pipeline's own
+    in-graph tokenization (the same function, so nothing can differ), into
+    `shards` TFRecord files of the pairs training uses (round robin, so the
+    shards differ by at most one pair). A record is
+    `tf.io.serialize_tensor([serialize_tensor(source ids), serialize_tensor(target ids)])`
+    (int32, without EOS / BOS). Written into a temporary directory renamed
+    into place with its manifest, so a run killed while preparing leaves no
+    half-written shards behind; returns the manifest."""
+    import shutil
+    import time
+
+    key = prepared_key(src, tgt, src_tokenizer, tgt_tokenizer, max_len)
+    partial = prepared_dir.rstrip("/") + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    names = [f"train-{i:05d}-of-{shards:05d}.tfrecord" for i in range(shards)]
+    encode = _encode_fn(src_tokenizer, tgt_tokenizer, max_len)
+
+    def records_of(a, b):
+        s, t = encode(a, b)
+        return tf.map_fn(lambda i: tf.io.serialize_tensor(tf.stack([
+            tf.io.serialize_tensor(s[i]), tf.io.serialize_tensor(t[i])])),
+            tf.range(s.nrows(out_type=tf.int32)), fn_output_signature=tf.string)
+
+    records = (parallel_lines(src, tgt).batch(_TOKENIZE_BATCH)
+               .map(records_of, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+               .prefetch(4))
+    started, count = time.time(), 0
+    writers = [tf.io.TFRecordWriter(os.path.join(partial, n)) for n in names]
+    try:
+        for batch in records.as_numpy_iterator():
+            for record in batch:
+                writers[count % shards].write(record)
+                count += 1
+    finally:
+        for w in writers:
+            w.close()
+    manifest = {**key, "pairs": count, "shards": names, "source": os.path.abspath(src),
+                "target": os.path.abspath(tgt), "seconds": round(time.time() - started, 1)}
+    write_atomically(os.path.join(partial, PREPARED_MANIFEST), json.dumps(manifest, indent=1))
+    shutil.rmtree(prepared_dir, ignore_errors=True)
+    os.replace(partial, prepared_dir)
+    log(f"Prepared {count:,} training pairs in {shards} shards in {prepared_dir} "
+        f"({manifest['seconds']:.0f} s, {count / max(manifest['seconds'], 1e-9):,.0f} pairs/s).")
+    return manifest
+
+
+def _parse_prepared(record):
+    parts = tf.io.parse_tensor(record, tf.string)
+    source = tf.ensure_shape(tf.io.parse_tensor(parts[0], tf.int32), [None])
+    target = tf.ensure_shape(tf.io.parse_tensor(parts[1], tf.int32), [None])
+    return source, target
+
+
+def _prepared_rows(prepared_dir: str, shuffle: bool, shuffle_buffer: int, epoch_seed: int, input_context):
+    """The model rows of prepared shards: the shards' order and the records
+    shuffled by the epoch's seed, read by a deterministic parallel interleave."""
+    manifest = read_prepared_manifest(prepared_dir)
+    if manifest is None:
+        raise CorpusError(f"{prepared_dir} holds no prepared shards (no readable {PREPARED_MANIFEST}).")
+    paths = [os.path.join(prepared_dir, n) for n in manifest["shards"]]
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if shuffle:
+        files = files.shuffle(len(paths), seed=epoch_seed, reshuffle_each_iteration=False)
+    ds = files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(paths), 8), block_length=64,
+                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if shuffle:
+        ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
+    return (ds.map(_parse_prepared, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .ragged_batch(_TOKENIZE_BATCH)
+            .map(_model_rows, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .unbatch())

@@ -61,6 +61,11 @@ flags.DEFINE_integer("max_len", 50, "Training pairs with more tokens than this o
 flags.DEFINE_integer("batch_size", 80, "Batch size, in sentence pairs (--batch_type=sentences; paper: 80) or in padded tokens of the longer side (--batch_type=tokens).", lower_bound=1)
 flags.DEFINE_enum("batch_type", "sentences", ["sentences", "tokens"], "Unit of --batch_size.")
 flags.DEFINE_integer("pool_size", 1600, "Pairs read, sorted by length and cut into batches together, as in the paper (1,600 pairs = 20 batches of 80); larger pools give batches of more similar length.", lower_bound=1)
+flags.DEFINE_integer("prepared_shards", 0,
+                     "Tokenize the training corpus once into this many TFRecord shards in <model_dir>/prepared/ "
+                     "(made at the first start, made again when the corpus files, the vocabularies or --max_len "
+                     "change) and read them every epoch instead of the text: for corpora of hundreds of millions of "
+                     "words. 0: tokenize the text in every epoch.", lower_bound=0)
 flags.DEFINE_integer("shuffle_buffer", 200000, "Number of sentence pairs held in memory for shuffling the training stream; memory use does not grow with the corpus.", lower_bound=1)
 
 # ---------------------------------------------------------------- model

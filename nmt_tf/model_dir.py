@@ -14,6 +14,8 @@
     logs/train, logs/dev      TensorBoard
     train_summary.json        steps, epochs, time, NLL, tokens/s, status
     eval/<source name>/       nmt_tf.evaluate's default output folder
+    prepared/                 the training corpus tokenized into TFRecord shards
+                              (--prepared_shards), with manifest.json
     workers/<task>_<id>/      what a worker other than the chief writes under
                               --distribution=multi_worker (nmt_tf.distribution)
 
@@ -29,7 +31,7 @@ import os
 FLAGS_JSON, FLAGS_TXT, MODEL_CONFIG = "flags.json", "flags.txt", "model_config.json"
 CORPUS_STATS, DEV_CORPUS_STATS, TRAIN_SUMMARY = "corpus_stats.json", "corpus_stats.dev.json", "train_summary.json"
 CHECKPOINTS, BEST, AVERAGED, DAMAGED, LOGS, EVAL = "checkpoints", "best", "averaged", "damaged", "logs", "eval"
-WORKERS = "workers"
+WORKERS, PREPARED = "workers", "prepared"
 VOCABULARIES = ("vocab.src.txt", "vocab.tgt.txt")
 SENTENCEPIECE_MODELS = ("sentencepiece.src.model", "sentencepiece.tgt.model")
 WORD_SHORTLISTS = ("words.src.txt", "words.tgt.txt")

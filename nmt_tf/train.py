@@ -33,6 +33,7 @@ Outputs in --model_dir:
   damaged/                  checkpoints a resume could not read whole, moved aside
   logs/train, logs/dev      TensorBoard
   train_summary.json        steps, epochs, time, train / dev NLL, tokens/s, weights' SHA-256
+  prepared/                 --prepared_shards: the training corpus tokenized into TFRecord shards
   workers/worker_<i>/       --distribution=multi_worker: what the other workers write
 
 --distribution=mirrored / multi_worker trains under tf.distribute
@@ -222,6 +223,29 @@ def _prepare_data(config, model_dir: str, log, write_dir: str | None = None):
     return src_tok, tgt_tok, stats, dev_stats
 
 
+def _prepare_shards(config, src_tok, tgt_tok, prepared: str, stats, log) -> None:
+    """--prepared_shards: the training corpus tokenized into TFRecord shards,
+    made unless `prepared` already holds them for this corpus, these
+    vocabularies and --max_len."""
+    from nmt_tf import data
+
+    key = data.prepared_key(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len)
+    manifest = data.read_prepared_manifest(prepared)
+    if (manifest is not None and all(manifest.get(k) == v for k, v in key.items())
+            and len(manifest["shards"]) == config.prepared_shards):
+        log(f"Training from the {manifest['pairs']:,} pairs prepared in {prepared}.")
+        return
+    if manifest is not None:
+        log(f"{prepared} was prepared from another corpus, other vocabularies, another --max_len or "
+            "another number of shards: preparing again.")
+    log(f"Tokenizing {config.train_src} | {config.train_tgt} into {config.prepared_shards} shards ...")
+    manifest = data.write_prepared_shards(config.train_src, config.train_tgt, src_tok, tgt_tok, prepared,
+                                          max_len=config.max_len, shards=config.prepared_shards, log=log)
+    if manifest["pairs"] != stats.pairs:
+        raise TrainingError(f"{prepared} holds {manifest['pairs']:,} pairs but the corpus statistics count "
+                            f"{stats.pairs:,}: the corpus changed while it was read.")
+
+
 def _remove_new_files(model_dir: str, before: set[str] | None) -> None:
     """Undoes a start that failed before training: removes what it wrote in
     model_dir (the directory too if it made it); files that were there stay."""
@@ -290,6 +314,12 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         if not resuming and worker.is_chief:   # nothing was trained: a corrected retry must start afresh
             _remove_new_files(model_dir, before)
         raise
+    prepared = None
+    if config.prepared_shards:
+        prepared = layout.path(model_dir, layout.PREPARED)
+        if worker.is_chief:
+            _prepare_shards(config, src_tok, tgt_tok, prepared, stats, log)
+        distribution.barrier(strategy)  # the shards are written
     has_dev = dev_stats is not None
     n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
 
@@ -381,7 +411,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                 continue
             ds = dataset(config.train_src, config.train_tgt, shuffle=True,
                          shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
-                         skip_batches=skip)
+                         skip_batches=skip, prepared=prepared)
             if not print_lines:
                 log(f"Epoch {epoch + 1}/{config.max_epochs}")
             with warnings.catch_warnings():

@@ -213,3 +213,62 @@ def test_corpus_stats_are_cached_by_file_identity(tmp_path, tiny_corpus, tokeniz
     assert again == first
     other = data.corpus_stats(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, 5, cache)
     assert other.max_len == 5 and other.pairs < first.pairs
+
+
+# ------------------------------------------------------------------ prepared shards
+@pytest.fixture(scope="module")
+def prepared(tiny_corpus, tokenizers, tmp_path_factory):
+    src_tok, tgt_tok, _ = tokenizers
+    path = str(tmp_path_factory.mktemp("prepared") / "prepared")
+    manifest = data.write_prepared_shards(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
+                                          path, max_len=50, shards=3, log=lambda *a: None)
+    return path, manifest
+
+
+def prepared_dataset(tiny_corpus, tokenizers, prepared_dir, **kw):
+    src_tok, tgt_tok, _ = tokenizers
+    return data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, max_len=50,
+                             prepared=prepared_dir, **kw)
+
+
+def test_prepared_shards_hold_the_pairs_the_text_pipeline_makes(tiny_corpus, tokenizers, prepared):
+    src_tok, tgt_tok, stats = tokenizers
+    path, manifest = prepared
+    assert manifest["pairs"] == stats.pairs == 40 and len(manifest["shards"]) == 3
+    sizes = [sum(1 for _ in tf.data.TFRecordDataset(os.path.join(path, n))) for n in manifest["shards"]]
+    assert sorted(sizes) == [13, 13, 14]                        # round robin
+    assert not os.path.exists(path + ".partial")
+    got, batches = epoch_pairs(prepared_dataset(tiny_corpus, tokenizers, path, batch_size=6, shuffle=True,
+                                                shuffle_buffer=7, seed=3))
+    text_pairs, text_batches = epoch_pairs(data.make_dataset(
+        tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, max_len=50, batch_size=6))
+    assert collections.Counter(got) == collections.Counter(text_pairs)
+    assert len(batches) == len(text_batches) == data.batches_per_epoch(stats, 6, "sentences", 1600)
+    for source, target, labels in batches:                     # the model's rows: [BOS] y / y [EOS]
+        assert (target[:, 0] == text.BOS_ID).all()
+        words = target[:, 1:] > 0
+        np.testing.assert_array_equal(target[:, 1:][words], labels[:, :-1][words])
+        assert ((labels == text.EOS_ID).sum(axis=1) == 1).all() and (source == text.EOS_ID).sum() == len(source)
+
+
+def test_prepared_order_depends_only_on_seed_and_epoch(tiny_corpus, tokenizers, prepared):
+    def order(epoch, skip=0):
+        ds = prepared_dataset(tiny_corpus, tokenizers, prepared[0], batch_size=4, shuffle=True,
+                              shuffle_buffer=10, seed=5, epoch=epoch, skip_batches=skip)
+        return [b[0].tolist() for b in epoch_pairs(ds)[1]]
+
+    assert order(0) == order(0)
+    assert order(0) != order(1)
+    assert order(0, skip=3) == order(0)[3:]
+
+
+def test_prepared_key_changes_with_the_corpus_vocabularies_and_max_len(tiny_corpus, tokenizers, tmp_path):
+    src_tok, tgt_tok, _ = tokenizers
+    key = data.prepared_key(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, 50)
+    assert key == data.prepared_key(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, 50)
+    assert key != data.prepared_key(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, 20)
+    assert key != data.prepared_key(tiny_corpus["train_src"], tiny_corpus["train_tgt"], tgt_tok, src_tok, 50)
+    other = write_lines(tmp_path / "other.en", read_multi30k("train.en.gz", 40))
+    assert key != data.prepared_key(other, tiny_corpus["train_tgt"], src_tok, tgt_tok, 50)
+    with pytest.raises(data.CorpusError, match="holds no prepared shards"):
+        next(iter(prepared_dataset(tiny_corpus, tokenizers, str(tmp_path / "none"), batch_size=4)))

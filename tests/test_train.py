@@ -301,3 +301,19 @@ def test_learning_rate_halves_on_plateaus_and_patience_stops(tiny_config, tmp_pa
     assert rates == [0.4, 0.4, 0.4, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
     assert controller.stop_reason == "early_stopping"
     assert float(state.best_dev.numpy()) == 1.9 and int(state.best_step.numpy()) == 7
+
+
+def test_prepared_shards_are_made_once_and_trained_from(tiny_config, tmp_path):
+    lines = []
+    config = tiny_config(model_dir=str(tmp_path / "m"), prepared_shards=2, max_epochs=1)
+    first = train.train(config, log=lines.append)
+    assert any(l.startswith("Prepared 40 training pairs in 2 shards") for l in lines), lines
+    assert first["steps"] == 5                                  # 40 pairs in batches of 8, as from the text
+    lines.clear()
+    resumed = train.train(config.replace(max_epochs=2), log=lines.append)
+    assert "Training from the 40 pairs prepared in" in "\n".join(lines)
+    assert resumed["steps"] == 10
+    lines.clear()
+    train.train(config.replace(max_epochs=3, prepared_shards=3), log=lines.append)
+    assert any("another number of shards: preparing again" in l for l in lines), lines
+    assert len(json.load(open(tmp_path / "m" / "prepared" / "manifest.json"))["shards"]) == 3
