@@ -496,11 +496,12 @@ def write_prepared_shards(src: str, tgt: str, src_tokenizer, tgt_tokenizer, prep
                           max_len: int, shards: int, log=print) -> dict:
     """Tokenizes a parallel corpus once, with the training pipeline's own
     in-graph tokenization (the same function, so nothing can differ), into
-    `shards` TFRecord files of the pairs training uses (round robin, so the
-    shards differ by at most one pair). A record is
-    `tf.io.serialize_tensor([serialize_tensor(source ids), serialize_tensor(target ids)])`
-    (int32, without EOS / BOS). Written into a temporary directory renamed
-    into place with its manifest, so a run killed while preparing leaves no
+    `shards` TFRecord files of the pairs training uses. A record is a block of
+    up to 1,024 consecutive pairs: `tf.io.serialize_tensor` of the serialized
+    [source ids, source row splits, target ids, target row splits] (int32 ids
+    without EOS / BOS), so that reading parses a block at a time; blocks go
+    round robin to the shards. Written into a temporary directory renamed into
+    place with its manifest, so a run killed while preparing leaves no
     half-written shards behind; returns the manifest."""
     import shutil
     import time
@@ -512,45 +513,49 @@ def write_prepared_shards(src: str, tgt: str, src_tokenizer, tgt_tokenizer, prep
     names = [f"train-{i:05d}-of-{shards:05d}.tfrecord" for i in range(shards)]
     encode = _encode_fn(src_tokenizer, tgt_tokenizer, max_len)
 
-    def records_of(a, b):
+    def block(a, b):
         s, t = encode(a, b)
-        return tf.map_fn(lambda i: tf.io.serialize_tensor(tf.stack([
-            tf.io.serialize_tensor(s[i]), tf.io.serialize_tensor(t[i])])),
-            tf.range(s.nrows(out_type=tf.int32)), fn_output_signature=tf.string)
+        parts = [s.flat_values, s.row_splits, t.flat_values, t.row_splits]
+        return tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(p) for p in parts])), s.nrows()
 
-    records = (parallel_lines(src, tgt).batch(_TOKENIZE_BATCH)
-               .map(records_of, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-               .prefetch(4))
-    started, count = time.time(), 0
+    blocks = (parallel_lines(src, tgt).batch(_TOKENIZE_BATCH)
+              .map(block, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+              .prefetch(8))
+    started, count, written = time.time(), 0, 0
     writers = [tf.io.TFRecordWriter(os.path.join(partial, n)) for n in names]
     try:
-        for batch in records.as_numpy_iterator():
-            for record in batch:
-                writers[count % shards].write(record)
-                count += 1
+        for record, pairs in blocks.as_numpy_iterator():
+            if pairs:
+                writers[written % shards].write(record)
+                written += 1
+                count += int(pairs)
     finally:
         for w in writers:
             w.close()
-    manifest = {**key, "pairs": count, "shards": names, "source": os.path.abspath(src),
-                "target": os.path.abspath(tgt), "seconds": round(time.time() - started, 1)}
+    seconds = time.time() - started
+    manifest = {**key, "pairs": count, "blocks": written, "shards": names, "source": os.path.abspath(src),
+                "target": os.path.abspath(tgt), "seconds": round(seconds, 1)}
     write_atomically(os.path.join(partial, PREPARED_MANIFEST), json.dumps(manifest, indent=1))
     shutil.rmtree(prepared_dir, ignore_errors=True)
     os.replace(partial, prepared_dir)
     log(f"Prepared {count:,} training pairs in {shards} shards in {prepared_dir} "
-        f"({manifest['seconds']:.0f} s, {count / max(manifest['seconds'], 1e-9):,.0f} pairs/s).")
+        f"({seconds:.0f} s, {count / max(seconds, 1e-9):,.0f} pairs/s).")
     return manifest
 
 
-def _parse_prepared(record):
+def _parse_block(record):
+    """A prepared record -> (source ids, target ids), ragged [pairs, (len)]."""
     parts = tf.io.parse_tensor(record, tf.string)
-    source = tf.ensure_shape(tf.io.parse_tensor(parts[0], tf.int32), [None])
-    target = tf.ensure_shape(tf.io.parse_tensor(parts[1], tf.int32), [None])
-    return source, target
+    ids = lambda i: tf.ensure_shape(tf.io.parse_tensor(parts[i], tf.int32), [None])
+    splits = lambda i: tf.ensure_shape(tf.io.parse_tensor(parts[i], tf.int64), [None])
+    return (tf.RaggedTensor.from_row_splits(ids(0), splits(1), validate=False),
+            tf.RaggedTensor.from_row_splits(ids(2), splits(3), validate=False))
 
 
 def _prepared_rows(prepared_dir: str, shuffle: bool, shuffle_buffer: int, epoch_seed: int, input_context):
-    """The model rows of prepared shards: the shards' order and the records
-    shuffled by the epoch's seed, read by a deterministic parallel interleave."""
+    """The model rows of prepared shards: the shards in an order shuffled by
+    the epoch's seed, their blocks read by a deterministic parallel
+    interleave, the pairs shuffled within `shuffle_buffer` by the same seed."""
     manifest = read_prepared_manifest(prepared_dir)
     if manifest is None:
         raise CorpusError(f"{prepared_dir} holds no prepared shards (no readable {PREPARED_MANIFEST}).")
@@ -560,11 +565,11 @@ def _prepared_rows(prepared_dir: str, shuffle: bool, shuffle_buffer: int, epoch_
         files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if shuffle:
         files = files.shuffle(len(paths), seed=epoch_seed, reshuffle_each_iteration=False)
-    ds = files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(paths), 8), block_length=64,
+    ds = files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(paths), 8), block_length=1,
                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = (ds.map(lambda r: _model_rows(*_parse_block(r)), num_parallel_calls=tf.data.AUTOTUNE,
+                 deterministic=True)
+          .unbatch())
     if shuffle:
         ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
-    return (ds.map(_parse_prepared, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            .ragged_batch(_TOKENIZE_BATCH)
-            .map(_model_rows, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            .unbatch())
+    return ds

@@ -220,8 +220,10 @@ def test_corpus_stats_are_cached_by_file_identity(tmp_path, tiny_corpus, tokeniz
 def prepared(tiny_corpus, tokenizers, tmp_path_factory):
     src_tok, tgt_tok, _ = tokenizers
     path = str(tmp_path_factory.mktemp("prepared") / "prepared")
-    manifest = data.write_prepared_shards(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
-                                          path, max_len=50, shards=3, log=lambda *a: None)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(data, "_TOKENIZE_BATCH", 6)           # blocks of 6 pairs: 7 blocks over 3 shards
+        manifest = data.write_prepared_shards(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok,
+                                              tgt_tok, path, max_len=50, shards=3, log=lambda *a: None)
     return path, manifest
 
 
@@ -235,8 +237,8 @@ def test_prepared_shards_hold_the_pairs_the_text_pipeline_makes(tiny_corpus, tok
     src_tok, tgt_tok, stats = tokenizers
     path, manifest = prepared
     assert manifest["pairs"] == stats.pairs == 40 and len(manifest["shards"]) == 3
-    sizes = [sum(1 for _ in tf.data.TFRecordDataset(os.path.join(path, n))) for n in manifest["shards"]]
-    assert sorted(sizes) == [13, 13, 14]                        # round robin
+    blocks = [sum(1 for _ in tf.data.TFRecordDataset(os.path.join(path, n))) for n in manifest["shards"]]
+    assert blocks == [3, 2, 2] and manifest["blocks"] == 7      # round robin
     assert not os.path.exists(path + ".partial")
     got, batches = epoch_pairs(prepared_dataset(tiny_corpus, tokenizers, path, batch_size=6, shuffle=True,
                                                 shuffle_buffer=7, seed=3))
