@@ -459,8 +459,11 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                       "lowest_nll_per_token": float(state.best_dev.numpy()),
                       "lowest_perplexity": math.exp(min(float(state.best_dev.numpy()), 700.0))}
                      if int(state.best_step.numpy()) >= 0 else None),
-        "checkpoint": manager.latest_checkpoint,
-        "best_checkpoint": (os.path.join(checkpoints.best_dir(write_dir), best_checkpoints.ranking[0]["path"])
+        # (another worker's copies are removed below: name the chief's, which are the same)
+        "checkpoint": (os.path.join(checkpoints.checkpoints_dir(model_dir),
+                                    os.path.basename(manager.latest_checkpoint))
+                       if manager.latest_checkpoint else None),
+        "best_checkpoint": (os.path.join(checkpoints.best_dir(model_dir), best_checkpoints.ranking[0]["path"])
                             if best_checkpoints and best_checkpoints.ranking else None),
         "corpus": {"train": _stats_dict(stats), "dev": _stats_dict(dev_stats) if dev_stats else None},
         "weights_sha256": weights_fingerprint(model),
