@@ -361,6 +361,25 @@ def batches_per_epoch(stats: CorpusStats, batch_size: int, batch_type: str, pool
     return full * math.ceil(pool_size / batch_size) + math.ceil(rest / batch_size)
 
 
+def prepared_batches_per_epoch(manifest: dict, batch_size: int, batch_type: str, pool_size: int,
+                               input_context) -> int | None:
+    """Batches that every input pipeline of `input_context` can give in one
+    epoch of prepared shards (sentence batches): each pipeline reads its own
+    shards (`make_dataset`), so their numbers of batches differ a little; a
+    step needs all of them, so every pipeline stops at the smallest number.
+    None for token batches."""
+    if batch_type != "sentences":
+        return None
+    per_replica = max(1, input_context.get_per_replica_batch_size(batch_size))
+    pipelines = input_context.num_input_pipelines
+    counts = []
+    for i in range(pipelines):
+        pairs = sum(manifest["shard_pairs"][i::pipelines])
+        full, rest = divmod(pairs, pool_size)
+        counts.append(full * math.ceil(pool_size / per_replica) + math.ceil(rest / per_replica))
+    return min(counts)
+
+
 def _pool_batches(pool, batch_size: int, batch_type: str):
     """Sorts one pool of pairs by length and cuts it into batches (a Dataset).
 
@@ -493,11 +512,12 @@ def read_prepared_manifest(prepared_dir: str) -> dict | None:
 
 
 def write_prepared_shards(src: str, tgt: str, src_tokenizer, tgt_tokenizer, prepared_dir: str, *,
-                          max_len: int, shards: int, log=print) -> dict:
+                          max_len: int, shards: int, lines: int | None = None, log=print) -> dict:
     """Tokenizes a parallel corpus once, with the training pipeline's own
     in-graph tokenization (the same function, so nothing can differ), into
     `shards` TFRecord files of the pairs training uses. A record is a block of
-    up to 1,024 consecutive pairs: `tf.io.serialize_tensor` of the serialized
+    the pairs of up to 1,024 consecutive lines (fewer when the corpus has
+    fewer than 1,024 `lines` per shard, so that every shard gets some): `tf.io.serialize_tensor` of the serialized
     [source ids, source row splits, target ids, target row splits] (int32 ids
     without EOS / BOS), so that reading parses a block at a time; blocks go
     round robin to the shards. Written into a temporary directory renamed into
@@ -518,22 +538,27 @@ def write_prepared_shards(src: str, tgt: str, src_tokenizer, tgt_tokenizer, prep
         parts = [s.flat_values, s.row_splits, t.flat_values, t.row_splits]
         return tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(p) for p in parts])), s.nrows()
 
-    blocks = (parallel_lines(src, tgt).batch(_TOKENIZE_BATCH)
+    block_lines = _TOKENIZE_BATCH if lines is None else max(1, min(_TOKENIZE_BATCH, math.ceil(lines / shards)))
+    blocks = (parallel_lines(src, tgt).batch(block_lines)
               .map(block, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
               .prefetch(8))
     started, count, written = time.time(), 0, 0
+    shard_pairs = [0] * shards
     writers = [tf.io.TFRecordWriter(os.path.join(partial, n)) for n in names]
     try:
         for record, pairs in blocks.as_numpy_iterator():
             if pairs:
                 writers[written % shards].write(record)
+                shard_pairs[written % shards] += int(pairs)
                 written += 1
                 count += int(pairs)
     finally:
         for w in writers:
             w.close()
     seconds = time.time() - started
-    manifest = {**key, "pairs": count, "blocks": written, "shards": names, "source": os.path.abspath(src),
+    manifest = {**key, "pairs": count, "blocks": written, "block_lines": block_lines, "shards": names,
+                "shard_pairs": shard_pairs,
+                "source": os.path.abspath(src),
                 "target": os.path.abspath(tgt), "seconds": round(seconds, 1)}
     write_atomically(os.path.join(partial, PREPARED_MANIFEST), json.dumps(manifest, indent=1))
     shutil.rmtree(prepared_dir, ignore_errors=True)

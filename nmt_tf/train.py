@@ -240,7 +240,8 @@ def _prepare_shards(config, src_tok, tgt_tok, prepared: str, stats, log) -> None
             "another number of shards: preparing again.")
     log(f"Tokenizing {config.train_src} | {config.train_tgt} into {config.prepared_shards} shards ...")
     manifest = data.write_prepared_shards(config.train_src, config.train_tgt, src_tok, tgt_tok, prepared,
-                                          max_len=config.max_len, shards=config.prepared_shards, log=log)
+                                          max_len=config.max_len, shards=config.prepared_shards,
+                                          lines=stats.lines, log=log)
     if manifest["pairs"] != stats.pairs:
         raise TrainingError(f"{prepared} holds {manifest['pairs']:,} pairs but the corpus statistics count "
                             f"{stats.pairs:,}: the corpus changed while it was read.")
@@ -322,6 +323,23 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         distribution.barrier(strategy)  # the shards are written
     has_dev = dev_stats is not None
     n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
+    # Several workers reading prepared shards in sentence batches: each reads only
+    # its own shards and makes its replicas' batches of them; otherwise every
+    # worker reads all the data and keeps its replicas' shares of each batch.
+    own_shards = prepared is not None and worker.workers > 1 and config.batch_type == "sentences"
+    if own_shards:
+        if config.prepared_shards < worker.workers:
+            raise TrainingError(f"--prepared_shards={config.prepared_shards} is fewer than the "
+                                f"{worker.workers} workers: each worker reads its own shards.")
+        context = tf.distribute.InputContext(num_input_pipelines=worker.workers,
+                                             num_replicas_in_sync=strategy.num_replicas_in_sync)
+        n_batches = data.prepared_batches_per_epoch(data.read_prepared_manifest(prepared), config.batch_size,
+                                                    config.batch_type, config.pool_size, context)
+        if not n_batches:
+            raise TrainingError(f"The prepared shards of {prepared} give some of the {worker.workers} workers "
+                                "no batch: the corpus is too small for them.")
+        log(f"Each of the {worker.workers} workers reads its own shards of {prepared}; an epoch is the "
+            f"{n_batches:,} steps all of them can make (a worker's batches beyond that are left out).")
 
     with strategy.scope():
         model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
@@ -409,9 +427,14 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                 # epoch-end one: nothing left to train, only the epoch-end work.
                 controller.on_epoch_end(epoch)
                 continue
-            ds = dataset(config.train_src, config.train_tgt, shuffle=True,
-                         shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
-                         skip_batches=skip, prepared=prepared)
+            epoch_data = dict(shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
+                              skip_batches=skip, prepared=prepared)
+            if own_shards:
+                ds = strategy.distribute_datasets_from_function(
+                    lambda context, kw=epoch_data, steps=n_batches - skip: dataset(
+                        config.train_src, config.train_tgt, input_context=context, **kw).take(steps))
+            else:
+                ds = dataset(config.train_src, config.train_tgt, **epoch_data)
             if not print_lines:
                 log(f"Epoch {epoch + 1}/{config.max_epochs}")
             with warnings.catch_warnings():

@@ -3,6 +3,7 @@ logical CPU devices, and MultiWorkerMirroredStrategy with two worker
 processes on 127.0.0.1, each against a single-process run of the same job."""
 
 import json
+import math
 import os
 import signal
 import socket
@@ -124,6 +125,24 @@ def test_two_workers_on_localhost_hold_one_model_and_train_what_one_process_trai
     assert sorted(os.listdir(os.path.join(model_dir, "workers", "worker_1"))) == [
         "corpus_stats.dev.json", "corpus_stats.json", "logs", "train_summary.json"]
     assert_same_training(one_device, model_dir, step=10)
+
+
+def test_workers_read_their_own_prepared_shards(tiny_corpus, tmp_path):
+    """With --prepared_shards each worker reads only its shards: 3 shards of
+    ~13 pairs for 2 workers are 2 shards for one, 1 for the other, and an epoch
+    is the steps the smaller share can make (per-replica batches of 2)."""
+    model_dir = str(tmp_path / "own_shards")
+    job = ("--batch_size=4", "--pool_size=8", "--max_epochs=2", "--prepared_shards=3", "--seed=5", "--nodev_bleu")
+    (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *job))
+    assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
+    manifest = json.load(open(os.path.join(model_dir, "prepared", "manifest.json")))
+    assert sum(manifest["shard_pairs"]) == 40 and min(manifest["shard_pairs"]) > 0
+    per_worker = [sum(manifest["shard_pairs"][0::2]), manifest["shard_pairs"][1]]
+    steps = min(sum(math.ceil(len(pool) / 2) for pool in np.array_split(np.arange(n), range(8, n, 8)))
+                for n in per_worker)
+    assert f"an epoch is the {steps} steps all of them can make" in out0
+    assert summary(model_dir)["steps"] == 2 * steps < 20        # 20: every worker reading everything
+    assert summary(model_dir)["weights_sha256"] == summary(model_dir, "worker_1")["weights_sha256"]
 
 
 def test_a_killed_worker_stops_the_job_with_a_clear_error_and_a_rerun_resumes(tiny_corpus, tmp_path):
