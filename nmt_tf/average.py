@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags as absl_flags
@@ -65,13 +64,11 @@ def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_dir:
-        print("error: --model_dir is required.", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error("--model_dir is required.")
     try:
         average(FLAGS.model_dir, FLAGS.average_checkpoints, FLAGS.average_from)
     except (OSError, ValueError) as e:      # FileNotFoundError, WriteFailed (a full disk), ...
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(e)
     return 0
 
 

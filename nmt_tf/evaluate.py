@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags as absl_flags
@@ -304,18 +303,16 @@ def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     if MODELS and all(kind == "saved_model" for kind, _ in MODELS) and nmt_flags.fixed_at_export_given():
-        print(f"error: --{', --'.join(nmt_flags.fixed_at_export_given())}: {nmt_flags.FIXED_AT_EXPORT_REASON}, "
-              "or evaluate the model directory (--model_dir).",
-              file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(f"--{', --'.join(nmt_flags.fixed_at_export_given())}: "
+                                    f"{nmt_flags.FIXED_AT_EXPORT_REASON}, or evaluate the model directory "
+                                    "(--model_dir).")
     try:
         reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
                       nmt_flags.weights_choice(), FLAGS.max_input_length, FLAGS.lines_per_batch,
                       ensemble=FLAGS.ensemble, unk_replacement=UnkReplacement.from_flags(
                           FLAGS.replace_unk, FLAGS.unk_dictionary))
     except (EvaluationError, ClientError, OSError, ValueError) as e:   # OSError: FileNotFoundError, WriteFailed
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(e)
     print(format_table(reports))
     return 0
 

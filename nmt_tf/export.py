@@ -56,7 +56,6 @@ import json
 import os
 import re
 import shutil
-import sys
 
 from absl import app
 from absl import flags as absl_flags
@@ -201,16 +200,14 @@ def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_dir or not FLAGS.export_dir:
-        print("error: --model_dir and --export_dir are required.", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error("--model_dir and --export_dir are required.")
     try:
         export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir, nmt_flags.search_options(),
                FLAGS.version, nmt_flags.weights_choice(), FLAGS.max_input_length,
                freeze_step_weights=FLAGS.freeze_step_weights, unk_replacement=UnkReplacement.from_flags(
                    FLAGS.replace_unk, FLAGS.unk_dictionary))
     except (OSError, ValueError) as e:      # FileNotFoundError, FileExistsError, WriteFailed (a full disk)
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(e)
     return 0
 
 

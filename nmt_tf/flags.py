@@ -251,10 +251,22 @@ def start_cli(argv: list[str], verbose: bool = False, accepts: frozenset | None 
                 f"error: {', '.join('--' + n for n in foreign)}: not {'a flag' if len(foreign) == 1 else 'flags'} of "
                 f"nmt_tf.{tool}, which would ignore {'it' if len(foreign) == 1 else 'them'}"
                 f"{f' ({why})' if why else ''}. `python -m nmt_tf.{tool} --help` lists its flags.", file=sys.stderr)
-            raise SystemExit(1)
+            raise SystemExit(EXIT_USER_ERROR)
     # TensorFlow's Python INFO lines (checkpoint saver, ...) unless asked for.
     logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
     startup.quiet_tensorflow_import()
+
+
+EXIT_USER_ERROR = 1
+
+
+def user_error(error, code: int = EXIT_USER_ERROR) -> int:
+    """How every nmt_tf CLI reports a problem it can name (a missing file, a
+    bad flag combination, bad input): one line `error: ...` on standard error,
+    no traceback; returns the exit code for main to return (1 unless the tool
+    documents another for this case)."""
+    print(f"error: {error}", file=sys.stderr)
+    return code
 
 
 def nmt_flag_names() -> list[str]:

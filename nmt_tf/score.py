@@ -266,8 +266,7 @@ def main(argv):
                 out.close()
         print(f"scored {ordered.scored:,} pairs", file=sys.stderr)
     except (ScoreError, ClientError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(e)
     return 0
 
 

@@ -183,8 +183,7 @@ def main(argv):
     nmt_flags.start_cli(argv, verbose=True, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_base_path:
-        print("error: --model_base_path is required.", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error("--model_base_path is required.")
     print(f"CPU kernels: {choose_kernels(FLAGS.onednn)}", flush=True)
     print(f"TensorFlow threads: {set_threads(FLAGS.inter_op_threads, FLAGS.intra_op_threads)}", flush=True)
     try:
@@ -192,8 +191,7 @@ def main(argv):
             FLAGS.model_name, FLAGS.model_base_path, FLAGS.port, FLAGS.host, FLAGS.threads,
             FLAGS.max_message_mb, FLAGS.max_batch_size, FLAGS.poll_seconds, log=print)
     except (FileNotFoundError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(e)
     rest = None
     if FLAGS.rest_api_port:
         try:
@@ -202,8 +200,7 @@ def main(argv):
         except OSError as e:
             server.stop(grace=0)
             registry.stop()
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+            return nmt_flags.user_error(e)
     ports = f"port {port} (TF Serving gRPC API)" + (f" and {rest.port} (REST API)" if rest else "")
     print(f"Serving model '{FLAGS.model_name}' version {registry.current.version} on {ports}; "
           "production deployments use tensorflow_model_server, see export/README.md", flush=True)

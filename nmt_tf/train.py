@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 import warnings
 
@@ -543,17 +542,13 @@ def main(argv):
             return 0
         summary = train(config, explicit=nmt_flags.explicitly_set())
     except NaNLossError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_NAN
+        return nmt_flags.user_error(e, EXIT_NAN)
     except NoIntactCheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_NO_INTACT_CHECKPOINT
+        return nmt_flags.user_error(e, EXIT_NO_INTACT_CHECKPOINT)
     except WriteFailed as e:
-        print(f"error: {e}. Free some space and rerun the same command to resume.", file=sys.stderr)
-        return EXIT_WRITE_FAILED
+        return nmt_flags.user_error(f"{e}. Free some space and rerun the same command to resume.", EXIT_WRITE_FAILED)
     except (TrainingError, CorpusError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(e)
     except Exception as e:
         from nmt_tf.distribution import lost_worker
 
@@ -562,10 +557,10 @@ def main(argv):
         import re
 
         reason = re.sub(r"\{\{[^}]*\}\}\s*", "", str(e)).strip().splitlines()
-        print(f"error: the multi-worker job lost a worker, so this one stopped too ({type(e).__name__}: "
-              f"{' '.join(line.strip() for line in reason[:2])}). Start every worker again with the same "
-              "command: training resumes from the last checkpoint in --model_dir.", file=sys.stderr)
-        return EXIT_WORKER_LOST
+        return nmt_flags.user_error(
+            f"the multi-worker job lost a worker, so this one stopped too ({type(e).__name__}: "
+            f"{' '.join(line.strip() for line in reason[:2])}). Start every worker again with the same "
+            "command: training resumes from the last checkpoint in --model_dir.", EXIT_WORKER_LOST)
     if summary["status"] == "interrupted":
         return interrupted_exit_code(summary["signal"])
     return 0

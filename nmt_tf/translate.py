@@ -137,8 +137,7 @@ def main(argv):
                         reasons={name: nmt_flags.FIXED_AT_EXPORT_REASON for name in nmt_flags.FIXED_AT_EXPORT})
     FLAGS = absl_flags.FLAGS
     if bool(FLAGS.saved_model) == bool(FLAGS.server):
-        print("error: give exactly one of --saved_model and --server.", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error("give exactly one of --saved_model and --server.")
     try:
         client = SignatureClient(saved_model=FLAGS.saved_model, server=FLAGS.server, model_name=FLAGS.model_name,
                                  version=FLAGS.model_version, timeout=FLAGS.timeout,
@@ -153,8 +152,7 @@ def main(argv):
             if FLAGS.output:
                 out.close()
     except (TranslationError, ClientError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(e)
     return 0
 
 

@@ -39,7 +39,6 @@ See nmt_tf.representations.
 from __future__ import annotations
 
 import os
-import sys
 
 from absl import app
 from absl import flags as absl_flags
@@ -267,8 +266,7 @@ def main(argv):
         for item in render(fn, sentences, names, paths, FLAGS.logdir):
             print(f"{item['path']}: {item['translation']}")
     except (VisualizeError, RepresentationError, InputError, ClientError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return nmt_flags.user_error(e)
     return 0
 
 

@@ -114,3 +114,14 @@ def test_no_module_imports_a_command_line_tool():
     assert {"nmt_tf.train", "nmt_tf.translate", "nmt_tf.evaluate", "nmt_tf.export", "nmt_tf.serve"} <= tools
     for module, deps in graph.items():
         assert not deps & tools, f"{module} imports the tool(s) {sorted(deps & tools)}"
+
+
+def test_every_tool_reports_errors_through_one_path():
+    """A tool's error line and exit code come from nmt_flags.user_error, not
+    from prints of its own (one format, one place to change it)."""
+    tools = [os.path.join(PACKAGE, f"{t}.py") for t in
+             ("train", "translate", "evaluate", "export", "serve", "score", "average", "visualize")]
+    for path in tools:
+        text = open(path, encoding="utf-8").read()
+        assert "user_error(" in text, path
+        assert 'print(f"error' not in text and 'print("error' not in text, path
