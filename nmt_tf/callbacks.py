@@ -41,6 +41,21 @@ class TrainingState(tf.Module):
         self.last_eval_step = i64(-1)
 
 
+class StopVotes:
+    """A multi-worker job's way to stop every worker after the same update.
+
+    A signal or --max_hours reaches each worker at its own moment; a worker
+    that stopped alone would leave the others waiting in the next all-reduce.
+    So a worker only votes (its signal's number, or 1 for the time budget),
+    `Seq2SeqModel.train_step` takes the maximum of the votes over the workers
+    with the gradients, and every worker stops after the update in which it
+    sees a vote. Plain (not mirrored) variables: each worker has its own."""
+
+    def __init__(self):
+        self.signal = tf.Variable(0.0, trainable=False, name="stop_vote_signal")
+        self.hours = tf.Variable(0.0, trainable=False, name="stop_vote_hours")
+
+
 class DevEvaluator:
     """Negative log-likelihood of a dev set, with one traced function."""
 
@@ -155,6 +170,7 @@ class TrainingController(keras.callbacks.Callback):
         self.run_seconds = 0.0
         self._interrupted = False
         self.received_signal: str | None = None      # name of the signal that stopped the run
+        self.votes: StopVotes | None = None           # set under a multi-worker strategy
         self._reset_interval()
         self._reset_epoch()
 
@@ -204,14 +220,33 @@ class TrainingController(keras.callbacks.Callback):
             for sig, h in previous.items():
                 signal.signal(sig, h)
 
-    def check_budgets(self):
-        """Stops on --max_steps, --max_hours or a signal."""
+    def check_budgets(self, vote: bool = False):
+        """Stops on --max_steps, --max_hours or a signal. With `vote` (after an
+        update, under a multi-worker strategy), the time budget and a signal,
+        which each worker meets at its own moment, are votes (StopVotes)."""
+        out_of_time = self.config.max_hours and self.state.train_seconds.numpy() >= self.config.max_hours * 3600
         if self.config.max_steps and self.step >= self.config.max_steps:
             self._stop("max_steps")
-        elif self.config.max_hours and self.state.train_seconds.numpy() >= self.config.max_hours * 3600:
+        elif vote and self.votes is not None:
+            if out_of_time:
+                self.votes.hours.assign(1.0)
+            if self._interrupted:
+                self.votes.signal.assign(float(signal.Signals[self.received_signal].value))
+        elif out_of_time:
             self._stop("max_hours")
         elif self._interrupted:
             self._stop("interrupted")
+
+    def _count_votes(self, logs):
+        """Stops after this update if a worker voted in it (StopVotes)."""
+        signum, hours = int(float(logs.get("stop_signal", 0))), float(logs.get("stop_hours", 0))
+        if signum:
+            if self.received_signal is None:
+                self.log(f"Another worker received {signal.Signals(signum).name}: stopping after this update.")
+            self.received_signal = self.received_signal or signal.Signals(signum).name
+            self._stop("interrupted")
+        elif hours:
+            self._stop("max_hours")
 
     def _stop(self, reason: str):
         self.stop_reason = self.stop_reason or reason
@@ -259,7 +294,9 @@ class TrainingController(keras.callbacks.Callback):
             self.evaluate(step)
         if step % self.config.checkpoint_every_steps == 0:
             self.save(step)
-        self.check_budgets()
+        if self.votes is not None:
+            self._count_votes(logs)
+        self.check_budgets(vote=True)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.nan_step is not None:

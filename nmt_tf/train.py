@@ -412,6 +412,9 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                                        layout.path(write_dir, layout.LOGS), n_batches, log=log,
                                        print_lines=print_lines, bleu=bleu)
     controller.set_model(model)
+    if worker.workers > 1:
+        # Not tracked by the model (a plain object): checkpoints stay as they are.
+        model.stop_votes = controller.votes = cb.StopVotes()
     callbacks = [controller]
     if not print_lines:
         callbacks.append(cb.TrainingProgbar())

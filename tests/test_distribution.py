@@ -173,6 +173,42 @@ def test_a_killed_worker_stops_the_job_with_a_clear_error_and_a_rerun_resumes(ti
     assert summary(model_dir)["weights_sha256"] == summary(model_dir, "worker_1")["weights_sha256"]
 
 
+def test_sigterm_to_one_worker_stops_every_worker_after_the_same_update(tiny_corpus, tmp_path):
+    """The signalled worker votes; both stop after the update that carries the
+    vote, checkpoint it, and exit with 128 + SIGTERM."""
+    model_dir = str(tmp_path / "sigterm")
+    job = ("--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu")
+    procs = start_workers(tiny_corpus, model_dir, *job)
+    ckpt_dir = os.path.join(model_dir, "checkpoints")
+    deadline = time.time() + 180
+    while time.time() < deadline and procs[0].poll() is None:
+        latest = tf.train.latest_checkpoint(ckpt_dir)
+        if latest and int(latest.rsplit("-", 1)[1]) >= 10:
+            break
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGTERM)
+    (rc0, out0, err0), (rc1, out1, err1) = finish(procs)
+    assert rc0 == rc1 == 128 + signal.SIGTERM, err0[-3000:] + err1[-3000:]
+    assert "Another worker received SIGTERM: stopping after this update." in out0
+    chief, other = summary(model_dir), summary(model_dir, "worker_1")
+    assert chief["status"] == other["status"] == "interrupted" and chief["signal"] == "SIGTERM"
+    assert chief["steps"] == other["steps"] and chief["weights_sha256"] == other["weights_sha256"]
+    # The update's checkpoint, from which a rerun resumes (as after a kill, below).
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith(f"ckpt-{chief['steps']}")
+
+
+def test_the_time_budget_stops_every_worker_after_the_same_update(tiny_corpus, tmp_path):
+    """--max_hours runs out at each worker's own moment: a vote, like a signal."""
+    model_dir = str(tmp_path / "budget")
+    job = ("--batch_size=4", "--max_epochs=200", "--max_hours=0.0005", "--checkpoint_every_steps=50", "--seed=5",
+           "--nodev_bleu")
+    (rc0, _, err0), (rc1, _, err1) = finish(start_workers(tiny_corpus, model_dir, *job))
+    assert rc0 == rc1 == 0, err0[-3000:] + err1[-3000:]
+    chief, other = summary(model_dir), summary(model_dir, "worker_1")
+    assert chief["status"] == other["status"] == "max_hours"
+    assert chief["steps"] == other["steps"] and chief["weights_sha256"] == other["weights_sha256"]
+
+
 def test_settings_that_cannot_work_are_one_clear_error(tiny_corpus, tmp_path, monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(distribution.DistributionError, match="needs the TF_CONFIG environment variable"):

@@ -414,6 +414,12 @@ class Seq2SeqModel(keras.Model):
         logs = {**epoch_logs, "batch_loss": nll_sum / tf.maximum(tokens, 1.0), "batch_tokens": tokens,
                 "batch_sentences": sentences, "grad_norm": grad_norm}
         if _across_workers(tf.distribute.get_strategy()):
+            votes = getattr(self, "stop_votes", None)       # nmt_tf.callbacks.StopVotes
+            if votes is not None:
+                # The largest vote of each kind (all_reduce has no MAX: gather them).
+                every = replica.all_gather(tf.reshape(tf.stack([votes.signal, votes.hours]), [1, 2]), axis=0)
+                largest = tf.reduce_max(tf.reshape(every, [-1, 2]), axis=0)
+                logs["stop_signal"], logs["stop_hours"] = largest[0], largest[1]
             # Keras averages a multi-worker step's outputs with strategy.reduce(MEAN, v,
             # axis=0), which fails on scalars: give it vectors of one value.
             logs = {k: tf.reshape(v, [1]) for k, v in logs.items()}
