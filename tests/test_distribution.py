@@ -145,10 +145,11 @@ def test_workers_read_their_own_prepared_shards(tiny_corpus, tmp_path):
     assert summary(model_dir)["weights_sha256"] == summary(model_dir, "worker_1")["weights_sha256"]
 
 
-def test_a_killed_worker_stops_the_job_with_a_clear_error_and_a_rerun_resumes(tiny_corpus, tmp_path):
-    model_dir = str(tmp_path / "killed")
+def two_workers_past_step_10(corpus, model_dir):
+    """Two workers of a long job, once the chief has checkpointed step 10:
+    (their Popens, the checkpoint folder)."""
     job = ("--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu")
-    procs = start_workers(tiny_corpus, model_dir, *job)
+    procs = start_workers(corpus, model_dir, *job)
     ckpt_dir = os.path.join(model_dir, "checkpoints")
     deadline = time.time() + 180
     while time.time() < deadline and procs[0].poll() is None:
@@ -156,6 +157,12 @@ def test_a_killed_worker_stops_the_job_with_a_clear_error_and_a_rerun_resumes(ti
         if latest and int(latest.rsplit("-", 1)[1]) >= 10:
             break
         time.sleep(0.2)
+    return procs, ckpt_dir
+
+
+def test_a_killed_worker_stops_the_job_with_a_clear_error_and_a_rerun_resumes(tiny_corpus, tmp_path):
+    model_dir = str(tmp_path / "killed")
+    procs, ckpt_dir = two_workers_past_step_10(tiny_corpus, model_dir)
     procs[1].send_signal(signal.SIGKILL)
     (rc0, _, err0), _ = finish(procs)
     assert rc0 == 6, err0[-3000:]
@@ -177,15 +184,7 @@ def test_sigterm_to_one_worker_stops_every_worker_after_the_same_update(tiny_cor
     """The signalled worker votes; both stop after the update that carries the
     vote, checkpoint it, and exit with 128 + SIGTERM."""
     model_dir = str(tmp_path / "sigterm")
-    job = ("--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu")
-    procs = start_workers(tiny_corpus, model_dir, *job)
-    ckpt_dir = os.path.join(model_dir, "checkpoints")
-    deadline = time.time() + 180
-    while time.time() < deadline and procs[0].poll() is None:
-        latest = tf.train.latest_checkpoint(ckpt_dir)
-        if latest and int(latest.rsplit("-", 1)[1]) >= 10:
-            break
-        time.sleep(0.2)
+    procs, ckpt_dir = two_workers_past_step_10(tiny_corpus, model_dir)
     procs[1].send_signal(signal.SIGTERM)
     (rc0, out0, err0), (rc1, out1, err1) = finish(procs)
     assert rc0 == rc1 == 128 + signal.SIGTERM, err0[-3000:] + err1[-3000:]
