@@ -47,9 +47,10 @@ class StopVotes:
     A signal or --max_hours reaches each worker at its own moment; a worker
     that stopped alone would leave the others waiting in the next all-reduce.
     So a worker only votes (its signal's number, or 1 for the time budget),
-    `Seq2SeqModel.train_step` takes the maximum of the votes over the workers
-    with the gradients, and every worker stops after the update in which it
-    sees a vote. Plain (not mirrored) variables: each worker has its own."""
+    every update of `Seq2SeqModel.train_step` gathers the votes of all
+    workers and takes their maximum, and every worker stops after the update
+    in which it sees a vote. Plain (not mirrored) variables: each worker has
+    its own."""
 
     def __init__(self):
         self.signal = tf.Variable(0.0, trainable=False, name="stop_vote_signal")
