@@ -30,6 +30,8 @@ import hashlib
 import json
 import math
 import os
+import shutil
+import time
 import zlib
 
 import tensorflow as tf
@@ -523,9 +525,6 @@ def write_prepared_shards(src: str, tgt: str, src_tokenizer, tgt_tokenizer, prep
     round robin to the shards. Written into a temporary directory renamed into
     place with its manifest, so a run killed while preparing leaves no
     half-written shards behind; returns the manifest."""
-    import shutil
-    import time
-
     key = prepared_key(src, tgt, src_tokenizer, tgt_tokenizer, max_len)
     partial = prepared_dir.rstrip("/") + ".partial"
     shutil.rmtree(partial, ignore_errors=True)

@@ -45,11 +45,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 import warnings
 
 from absl import app
 
+from nmt_tf import distribution
 from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
 from nmt_tf import models
@@ -282,8 +284,6 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     check_config(config)
     # Before anything else touches TensorFlow (a multi-worker strategy and
     # logical CPU devices configure its runtime as it starts).
-    from nmt_tf import distribution
-
     try:
         strategy, worker = distribution.make_strategy(config.distribution, config.cpu_devices,
                                                       config.collective_timeout)
@@ -553,12 +553,8 @@ def main(argv):
     except (TrainingError, CorpusError, FileNotFoundError) as e:
         return nmt_flags.user_error(e)
     except Exception as e:
-        from nmt_tf.distribution import lost_worker
-
-        if config.distribution != "multi_worker" or not lost_worker(e):
+        if config.distribution != "multi_worker" or not distribution.lost_worker(e):
             raise
-        import re
-
         reason = re.sub(r"\{\{[^}]*\}\}\s*", "", str(e)).strip().splitlines()
         return nmt_flags.user_error(
             f"the multi-worker job lost a worker, so this one stopped too ({type(e).__name__}: "
