@@ -43,6 +43,8 @@ absl_flags.DEFINE_integer("shards", 8, "Prepared shards.")
 absl_flags.DEFINE_integer("runs", 5, "Epochs timed per source (the median is reported).")
 absl_flags.DEFINE_integer("generate_pairs", 0, "Write a corpus of this many pairs drawn from the flags' corpus "
                           "into --workdir first, and use it (0: use the flags' corpus).")
+absl_flags.DEFINE_list("sources", ["text", "prepared"], "Pipelines to time: text, prepared (the shards are "
+                       "made in any case).")
 absl_flags.DEFINE_string("workdir", None, "Where vocabularies, shards and a generated corpus go (default: a "
                          "temporary directory, removed at the end).")
 
@@ -143,7 +145,7 @@ def main(argv):
                                  seed=config.seed, epoch=run, prepared=prepared if source == "prepared" else None)
 
     results = {}
-    for source in ("text", "prepared"):
+    for source in FLAGS.sources:
         runs = [epoch(lambda: make(source, r), source) for r in range(FLAGS.runs)]
         results[source] = {
             "pairs_per_sec": round(statistics.median(r["pairs_per_sec"] for r in runs), 1),
@@ -157,7 +159,8 @@ def main(argv):
         "generate_seconds": generated_seconds, "tokenizer": config.tokenizer, "shards": FLAGS.shards,
         "batch_size": config.batch_size, "batch_type": config.batch_type,
         "shuffle_buffer": config.shuffle_buffer, "prepare": prepare, **results,
-        "prepared_over_text": round(results["prepared"]["pairs_per_sec"] / results["text"]["pairs_per_sec"], 2),
+        "prepared_over_text": (round(results["prepared"]["pairs_per_sec"] / results["text"]["pairs_per_sec"], 2)
+                               if len(results) == 2 else None),
         "tensorflow": tf.__version__, "cpu_count": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "cpu_flags": vector_flags(),
     }
