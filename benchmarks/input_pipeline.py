@@ -122,14 +122,15 @@ def main(argv):
         tmp = tempfile.TemporaryDirectory()
         workdir = tmp.name
     os.makedirs(workdir, exist_ok=True)
+    # Vocabularies of the flags' corpus (a generated corpus draws its lines from it).
+    os.makedirs(os.path.join(workdir, "vocab"), exist_ok=True)
+    src_tok, tgt_tok, _ = data.build_vocabularies(config, os.path.join(workdir, "vocab"), log=lambda *a: None)
     generated_seconds = None
     if FLAGS.generate_pairs:
         started = time.perf_counter()
         src, tgt = generate(config.train_src, config.train_tgt, FLAGS.generate_pairs, workdir)
         generated_seconds = round(time.perf_counter() - started, 1)
         config = config.replace(train_src=src, train_tgt=tgt)
-    os.makedirs(os.path.join(workdir, "vocab"), exist_ok=True)
-    src_tok, tgt_tok, _ = data.build_vocabularies(config, os.path.join(workdir, "vocab"), log=lambda *a: None)
     prepared = os.path.join(workdir, "prepared")
     started = time.perf_counter()
     with RssSampler() as rss:
