@@ -39,7 +39,7 @@ import tensorflow as tf
 from nmt_tf import files
 from nmt_tf import model_dir as layout
 from nmt_tf import text
-from nmt_tf.files import is_gzip, write_atomically
+from nmt_tf.files import WriteFailed, is_gzip, write_atomically
 from nmt_tf.text import with_bos, with_eos
 
 _TOKENIZE_BATCH = 1024          # lines tokenized together (vectorized TF string ops)
@@ -543,17 +543,21 @@ def write_prepared_shards(src: str, tgt: str, src_tokenizer, tgt_tokenizer, prep
               .prefetch(8))
     started, count, written = time.time(), 0, 0
     shard_pairs = [0] * shards
-    writers = [tf.io.TFRecordWriter(os.path.join(partial, n)) for n in names]
     try:
-        for record, pairs in blocks.as_numpy_iterator():
-            if pairs:
-                writers[written % shards].write(record)
-                shard_pairs[written % shards] += int(pairs)
-                written += 1
-                count += int(pairs)
-    finally:
-        for w in writers:
-            w.close()
+        writers = [tf.io.TFRecordWriter(os.path.join(partial, n)) for n in names]
+        try:
+            for record, pairs in blocks.as_numpy_iterator():
+                if pairs:
+                    writers[written % shards].write(record)
+                    shard_pairs[written % shards] += int(pairs)
+                    written += 1
+                    count += int(pairs)
+        finally:
+            for w in writers:
+                w.close()
+    except (OSError, tf.errors.ResourceExhaustedError, tf.errors.UnknownError) as e:   # a full disk
+        shutil.rmtree(partial, ignore_errors=True)
+        raise WriteFailed(partial, e, kept="the partial shards were removed") from None
     seconds = time.time() - started
     manifest = {**key, "pairs": count, "blocks": written, "block_lines": block_lines, "shards": names,
                 "shard_pairs": shard_pairs,

@@ -274,3 +274,29 @@ def test_prepared_key_changes_with_the_corpus_vocabularies_and_max_len(tiny_corp
     assert key != data.prepared_key(other, tiny_corpus["train_tgt"], src_tok, tgt_tok, 50)
     with pytest.raises(data.CorpusError, match="holds no prepared shards"):
         next(iter(prepared_dataset(tiny_corpus, tokenizers, str(tmp_path / "none"), batch_size=4)))
+
+
+def test_a_full_disk_while_preparing_shards_is_one_error_and_leaves_nothing(tiny_corpus, tokenizers, tmp_path,
+                                                                             monkeypatch):
+    import errno
+
+    from nmt_tf.files import WriteFailed
+
+    src_tok, tgt_tok, _ = tokenizers
+
+    class FullDisk:
+        def __init__(self, path):
+            pass
+
+        def write(self, record):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tf.io, "TFRecordWriter", FullDisk)
+    path = str(tmp_path / "prepared")
+    with pytest.raises(WriteFailed, match="No space left on device.*partial shards were removed"):
+        data.write_prepared_shards(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, path,
+                                   max_len=50, shards=2, log=lambda *a: None)
+    assert not os.path.exists(path) and not os.path.exists(path + ".partial")
