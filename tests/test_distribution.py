@@ -2,6 +2,7 @@
 logical CPU devices, and MultiWorkerMirroredStrategy with two worker
 processes on 127.0.0.1, each against a single-process run of the same job."""
 
+import glob
 import json
 import math
 import os
@@ -26,7 +27,7 @@ LOSS_RTOL = 1e-5
 # a gradient summed twice over the replicas, or normalised by one replica's
 # tokens, or clipped with one replica's norm, trains other weights.
 JOB = ("--batch_size=8", "--max_epochs=2", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu",
-       "--optimizer=sgd", "--learning_rate=1.0", "--clip_norm=2")
+       "--optimizer=sgd", "--learning_rate=1.0", "--clip_norm=2", "--log_every_steps=1")
 
 
 def free_ports(n):
@@ -67,6 +68,20 @@ def summary(model_dir, worker=None):
         return json.load(f)
 
 
+def loss_curve(model_dir) -> dict:
+    """{step: training loss} as TensorBoard has it (logs/train)."""
+    from tensorflow.core.util import event_pb2
+
+    curve = {}
+    for path in glob.glob(os.path.join(model_dir, "logs", "train", "events*")):
+        for record in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                if value.tag == "loss":
+                    curve[event.step] = float(tf.make_ndarray(value.tensor))
+    return curve
+
+
 def assert_same_training(a_dir, b_dir, step, atol=WEIGHTS_ATOL, loss_rtol=LOSS_RTOL):
     a = checkpoint_weights(os.path.join(a_dir, "checkpoints", f"ckpt-{step}"))
     b = checkpoint_weights(os.path.join(b_dir, "checkpoints", f"ckpt-{step}"))
@@ -75,6 +90,10 @@ def assert_same_training(a_dir, b_dir, step, atol=WEIGHTS_ATOL, loss_rtol=LOSS_R
         np.testing.assert_allclose(a[k], b[k], rtol=0, atol=atol, err_msg=k)
     sa, sb = summary(a_dir), summary(b_dir)
     assert sa["steps"] == sb["steps"] == step
+    curve_a, curve_b = loss_curve(a_dir), loss_curve(b_dir)      # the loss of every update
+    assert sorted(curve_a) == sorted(curve_b) == list(range(1, step + 1))
+    np.testing.assert_allclose([curve_b[s] for s in sorted(curve_b)], [curve_a[s] for s in sorted(curve_a)],
+                               rtol=loss_rtol)
     for part in ("train", "dev"):
         np.testing.assert_allclose(sa[part]["nll_per_token"], sb[part]["nll_per_token"], rtol=loss_rtol)
 
