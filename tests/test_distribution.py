@@ -116,6 +116,18 @@ def test_mirrored_over_two_cpu_devices_trains_what_one_device_trains(tiny_corpus
     assert_same_training(one_device, model_dir, step=10)       # 40 pairs, global batch 8, 2 epochs
 
 
+def test_a_mirrored_run_stopped_and_resumed_trains_what_one_device_trains(tiny_corpus, one_device, tmp_path):
+    model_dir = str(tmp_path / "mirrored_resumed")
+    mirrored = ("--distribution=mirrored", "--cpu_devices=2")
+    first = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *mirrored, "--max_steps=5"))
+    assert first.returncode == 0 and summary(model_dir)["steps"] == 5, first.stderr
+    # (--max_steps=0: a resume takes the flags not given from flags.json)
+    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *mirrored, "--max_steps=0"))
+    assert done.returncode == 0, done.stderr
+    assert f"Restored {os.path.join(model_dir, 'checkpoints', 'ckpt-5')}" in done.stdout
+    assert_same_training(one_device, model_dir, step=10)
+
+
 def test_mirrored_with_float16_loss_scaling_trains_what_one_device_trains(tiny_corpus, tmp_path):
     """The GPU setting (mixed_float16: Keras' LossScaleOptimizer around ours), run on CPUs."""
     dirs = [str(tmp_path / "one"), str(tmp_path / "mirrored")]
