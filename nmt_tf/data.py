@@ -365,20 +365,23 @@ def batches_per_epoch(stats: CorpusStats, batch_size: int, batch_type: str, pool
 
 def prepared_batches_per_epoch(manifest: dict, batch_size: int, batch_type: str, pool_size: int,
                                input_context) -> int | None:
-    """Batches that every input pipeline of `input_context` can give in one
+    """Steps that every input pipeline of `input_context` can feed in one
     epoch of prepared shards (sentence batches): each pipeline reads its own
-    shards (`make_dataset`), so their numbers of batches differ a little; a
+    shards (`make_dataset`) and gives one per-replica batch to each of its
+    replicas per step, so the pipelines' numbers of steps differ a little; a
     step needs all of them, so every pipeline stops at the smallest number.
     None for token batches."""
     if batch_type != "sentences":
         return None
     per_replica = max(1, input_context.get_per_replica_batch_size(batch_size))
     pipelines = input_context.num_input_pipelines
+    local_replicas = max(1, input_context.num_replicas_in_sync // pipelines)
     counts = []
     for i in range(pipelines):
         pairs = sum(manifest["shard_pairs"][i::pipelines])
         full, rest = divmod(pairs, pool_size)
-        counts.append(full * math.ceil(pool_size / per_replica) + math.ceil(rest / per_replica))
+        batches = full * math.ceil(pool_size / per_replica) + math.ceil(rest / per_replica)
+        counts.append(batches // local_replicas)
     return min(counts)
 
 

@@ -432,9 +432,12 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
             epoch_data = dict(shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
                               skip_batches=skip, prepared=prepared)
             if own_shards:
+                # A worker's pipeline gives one per-replica batch to each of its replicas per step.
+                local = max(1, strategy.num_replicas_in_sync // worker.workers)
+                epoch_data["skip_batches"] = skip * local
                 ds = strategy.distribute_datasets_from_function(
-                    lambda context, kw=epoch_data, steps=n_batches - skip: dataset(
-                        config.train_src, config.train_tgt, input_context=context, **kw).take(steps))
+                    lambda context, kw=epoch_data, batches=(n_batches - skip) * local: dataset(
+                        config.train_src, config.train_tgt, input_context=context, **kw).take(batches))
             else:
                 ds = dataset(config.train_src, config.train_tgt, **epoch_data)
             if not print_lines:

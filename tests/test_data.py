@@ -300,3 +300,14 @@ def test_a_full_disk_while_preparing_shards_is_one_error_and_leaves_nothing(tiny
         data.write_prepared_shards(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, path,
                                    max_len=50, shards=2, log=lambda *a: None)
     assert not os.path.exists(path) and not os.path.exists(path + ".partial")
+
+
+def test_prepared_steps_per_epoch_count_each_workers_share_and_local_replicas():
+    manifest = {"shard_pairs": [10, 10, 10, 3]}       # worker 0: shards 0, 2 (20 pairs); worker 1: 1, 3 (13)
+    two_workers = tf.distribute.InputContext(num_input_pipelines=2, num_replicas_in_sync=2)
+    # per-replica batches of 2 from pools of 8: 20 pairs -> 4 + 4 + 2 = 10; 13 -> 4 + 3 = 7
+    assert data.prepared_batches_per_epoch(manifest, 4, "sentences", 8, two_workers) == 7
+    two_gpus_each = tf.distribute.InputContext(num_input_pipelines=2, num_replicas_in_sync=4)
+    # a step takes one batch per local replica: 7 batches feed 3 steps of 2 replicas
+    assert data.prepared_batches_per_epoch(manifest, 8, "sentences", 8, two_gpus_each) == 3
+    assert data.prepared_batches_per_epoch(manifest, 8, "tokens", 8, two_workers) is None
