@@ -359,7 +359,13 @@ def batches_per_epoch(stats: CorpusStats, batch_size: int, batch_type: str, pool
     """
     if batch_type != "sentences" or (input_context is not None and input_context.num_input_pipelines > 1):
         return None
-    full, rest = divmod(stats.pairs, pool_size)
+    return _sentence_batches(stats.pairs, batch_size, pool_size)
+
+
+def _sentence_batches(pairs: int, batch_size: int, pool_size: int) -> int:
+    """Sentence batches of `pairs` pairs: ceil(pool / batch) per pool of
+    `pool_size` (the last pool may be smaller)."""
+    full, rest = divmod(pairs, pool_size)
     return full * math.ceil(pool_size / batch_size) + math.ceil(rest / batch_size)
 
 
@@ -376,13 +382,8 @@ def prepared_batches_per_epoch(manifest: dict, batch_size: int, batch_type: str,
     per_replica = max(1, input_context.get_per_replica_batch_size(batch_size))
     pipelines = input_context.num_input_pipelines
     local_replicas = max(1, input_context.num_replicas_in_sync // pipelines)
-    counts = []
-    for i in range(pipelines):
-        pairs = sum(manifest["shard_pairs"][i::pipelines])
-        full, rest = divmod(pairs, pool_size)
-        batches = full * math.ceil(pool_size / per_replica) + math.ceil(rest / per_replica)
-        counts.append(batches // local_replicas)
-    return min(counts)
+    return min(_sentence_batches(sum(manifest["shard_pairs"][i::pipelines]), per_replica, pool_size)
+               // local_replicas for i in range(pipelines))
 
 
 def _pool_batches(pool, batch_size: int, batch_type: str):

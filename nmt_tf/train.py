@@ -185,39 +185,33 @@ def _prepare_data(config, model_dir: str, log, write_dir: str | None = None):
     corpora; returns (source tokenizer, target tokenizer, training stats, dev
     stats or None). Raises CorpusError / FileNotFoundError on unusable data.
 
-    write_dir: a worker other than the chief (nmt_tf.distribution) reads the
-    chief's flags and vocabularies in model_dir and writes its own files here.
+    write_dir: a worker other than the chief (nmt_tf.distribution) loads the
+    vocabularies the chief wrote in model_dir (after the chief checked the
+    corpora and wrote the flags) and keeps its corpus counts here.
     """
     from nmt_tf import data
 
-    if write_dir is not None and write_dir != model_dir:
-        os.makedirs(write_dir, exist_ok=True)
-        src_tok, tgt_tok, _ = data.build_vocabularies(config, model_dir, log=log)   # the chief's: loaded
-        stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
-                                  cache_path=layout.path(write_dir, layout.CORPUS_STATS))
-        dev_stats = None
-        if config.dev_src or config.dev_tgt:
-            dev_stats = data.corpus_stats(config.dev_src, config.dev_tgt, src_tok, tgt_tok, config.max_len,
-                                          cache_path=layout.path(write_dir, layout.DEV_CORPUS_STATS))
-        return src_tok, tgt_tok, stats, dev_stats
-
-    # Corpus checks before anything expensive.
-    data.check_parallel(config.train_src, config.train_tgt, "train_src", "train_tgt")
+    chief = write_dir in (None, model_dir)
+    write_dir = model_dir if chief else write_dir
     has_dev = bool(config.dev_src or config.dev_tgt)
-    if has_dev:
-        data.check_parallel(config.dev_src, config.dev_tgt, "dev_src", "dev_tgt")
-    os.makedirs(model_dir, exist_ok=True)
-    nmt_flags.save_config(config, model_dir)
+    if chief:
+        # Corpus checks before anything expensive.
+        data.check_parallel(config.train_src, config.train_tgt, "train_src", "train_tgt")
+        if has_dev:
+            data.check_parallel(config.dev_src, config.dev_tgt, "dev_src", "dev_tgt")
+    os.makedirs(write_dir, exist_ok=True)
+    if chief:
+        nmt_flags.save_config(config, model_dir)
     src_tok, tgt_tok, known = data.build_vocabularies(config, model_dir, log=log)
     stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
-                              cache_path=layout.path(model_dir, layout.CORPUS_STATS), known=known)
+                              cache_path=layout.path(write_dir, layout.CORPUS_STATS), known=known)
     log(stats.describe("Training"))
     if stats.pairs == 0:
         raise data.CorpusError(data.no_pairs_message(stats))
     dev_stats = None
     if has_dev:
         dev_stats = data.corpus_stats(config.dev_src, config.dev_tgt, src_tok, tgt_tok, config.max_len,
-                                      cache_path=layout.path(model_dir, layout.DEV_CORPUS_STATS))
+                                      cache_path=layout.path(write_dir, layout.DEV_CORPUS_STATS))
         log(dev_stats.describe("Dev"))
         if dev_stats.pairs == 0:
             raise data.CorpusError(data.no_pairs_message(dev_stats))

@@ -352,8 +352,12 @@ class Seq2SeqModel(keras.Model):
                 break
         return super()._maybe_symbolic_build(data_batch=data_batch)
 
-    def _epoch_logs(self):
-        loss = self.nll_sum.result() / tf.maximum(self.target_token_count.result(), 1.0)
+    def _epoch_logs(self, nll_sum=None, tokens=None):
+        """Loss and perplexity of the epoch so far: from the metrics, or from
+        the totals given (summed over a strategy's replicas)."""
+        if nll_sum is None:
+            nll_sum, tokens = self.nll_sum.result(), self.target_token_count.result()
+        loss = nll_sum / tf.maximum(tokens, 1.0)
         return {"loss": loss, "perplexity": tf.exp(loss)}
 
     def train_step(self, data):
@@ -394,8 +398,7 @@ class Seq2SeqModel(keras.Model):
                                                 self.target_token_count.result()))))
             for i, g in zip(present, summed):
                 gradients[i] = g
-            epoch_loss = epoch_nll / tf.maximum(epoch_tokens, 1.0)
-            epoch_logs = {"loss": epoch_loss, "perplexity": tf.exp(epoch_loss)}
+            epoch_logs = self._epoch_logs(epoch_nll, epoch_tokens)
         else:
             epoch_logs = self._epoch_logs()
         scale = self.optimizer.scale_loss(tf.constant(1.0))
