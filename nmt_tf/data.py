@@ -127,6 +127,10 @@ class CorpusStats:
     # length_histogram[k]: used pairs whose longer side has k tokens with EOS
     # (= max(source, target) + 1); decides the bucket of a pair.
     length_histogram: list = dataclasses.field(default_factory=list)
+    # pipeline_pairs[i]: used pairs among lines i, i + N, i + 2N, ... (N =
+    # len(pipeline_pairs)), what input pipeline i of N reads (make_dataset's
+    # input_context); empty unless counted (`scan_corpus(pipelines=N)`, N > 1).
+    pipeline_pairs: list = dataclasses.field(default_factory=list)
 
     def describe(self, name: str) -> str:
         return (
@@ -147,7 +151,7 @@ def _classify(src_tokens, tgt_tokens, max_len):
 
 
 def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
-                count_tokens: bool = False):
+                count_tokens: bool = False, pipelines: int = 1):
     """One streaming pass: statistics, and optionally token counts of used pairs.
 
     Args:
@@ -155,6 +159,8 @@ def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
       src_tokenize, tgt_tokenize: [batch] raw string -> [batch, (tokens)] string.
       max_len: pairs longer than this on either side are skipped.
       count_tokens: also count every token of the used pairs.
+      pipelines: > 1: also count the used pairs of each of this many input
+        pipelines that read every pipelines-th line (stats.pipeline_pairs).
 
     Returns:
       (CorpusStats, source Counter, target Counter); the counters are empty
@@ -164,7 +170,8 @@ def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
     histogram = collections.Counter()
     src_counts, tgt_counts = collections.Counter(), collections.Counter()
 
-    def analyse(src_lines, tgt_lines):
+    def analyse(line_numbers, lines):
+        src_lines, tgt_lines = lines
         invalid = tf.reduce_sum(tf.cast(text.has_invalid_utf8(src_lines), tf.int64)
                                 + tf.cast(text.has_invalid_utf8(tgt_lines), tf.int64))
         s, t = src_tokenize(src_lines), tgt_tokenize(tgt_lines)
@@ -177,6 +184,9 @@ def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
             "bucket_len": tf.boolean_mask(tf.maximum(src_len, tgt_len) + 1, valid),
             "src_tokens": tf.reduce_sum(tf.boolean_mask(tf.cast(src_len, tf.int64), valid)),
             "tgt_tokens": tf.reduce_sum(tf.boolean_mask(tf.cast(tgt_len, tf.int64), valid)),
+            "pipeline_pairs": tf.math.bincount(tf.cast(line_numbers % pipelines, tf.int32),
+                                               weights=tf.cast(valid, tf.int64), minlength=pipelines,
+                                               maxlength=pipelines),
         }
         if count_tokens:
             for side, tokens in (("src", s), ("tgt", t)):
@@ -185,7 +195,8 @@ def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
                 out[f"{side}_unique"], out[f"{side}_counts"] = unique, counts
         return out
 
-    ds = (parallel_lines(src, tgt).batch(_SCAN_BATCH)
+    pipeline_pairs = [0] * pipelines
+    ds = (parallel_lines(src, tgt).enumerate().batch(_SCAN_BATCH)
           .map(analyse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2))
     try:
         for batch in ds.as_numpy_iterator():
@@ -196,6 +207,7 @@ def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
             stats.source_tokens += int(batch["src_tokens"])
             stats.target_tokens += int(batch["tgt_tokens"])
             histogram.update(batch["bucket_len"].tolist())
+            pipeline_pairs = [a + int(b) for a, b in zip(pipeline_pairs, batch["pipeline_pairs"])]
             if count_tokens:
                 src_counts.update(dict(zip(batch["src_unique"], batch["src_counts"].tolist())))
                 tgt_counts.update(dict(zip(batch["tgt_unique"], batch["tgt_counts"].tolist())))
@@ -203,6 +215,7 @@ def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
         raise CorpusError(f"{src} or {tgt} is damaged (gzip data error): {e.message}") from e
     stats.pairs = sum(histogram.values())
     stats.length_histogram = [histogram.get(k, 0) for k in range(max(histogram, default=0) + 1)]
+    stats.pipeline_pairs = pipeline_pairs if pipelines > 1 else []
     decode = lambda c: collections.Counter({k.decode("utf-8"): v for k, v in c.items()})
     return stats, decode(src_counts), decode(tgt_counts)
 
@@ -328,18 +341,27 @@ def no_pairs_message(stats: CorpusStats) -> str:
 
 
 def corpus_stats(src: str, tgt: str, src_tokenizer, tgt_tokenizer, max_len: int,
-                 cache_path: str | None = None, known: CorpusStats | None = None) -> CorpusStats:
-    """Statistics of a corpus under the model's tokenizers, cached by file identity."""
+                 cache_path: str | None = None, known: CorpusStats | None = None,
+                 pipelines: int = 1) -> CorpusStats:
+    """Statistics of a corpus under the model's tokenizers, cached by file
+    identity; with the used pairs of each of `pipelines` input pipelines
+    (stats.pipeline_pairs) when that is > 1. `known`: stats of a scan that
+    already happened (used unless it lacks those counts)."""
     key = {"fingerprint": fingerprint(src, tgt), "max_len": max_len,
            "tokenizer": src_tokenizer.kind,
            "vocab": hashlib.sha1("\n".join(src_tokenizer.vocabulary + ["|"] + tgt_tokenizer.vocabulary)
                                  .encode()).hexdigest()}
+    if pipelines > 1:
+        key["pipelines"] = pipelines
     if cache_path and os.path.exists(cache_path):
         with open(cache_path, encoding="utf-8") as f:
             cached = json.load(f)
         if cached.get("key") == key:
             return CorpusStats(**cached["stats"])
-    stats = known or scan_corpus(src, tgt, src_tokenizer.tokenize, tgt_tokenizer.tokenize, max_len)[0]
+    stats = known
+    if stats is None or (pipelines > 1 and len(stats.pipeline_pairs) != pipelines):
+        stats = scan_corpus(src, tgt, src_tokenizer.tokenize, tgt_tokenizer.tokenize, max_len,
+                            pipelines=pipelines)[0]
     if cache_path:
         write_atomically(cache_path, json.dumps({"key": key, "stats": dataclasses.asdict(stats)}, indent=1))
     return stats
@@ -349,15 +371,15 @@ def corpus_stats(src: str, tgt: str, src_tokenizer, tgt_tokenizer, max_len: int,
 # Batching
 
 
-def batches_per_epoch(stats: CorpusStats, batch_size: int, batch_type: str, pool_size: int,
-                      input_context=None) -> int | None:
-    """Exact number of batches in one epoch, or None when it depends on the data order.
+def batches_per_epoch(stats: CorpusStats, batch_size: int, batch_type: str, pool_size: int) -> int | None:
+    """Exact number of batches in one epoch of one input pipeline that reads
+    everything, or None when it depends on the data order.
 
     Sentence batches: every pool of `pool_size` pairs gives ceil(pool / batch)
-    batches (the last pool may be smaller). Token batches (and sharded input)
-    depend on which pairs share a pool: None.
+    batches (the last pool may be smaller). Token batches depend on which
+    pairs share a pool: None. (Several pipelines: pipeline_batches_per_epoch.)
     """
-    if batch_type != "sentences" or (input_context is not None and input_context.num_input_pipelines > 1):
+    if batch_type != "sentences":
         return None
     return _sentence_batches(stats.pairs, batch_size, pool_size)
 
@@ -369,21 +391,28 @@ def _sentence_batches(pairs: int, batch_size: int, pool_size: int) -> int:
     return full * math.ceil(pool_size / batch_size) + math.ceil(rest / batch_size)
 
 
-def prepared_batches_per_epoch(manifest: dict, batch_size: int, batch_type: str, pool_size: int,
+def pipeline_batches_per_epoch(pipeline_pairs: list[int], batch_size: int, batch_type: str, pool_size: int,
                                input_context) -> int | None:
     """Steps that every input pipeline of `input_context` can feed in one
-    epoch of prepared shards (sentence batches): each pipeline reads its own
-    shards (`make_dataset`) and gives one per-replica batch to each of its
-    replicas per step, so the pipelines' numbers of steps differ a little; a
-    step needs all of them, so every pipeline stops at the smallest number.
-    None for token batches."""
+    epoch when each reads its own part of the data (`make_dataset`: its
+    prepared shards, or every N-th line of the text) and gives one per-replica
+    batch to each of its replicas per step. The pipelines' numbers of steps
+    differ a little; a step needs all of them, so every pipeline stops at the
+    smallest number. None for token batches.
+
+    pipeline_pairs: the used pairs of each pipeline.
+    """
     if batch_type != "sentences":
         return None
     per_replica = max(1, input_context.get_per_replica_batch_size(batch_size))
-    pipelines = input_context.num_input_pipelines
-    local_replicas = max(1, input_context.num_replicas_in_sync // pipelines)
-    return min(_sentence_batches(sum(manifest["shard_pairs"][i::pipelines]), per_replica, pool_size)
-               // local_replicas for i in range(pipelines))
+    local_replicas = max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+    return min(_sentence_batches(pairs, per_replica, pool_size) // local_replicas for pairs in pipeline_pairs)
+
+
+def prepared_pipeline_pairs(manifest: dict, pipelines: int) -> list[int]:
+    """The pairs each of `pipelines` input pipelines reads from prepared
+    shards (pipeline i: shards i, i + pipelines, ...; `_prepared_rows`)."""
+    return [sum(manifest["shard_pairs"][i::pipelines]) for i in range(pipelines)]
 
 
 def _pool_batches(pool, batch_size: int, batch_type: str):

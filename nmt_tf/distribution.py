@@ -13,9 +13,10 @@
 `--batch_size` is the global batch: `model.fit` cuts every batch of the input
 pipeline into one share per replica (tf.data's rebatching), and each worker
 takes its replicas' shares of every batch, so an update sees the same pairs
-whatever the number of replicas. With prepared shards (--prepared_shards) and
-several workers, each worker instead reads its own shards and makes
-per-replica batches of them (nmt_tf.train), so no worker reads all the data. `Seq2SeqModel.train_step` sums the replicas'
+whatever the number of replicas. With sentence batches and several workers,
+each worker instead reads its own part of the data (its prepared shards, or
+every N-th line of the text) and makes per-replica batches of it
+(nmt_tf.train), so no worker trains on all the data. `Seq2SeqModel.train_step` sums the replicas'
 gradients and clips that sum, so the update is the one a single device makes.
 
 Every worker runs the same program and makes the same decisions (dev scores,

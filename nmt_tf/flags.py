@@ -143,6 +143,12 @@ flags.DEFINE_integer("collective_timeout", 0,
                      "--distribution=multi_worker: seconds a gradient all-reduce may wait for the other workers "
                      "before the job stops with an error (0: no limit; a worker that died is also detected by "
                      "TensorFlow's coordination service).", lower_bound=0)
+flags.DEFINE_enum("worker_input", "auto", ["auto", "own_data", "global_batches"],
+                  "--distribution=multi_worker: what each worker reads. own_data: only its own part of the data "
+                  "(its prepared shards, or every N-th line of the text) and its replicas' batches of it; needs "
+                  "--batch_type=sentences. global_batches: the whole corpus, keeping its replicas' shares of "
+                  "every global batch, so the updates are those of one process (each worker reads and tokenizes "
+                  "everything). auto: own_data with sentence batches, global_batches with token batches.")
 flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA. Measured slower on CPU (see BUILD_NOTES.md); worth trying on GPU.")
 flags.DEFINE_integer("seed", 1234, "Random seed for initialization, dropout and data order.")
 flags.DEFINE_boolean("dry_run", False, "Build the model from the flags alone (vocabulary sizes from --src_vocab_size / --tgt_vocab_size; no data read), print its summary and parameter count, and exit.")
@@ -195,7 +201,7 @@ FROZEN_FLAGS = (
     "optimizer",
 )
 # Flags that are stored in flags.json (everything above but the per-run ones).
-_NOT_STORED = ("dry_run", "distribution", "cpu_devices", "collective_timeout")   # where a run runs, not what it trains
+_NOT_STORED = ("dry_run", "distribution", "cpu_devices", "collective_timeout", "worker_input")   # where a run runs, not what it trains
 
 
 def tool_flags(module_name: str, names) -> frozenset:

@@ -96,6 +96,9 @@ def check_config(config) -> None:
             raise TrainingError(f"--joint_vocabulary learns one vocabulary: --src_vocab_size "
                                 f"({config.src_vocab_size}) and --tgt_vocab_size ({config.tgt_vocab_size}) "
                                 "must be equal.")
+    if config.worker_input == "own_data" and config.batch_type != "sentences":
+        raise TrainingError("--worker_input=own_data needs --batch_type=sentences (the workers' steps per epoch "
+                            "are counted in sentence batches).")
     if config.tied_embeddings == "all" and not config.joint_vocabulary:
         raise TrainingError("--tied_embeddings=all shares one embedding matrix between source and target "
                             "words: it needs --joint_vocabulary (with --tokenizer=sentencepiece).")
@@ -180,7 +183,7 @@ def _check_resume(config, model_dir, explicit, log):
     return nmt_flags.Config(merged)
 
 
-def _prepare_data(config, model_dir: str, log, write_dir: str | None = None):
+def _prepare_data(config, model_dir: str, log, write_dir: str | None = None, pipelines: int = 1):
     """Checks the corpora, writes flags.json and the vocabularies, counts the
     corpora; returns (source tokenizer, target tokenizer, training stats, dev
     stats or None). Raises CorpusError / FileNotFoundError on unusable data.
@@ -188,6 +191,8 @@ def _prepare_data(config, model_dir: str, log, write_dir: str | None = None):
     write_dir: a worker other than the chief (nmt_tf.distribution) loads the
     vocabularies the chief wrote in model_dir (after the chief checked the
     corpora and wrote the flags) and keeps its corpus counts here.
+    pipelines: > 1: the training pairs of each of that many workers that read
+    every pipelines-th line are counted too (stats.pipeline_pairs).
     """
     from nmt_tf import data
 
@@ -204,7 +209,8 @@ def _prepare_data(config, model_dir: str, log, write_dir: str | None = None):
         nmt_flags.save_config(config, model_dir)
     src_tok, tgt_tok, known = data.build_vocabularies(config, model_dir, log=log)
     stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
-                              cache_path=layout.path(write_dir, layout.CORPUS_STATS), known=known)
+                              cache_path=layout.path(write_dir, layout.CORPUS_STATS), known=known,
+                              pipelines=pipelines)
     log(stats.describe("Training"))
     if stats.pairs == 0:
         raise data.CorpusError(data.no_pairs_message(stats))
@@ -298,12 +304,20 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     keras.utils.set_random_seed(config.seed)
     set_precision(config, log)
     before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
+    # Several workers with --worker_input=own_data each read their own part of
+    # the data (their prepared shards, or every N-th line of the text) and make
+    # their replicas' batches of it; with global_batches every worker reads all
+    # of it and keeps its replicas' shares of each batch.
+    own_data = worker.workers > 1 and (config.worker_input == "own_data" or (
+        config.worker_input == "auto" and config.batch_type == "sentences"))
+    own_lines = worker.workers if own_data and not config.prepared_shards else 1
     try:
         if worker.is_chief:
-            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log)
+            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, pipelines=own_lines)
         distribution.barrier(strategy)  # the chief's flags and vocabularies are written
         if not worker.is_chief:
-            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, write_dir=write_dir)
+            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, write_dir=write_dir,
+                                                               pipelines=own_lines)
     except BaseException:
         if not resuming and worker.is_chief:   # nothing was trained: a corrected retry must start afresh
             _remove_new_files(model_dir, before)
@@ -316,22 +330,24 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         distribution.barrier(strategy)  # the shards are written
     has_dev = dev_stats is not None
     n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
-    # Several workers reading prepared shards in sentence batches: each reads only
-    # its own shards and makes its replicas' batches of them; otherwise every
-    # worker reads all the data and keeps its replicas' shares of each batch.
-    own_shards = prepared is not None and worker.workers > 1 and config.batch_type == "sentences"
-    if own_shards:
-        if config.prepared_shards < worker.workers:
+    if own_data:
+        if config.prepared_shards and config.prepared_shards < worker.workers:
             raise TrainingError(f"--prepared_shards={config.prepared_shards} is fewer than the "
                                 f"{worker.workers} workers: each worker reads its own shards.")
         context = tf.distribute.InputContext(num_input_pipelines=worker.workers,
                                              num_replicas_in_sync=strategy.num_replicas_in_sync)
-        n_batches = data.prepared_batches_per_epoch(data.read_prepared_manifest(prepared), config.batch_size,
-                                                    config.batch_type, config.pool_size, context)
+        if prepared:
+            source = f"shards of {prepared}"
+            pipeline_pairs = data.prepared_pipeline_pairs(data.read_prepared_manifest(prepared), worker.workers)
+        else:
+            source = f"lines of {config.train_src} | {config.train_tgt} (one line in {worker.workers})"
+            pipeline_pairs = stats.pipeline_pairs
+        n_batches = data.pipeline_batches_per_epoch(pipeline_pairs, config.batch_size, config.batch_type,
+                                                    config.pool_size, context)
         if not n_batches:
-            raise TrainingError(f"The prepared shards of {prepared} give some of the {worker.workers} workers "
-                                "no batch: the corpus is too small for them.")
-        log(f"Each of the {worker.workers} workers reads its own shards of {prepared}; an epoch is the "
+            raise TrainingError(f"The {source} give some of the {worker.workers} workers no batch: the corpus "
+                                "is too small for them.")
+        log(f"Each of the {worker.workers} workers reads its own {source}; an epoch is the "
             f"{n_batches:,} steps all of them can make (a worker's batches beyond that are left out).")
 
     with strategy.scope():
@@ -382,8 +398,9 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         ds = data.make_dataset(path_src, path_tgt, src_tok, tgt_tok, max_len=config.max_len,
                                batch_size=config.batch_size, batch_type=config.batch_type,
                                pool_size=config.pool_size, **kw)
-        # Every worker reads the corpus and keeps its replicas' shares of each global
-        # batch (a text corpus is one file a side: it cannot be shared out by files).
+        # Without own_data (global_batches): every worker reads the corpus and keeps its
+        # replicas' shares of each global batch (a text corpus is one file a side:
+        # it cannot be shared out by files).
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         return ds.with_options(options)
@@ -425,7 +442,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
                 continue
             epoch_data = dict(shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
                               skip_batches=skip, prepared=prepared)
-            if own_shards:
+            if own_data:
                 # A worker's pipeline gives one per-replica batch to each of its replicas per step.
                 local = max(1, strategy.num_replicas_in_sync // worker.workers)
                 epoch_data["skip_batches"] = skip * local

@@ -178,19 +178,27 @@ def test_order_depends_only_on_seed_and_epoch_and_skip_resumes_it(tiny_corpus, t
     assert order(0, skip=3) == order(0)[3:]
 
 
-def test_input_context_shards_are_disjoint_and_complete(tiny_corpus, tokenizers):
+def test_input_context_shards_are_disjoint_and_complete_and_counted(tiny_corpus, tokenizers):
+    """Each of 3 input pipelines reads its own lines; the statistics pass
+    counts the pairs each one gets (what sets a worker's steps per epoch)."""
     src_tok, tgt_tok, _ = tokenizers
+    max_len = 12
+    stats = data.scan_corpus(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok.tokenize,
+                             tgt_tok.tokenize, max_len, pipelines=3)[0]
+    assert stats.skipped_too_long > 0 and sum(stats.pipeline_pairs) == stats.pairs
     shards = []
-    for i in range(2):
-        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2)
+    for i in range(3):
+        ctx = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=i, num_replicas_in_sync=3)
         ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok,
-                               max_len=50, batch_size=8, input_context=ctx)
+                               max_len=max_len, batch_size=6, input_context=ctx)
         pairs, batches = epoch_pairs(ds)
-        assert max(b[0].shape[0] for b in batches) <= 4      # per-replica batch
+        assert max(b[0].shape[0] for b in batches) <= 2      # per-replica batch
         shards.append(pairs)
-    assert not set(shards[0]) & set(shards[1])
-    assert collections.Counter(shards[0] + shards[1]) == collections.Counter(
-        expected_pairs(tiny_corpus, src_tok, tgt_tok))
+    assert [len(pairs) for pairs in shards] == stats.pipeline_pairs
+    assert not set(shards[0]) & set(shards[1]) and not set(shards[1]) & set(shards[2])
+    assert not set(shards[0]) & set(shards[2])
+    assert collections.Counter(shards[0] + shards[1] + shards[2]) == collections.Counter(
+        expected_pairs(tiny_corpus, src_tok, tgt_tok, max_len=max_len))
 
 
 def test_length_filter_matches_statistics(tmp_path, tokenizers):
@@ -302,12 +310,14 @@ def test_a_full_disk_while_preparing_shards_is_one_error_and_leaves_nothing(tiny
     assert not os.path.exists(path) and not os.path.exists(path + ".partial")
 
 
-def test_prepared_steps_per_epoch_count_each_workers_share_and_local_replicas():
+def test_steps_per_epoch_of_own_data_count_each_workers_share_and_local_replicas():
     manifest = {"shard_pairs": [10, 10, 10, 3]}       # worker 0: shards 0, 2 (20 pairs); worker 1: 1, 3 (13)
+    pairs = data.prepared_pipeline_pairs(manifest, 2)
+    assert pairs == [20, 13]
     two_workers = tf.distribute.InputContext(num_input_pipelines=2, num_replicas_in_sync=2)
     # per-replica batches of 2 from pools of 8: 20 pairs -> 4 + 4 + 2 = 10; 13 -> 4 + 3 = 7
-    assert data.prepared_batches_per_epoch(manifest, 4, "sentences", 8, two_workers) == 7
+    assert data.pipeline_batches_per_epoch(pairs, 4, "sentences", 8, two_workers) == 7
     two_gpus_each = tf.distribute.InputContext(num_input_pipelines=2, num_replicas_in_sync=4)
     # a step takes one batch per local replica: 7 batches feed 3 steps of 2 replicas
-    assert data.prepared_batches_per_epoch(manifest, 8, "sentences", 8, two_gpus_each) == 3
-    assert data.prepared_batches_per_epoch(manifest, 8, "tokens", 8, two_workers) is None
+    assert data.pipeline_batches_per_epoch(pairs, 8, "sentences", 8, two_gpus_each) == 3
+    assert data.pipeline_batches_per_epoch(pairs, 8, "tokens", 8, two_workers) is None

@@ -143,8 +143,11 @@ def test_mirrored_with_float16_loss_scaling_trains_what_one_device_trains(tiny_c
 
 def test_two_workers_on_localhost_hold_one_model_and_train_what_one_process_trains(
         tiny_corpus, one_device, tmp_path):
+    """--worker_input=global_batches: each worker builds every global batch and
+    trains on its share, so the updates are the single process's."""
     model_dir = str(tmp_path / "two_workers")
-    (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *JOB))
+    (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *JOB,
+                                                                "--worker_input=global_batches"))
     assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
     assert "2 replica(s) on 2 workers; this is worker_0 (chief)" in out0
     assert "this is worker_1." in out1
@@ -158,21 +161,39 @@ def test_two_workers_on_localhost_hold_one_model_and_train_what_one_process_trai
     assert_same_training(one_device, model_dir, step=10)
 
 
-def test_workers_read_their_own_prepared_shards(tiny_corpus, tmp_path):
-    """With --prepared_shards each worker reads only its shards: 3 shards of
-    ~13 pairs for 2 workers are 2 shards for one, 1 for the other, and an epoch
-    is the steps the smaller share can make (per-replica batches of 2)."""
-    model_dir = str(tmp_path / "own_shards")
-    job = ("--batch_size=4", "--pool_size=8", "--max_epochs=2", "--prepared_shards=3", "--seed=5", "--nodev_bleu")
+@pytest.mark.parametrize("source", ["prepared shards", "text lines"])
+def test_workers_read_their_own_data(tiny_corpus, tmp_path, source):
+    """In sentence batches each worker reads only its part of the data: with
+    --prepared_shards, 3 shards of ~13 pairs for 2 workers are 2 shards for
+    one and 1 for the other; from text, every other line of the corpus
+    (--max_len=12 leaves each worker a different number of pairs). An epoch
+    is the steps the smaller share can make in per-replica batches of 2 from
+    pools of 6."""
+    model_dir = str(tmp_path / "own_data")
+    job = ("--batch_size=4", "--pool_size=6", "--max_epochs=2", "--seed=5", "--nodev_bleu")
+    if source == "prepared shards":
+        job += ("--prepared_shards=3",)
+    else:
+        job += ("--max_len=12",)
     (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *job))
     assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
-    manifest = json.load(open(os.path.join(model_dir, "prepared", "manifest.json")))
-    assert sum(manifest["shard_pairs"]) == 40 and min(manifest["shard_pairs"]) > 0
-    per_worker = [sum(manifest["shard_pairs"][0::2]), manifest["shard_pairs"][1]]
-    steps = min(sum(math.ceil(len(pool) / 2) for pool in np.array_split(np.arange(n), range(8, n, 8)))
+    if source == "prepared shards":
+        manifest = json.load(open(os.path.join(model_dir, "prepared", "manifest.json")))
+        assert sum(manifest["shard_pairs"]) == 40 and min(manifest["shard_pairs"]) > 0
+        per_worker = [sum(manifest["shard_pairs"][0::2]), manifest["shard_pairs"][1]]
+        assert "workers reads its own shards of" in out0
+    else:
+        stats = json.load(open(os.path.join(model_dir, "corpus_stats.json")))["stats"]
+        per_worker = stats["pipeline_pairs"]
+        assert sum(per_worker) == stats["pairs"] < 40 and per_worker[0] != per_worker[1]
+        assert "workers reads its own lines of" in out0
+    # every worker reading everything: 40 pairs (or fewer) in pools of 6, global batches of 4
+    everything = sum(math.ceil(len(pool) / 4) for pool in np.array_split(np.arange(sum(per_worker)),
+                                                                          range(6, sum(per_worker), 6)))
+    steps = min(sum(math.ceil(len(pool) / 2) for pool in np.array_split(np.arange(n), range(6, n, 6)))
                 for n in per_worker)
     assert f"an epoch is the {steps} steps all of them can make" in out0
-    assert summary(model_dir)["steps"] == 2 * steps < 20        # 20: every worker reading everything
+    assert summary(model_dir)["steps"] == 2 * steps != 2 * everything
     assert summary(model_dir)["weights_sha256"] == summary(model_dir, "worker_1")["weights_sha256"]
 
 
@@ -257,6 +278,10 @@ def test_settings_that_cannot_work_are_one_clear_error(tiny_corpus, tmp_path, mo
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("error: --distribution=multi_worker needs the TF_CONFIG")
     assert not os.path.exists(tmp_path / "m")
+    done = run_cli(*smoke_train_args(tiny_corpus, str(tmp_path / "m"), "--worker_input=own_data",
+                                     "--batch_type=tokens", "--batch_size=100"))
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith(
+        "error: --worker_input=own_data needs --batch_type=sentences")
 
 
 def test_the_distribution_flags_describe_where_a_run_runs_and_are_not_stored(tiny_config, tmp_path):
@@ -265,4 +290,4 @@ def test_the_distribution_flags_describe_where_a_run_runs_and_are_not_stored(tin
     config = tiny_config(model_dir=str(tmp_path), distribution="mirrored", cpu_devices=2)
     flags.save_config(config, str(tmp_path))
     stored = json.load(open(flags.flags_path(str(tmp_path))))
-    assert not {"distribution", "cpu_devices", "collective_timeout"} & set(stored)
+    assert not {"distribution", "cpu_devices", "collective_timeout", "worker_input"} & set(stored)
