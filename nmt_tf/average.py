@@ -27,6 +27,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf.files import write_atomically
+from nmt_tf.translator import restore_model
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "average_checkpoints", "average_from"))
 
@@ -37,7 +38,6 @@ def average(model_dir: str, count: int, source: str = "best", log=print) -> str:
     import tensorflow as tf
 
     from nmt_tf import checkpoints
-    from nmt_tf.translator import restore_model
 
     if count < 2:
         raise ValueError("--average_checkpoints must be at least 2 to average anything.")

@@ -20,7 +20,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from nmt_tf import checkpoints
+from nmt_tf import checkpoints, data, metrics, plots
+from nmt_tf.flags import learning_rate
+from nmt_tf.plots import png_to_tensor
+from nmt_tf.translator import Translator, compiled_translate, translate_lines
 
 
 class TrainingState(tf.Module):
@@ -88,8 +91,6 @@ class DevBleu:
 
     def __init__(self, model, source_tokenizer, target_tokenizer, src_path, tgt_path, options,
                  sentences: int = 0, attention_examples: int = 4, batch_size: int = 64):
-        from nmt_tf import data, metrics
-        from nmt_tf.translator import Translator, compiled_translate
 
         pairs = []
         for s, t in data.parallel_lines(src_path, tgt_path).as_numpy_iterator():
@@ -107,9 +108,6 @@ class DevBleu:
         self.translate = compiled_translate(translator)
 
     def __call__(self) -> dict:
-        from nmt_tf import metrics, plots
-        from nmt_tf.translator import translate_lines
-
         out = translate_lines(self.translate, self.sources, self.batch_size)
         scores = metrics.corpus_scores(out["translation"], self.references, self.lang, self.tokenized_references)
         images = [plots.attention_png(out["source_tokens"][i], out["target_tokens"][i], out["alignment"][i],
@@ -263,8 +261,6 @@ class TrainingController(keras.callbacks.Callback):
         warmup = self.config.warmup_steps
         if warmup and self.step <= warmup:
             # Linear warm-up: update k (from 0) uses (k + 1) / warmup of the rate.
-            from nmt_tf.flags import learning_rate
-
             self.model.optimizer.learning_rate.assign(learning_rate(self.config) * min(1.0, (self.step + 1) / warmup))
         self._t0 = time.perf_counter()
 
@@ -379,8 +375,6 @@ class TrainingController(keras.callbacks.Callback):
                 tf.summary.scalar("bleu_lc_moses", bleu["bleu_lc_moses"],
                                   description="lowercased Moses-tokenized BLEU, as the Multi30k papers score")
                 tf.summary.scalar("best_bleu", float(self.state.best_bleu.numpy()))
-                from nmt_tf.plots import png_to_tensor
-
                 for i, png in enumerate(bleu["images"]):
                     tf.summary.image(f"attention/example_{i}", png_to_tensor(png), step=step,
                                      description="alignment alpha_ij: source words on the x axis, "

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from nmt_tf.files import WriteFailed, write_atomically
@@ -297,8 +298,6 @@ def read_weights(model, path: str) -> None:
 def average_into(model, paths: list[str]) -> None:
     """Sets every weight of `model` (built) to its mean over the checkpoints
     `paths` (each must hold all of the model's weights)."""
-    import numpy as np
-
     if not paths:
         raise ValueError("nothing to average")
     sums = None

@@ -10,6 +10,10 @@ evaluate, visualize) do not care where the model runs.
 
 from __future__ import annotations
 
+import grpc
+
+from nmt_tf.translator import load_signature
+
 
 class ClientError(RuntimeError):
     """A server that refused or failed, or has no such model or signature, in
@@ -39,8 +43,6 @@ class SignatureClient:
         self.signature, self.outputs = signature, list(outputs) if outputs else None
         self.where = saved_model or server
         if saved_model:
-            from nmt_tf.translator import load_signature
-
             self._function = load_signature(saved_model, signature)      # FileNotFoundError, one sentence
             self._shapes = {name: spec.shape.as_list() for name, spec in self._function.structured_outputs.items()}
             self._stub = None
@@ -48,7 +50,6 @@ class SignatureClient:
             self._connect(server, model_name, version, timeout)
 
     def _connect(self, address, model_name, version, timeout):
-        import grpc
         from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
 
         self._stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(
@@ -72,8 +73,6 @@ class SignatureClient:
             spec.version.value = self._version
 
     def _rpc(self, method, request):
-        import grpc
-
         try:
             return method(request, timeout=self._timeout)
         except grpc.RpcError as e:

@@ -48,10 +48,14 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf import metrics
 from nmt_tf import model_dir as layout
-from nmt_tf.client import ClientError
+from nmt_tf import plots
+from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import read_lines, write_atomically
-from nmt_tf.translator import UnkReplacement
+from nmt_tf.progress import Progress
+from nmt_tf.translator import (Translator, UnkReplacement, compiled_translate, read_metadata, restore_ensemble,
+                               translate_lines)
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
 absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")
@@ -100,7 +104,6 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
     """`model_dirs`: one model directory, or several decoded as one ensemble;
     `unk_replacement`: a `nmt_tf.translator.UnkReplacement` or None."""
     from nmt_tf import data
-    from nmt_tf.translator import Translator, compiled_translate, restore_ensemble
 
     model_dirs = [model_dirs] if isinstance(model_dirs, str) else list(model_dirs)
     model_dir = model_dirs[0]
@@ -120,8 +123,6 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
 
 def subject_from_saved_model(path, label, out_dir):
     from nmt_tf import data
-    from nmt_tf.client import SignatureClient
-    from nmt_tf.translator import read_metadata
 
     meta = read_metadata(path)
     client = SignatureClient(saved_model=path)
@@ -148,10 +149,6 @@ def split_words(lines: list[str], lang: str) -> list[list[str]]:
 def evaluate_subject(subject: Subject, sources: list[str], references: list[str], batch_size: int,
                      log=print) -> dict:
     """Translates, scores and analyses one model; writes its files; returns its report."""
-    from nmt_tf import metrics
-    from nmt_tf.progress import Progress
-    from nmt_tf.translator import translate_lines
-
     os.makedirs(subject.out_dir, exist_ok=True)
     log(f"Translating {len(sources):,} sentences with {subject.label}: {subject.description}")
     progress = Progress(len(sources))
@@ -227,8 +224,6 @@ def format_table(reports: list[dict]) -> str:
 
 
 def write_plots(reports: list[dict], out_dir: str, src_name: str) -> list[str]:
-    from nmt_tf import plots
-
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for key, x, xlabel, title, name in (

@@ -52,6 +52,7 @@ score (forced decoding, for rescoring and phrase scoring):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -107,8 +108,6 @@ def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options,
     """assets.extra/nmt_tf.json (languages, tokenizer, search settings, which
     weights) and the training word shortlists (of the first model), for
     nmt_tf.evaluate / visualize on the export."""
-    import dataclasses
-
     from nmt_tf import data
 
     model_dir = model_dirs[0]

@@ -7,10 +7,10 @@ TensorFlow-free, so that light scripts (pipelines/wmt14_en_fr/prepare.py) can us
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import sys
 import zlib
-
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -33,8 +33,6 @@ def open_binary_stream(stream):
     """A binary stream (standard input) read as `open_binary` reads a file:
     decompressed when its first bytes are gzip's magic number. Looks ahead
     without consuming, so a pipe is read once."""
-    import io
-
     if not hasattr(stream, "peek"):
         stream = io.BufferedReader(stream)
     return gzip.GzipFile(fileobj=stream, mode="rb") if stream.peek(2)[:2] == GZIP_MAGIC else stream

@@ -20,9 +20,10 @@ import os
 import sys
 from typing import Any
 
-from absl import flags
+from absl import app, flags, logging
 
 from nmt_tf import model_dir as layout
+from nmt_tf import startup
 from nmt_tf.files import write_atomically
 from nmt_tf.models import ARCHITECTURES
 
@@ -241,10 +242,6 @@ def start_cli(argv: list[str], verbose: bool = False, accepts: frozenset | None 
     of other tools (with `accepts`, from `tool_flags`; `reasons` says why a
     flag is refused, by name: one error line, exit code 1), quiet TF logs,
     and TensorFlow's first import without its start-up noise (nmt_tf.startup)."""
-    from absl import app, logging
-
-    from nmt_tf import startup
-
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if accepts is not None:

@@ -19,6 +19,8 @@ is refused with 413 before it is read.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import concurrent.futures
 import errno
 import functools
@@ -32,12 +34,15 @@ import struct
 import sys
 import threading
 import time
+import urllib.parse
 
+import grpc
 from absl import logging
+from google.protobuf import json_format
+from tensorflow_serving.apis import model_pb2
 
 from nmt_tf.serving import (DEFAULT_SIGNATURE, ModelRegistry, ServingError, _dtype_name, check_batch_size,
                             model_metadata, model_status, run_predict)
-
 
 # TF Serving's HTTP status for each gRPC status (model_servers/http_server.cc, ToHTTPStatusCode).
 HTTP_STATUS = {"OK": 200, "CANCELLED": 499, "UNKNOWN": 500, "INVALID_ARGUMENT": 400, "DEADLINE_EXCEEDED": 504,
@@ -53,8 +58,6 @@ _JSON_TYPES = ((type(None), "Null"), (dict, "Object"), (list, "Array"), (str, "S
 
 
 def _invalid(message: str) -> ServingError:
-    import grpc
-
     return ServingError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
@@ -104,9 +107,6 @@ def _is_b64(value) -> bool:
 
 
 def _b64_decode(value) -> bytes:
-    import base64
-    import binascii
-
     if not _is_b64(value):
         raise _invalid(f"JSON Value: {_json_text(value)} not formatted correctly for base64 data")
     data = re.sub(r"\s", "", value["b64"])
@@ -130,7 +130,6 @@ def _integer_fields() -> dict:
 
 def _add_value(value, dtype: int, proto) -> None:
     """One JSON scalar into a TensorProto of `dtype` (json_tensor.cc, AddValueToTensor)."""
-    import grpc
     from tensorflow.core.framework import types_pb2 as t
 
     integer = isinstance(value, int) and not isinstance(value, bool)
@@ -350,8 +349,6 @@ def _json_leaf(alias: str, dtype: int):
     AddSingleValueAndAdvance): DT_STRING as a JSON string of its bytes (not
     checked for UTF-8, as TF Serving does not), or as {"b64": ...} when the
     alias ends with "_bytes"; floats by _decimal."""
-    import base64
-
     from tensorflow.core.framework import types_pb2 as t
 
     if dtype == t.DT_STRING:
@@ -414,8 +411,6 @@ def predict_response_json(outputs, row: bool) -> bytes:
 def _proto_json(message, field_names: bool) -> str:
     """protobuf's JSON of a message with every field printed, as TF Serving
     prints its REST replies (JsonPrintOptions.always_print_primitive_fields)."""
-    from google.protobuf import json_format
-
     return json_format.MessageToJson(message, preserving_proto_field_name=field_names, indent=1,
                                      always_print_fields_with_no_presence=True)
 
@@ -434,10 +429,6 @@ def _metadata_json(response) -> str:
 def _rest_model_spec(name: str, version: str | None, label: str | None):
     """The ModelSpec of a REST path's parts (http_rest_api_util.cc, ParseModelInfo):
     name and label %-decoded, the version a 64-bit integer."""
-    import urllib.parse
-
-    from tensorflow_serving.apis import model_pb2
-
     def decode(text: str) -> str:
         return urllib.parse.unquote_to_bytes(text.encode("latin-1", "replace")).decode("utf-8", "replace")
 
@@ -453,7 +444,6 @@ def _rest_model_spec(name: str, version: str | None, label: str | None):
 
 def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, max_batch_size: int,
                  max_message_bytes: int | None) -> bytes:
-    import grpc
     from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
     if not _REST_PATH.fullmatch(path):

@@ -47,6 +47,7 @@ import concurrent.futures
 import os
 import sys
 
+import grpc
 from absl import app
 from absl import flags as absl_flags
 from absl import logging
@@ -92,7 +93,6 @@ TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_name",))
 
 def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_bytes: int | None = None):
     """The PredictionService and ModelService implementations."""
-    import grpc
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
     def guarded(handler):
@@ -128,7 +128,6 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
                  threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
                  poll_seconds: float = 2.0, log=logging.info):
     """Starts serving; returns (grpc server, registry, bound port)."""
-    import grpc
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
     registry = ModelRegistry(model_name, model_base_path, log=log)

@@ -12,11 +12,17 @@ so that the two front ends cannot answer differently.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
 
+import grpc
+import numpy as np
 from absl import logging
+from google.protobuf import any_pb2
+
+from nmt_tf.translator import load_saved_model, read_metadata
 
 DEFAULT_SIGNATURE = "serving_default"
 
@@ -36,8 +42,6 @@ class LoadedVersion:
     def __init__(self, path: str, version: int):
         from tensorflow.core.protobuf import saved_model_pb2
 
-        from nmt_tf.translator import load_saved_model
-
         self.path, self.version = path, version
         self.saved_model = load_saved_model(path)
         self.signatures = dict(self.saved_model.signatures)
@@ -53,10 +57,6 @@ def _alignment_bound(path: str) -> tuple[int, int] | None:
     return in its alignment output ([batch, T, S] float32), from the limits
     fixed at export (--max_input_length, --max_length_ratio,
     --max_output_length); None for a SavedModel that is not an nmt_tf export."""
-    import math
-
-    from nmt_tf.translator import read_metadata
-
     try:
         meta = read_metadata(path)
         source = int(meta["max_input_length"]) + 1                       # with [EOS]
@@ -140,8 +140,6 @@ class ModelRegistry:
 
     def get(self, model_spec) -> LoadedVersion:
         """The version a ModelSpec asks for, or the TF Serving error."""
-        import grpc
-
         if not model_spec.name:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified.")
         which = model_spec.WhichOneof("version_choice")
@@ -181,8 +179,6 @@ def check_reply_size(loaded: LoadedVersion, outputs: list[str], batch: int, max_
     largest T and S. (The other outputs are a few strings or numbers per token;
     they are not bounded here.) `can_filter`: the client can leave outputs out
     (gRPC's output_filter; the REST API has none)."""
-    import grpc
-
     if "alignment" not in outputs or loaded.alignment_shape is None or not batch:
         return
     per_sentence = loaded.alignment_shape[0] * loaded.alignment_shape[1] * 4
@@ -200,8 +196,6 @@ def check_reply_size(loaded: LoadedVersion, outputs: list[str], batch: int, max_
 
 def check_batch_size(alias: str, items: int, max_batch_size: int) -> None:
     """Refuses an input of more than `max_batch_size` items."""
-    import grpc
-
     if items > max_batch_size:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"input {alias} holds {items} items; this server "
                            f"accepts at most {max_batch_size} per request")
@@ -211,8 +205,6 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_messa
                 can_filter: bool = True):
     """Predict, following TF Serving's checks and messages (predict_util.cc);
     `can_filter` as in check_reply_size."""
-    import grpc
-    import numpy as np
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
 
@@ -280,8 +272,6 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_messa
 def model_metadata(registry: ModelRegistry, request):
     """GetModelMetadata (the gRPC method and the REST .../metadata path): the
     served version's SignatureDefMap, packed as TF Serving packs it."""
-    import grpc
-    from google.protobuf import any_pb2
     from tensorflow_serving.apis import get_model_metadata_pb2
 
     fields = list(request.metadata_field)
@@ -309,7 +299,6 @@ def model_status(registry: ModelRegistry, request):
     TF Serving, the served version AVAILABLE, one that failed to load END with
     its error; every version unless the ModelSpec names one (a version label
     is not looked at, as in TF Serving's get_model_status_impl.cc)."""
-    import grpc
     from tensorflow_serving.apis import get_model_status_pb2, status_pb2
 
     spec = request.model_spec

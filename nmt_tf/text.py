@@ -35,10 +35,13 @@ raw references.
 from __future__ import annotations
 
 import collections
+import io
 import os
 from typing import Sequence
 
+import sentencepiece as spm
 import tensorflow as tf
+import tensorflow_text as tft  # its ops: WordPiece and SentencePiece, in the graph and in exports
 
 from nmt_tf.files import WriteFailed
 
@@ -230,11 +233,6 @@ def join_words(words: tf.RaggedTensor, lang: str = "en") -> tf.Tensor:
     return text
 
 
-def register_text_ops() -> None:
-    """Registers tensorflow-text's ops, which a WordPiece SavedModel needs to load."""
-    import tensorflow_text  # noqa: F401  (importing registers the ops)
-
-
 # --------------------------------------------------------------------------
 # Vocabularies
 
@@ -321,10 +319,6 @@ def learn_sentencepiece(sentences, size: int, model_type: str = "unigram", chara
         (1.0 for alphabetic languages; 0.9995 is usual for CJK).
       seed: seeds the trainer's sampling of sentences.
     """
-    import io
-
-    import sentencepiece as spm
-
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -340,8 +334,6 @@ def learn_sentencepiece(sentences, size: int, model_type: str = "unigram", chara
 
 def sentencepiece_vocabulary(model: bytes) -> list[str]:
     """The pieces of a serialized SentencePiece model, in id order."""
-    import sentencepiece as spm
-
     processor = spm.SentencePieceProcessor(model_proto=model)
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
@@ -397,15 +389,11 @@ class Tokenizer(tf.Module):
         self._token_to_id = tf.lookup.StaticHashTable(to_id, default_value=UNK_ID)
         self._id_to_token = tf.lookup.StaticHashTable(to_token, default_value=UNK)
         if kind == "wordpiece":
-            import tensorflow_text as tft
-
             self._wordpiece = tft.FastWordpieceTokenizer(
                 vocab=self.vocabulary, suffix_indicator="##", unknown_token=UNK,
                 no_pretokenization=True, support_detokenization=True,
                 token_out_type=tf.string)
         if kind == "sentencepiece":
-            import tensorflow_text as tft
-
             with tf.io.gfile.GFile(sentencepiece_model, "rb") as f:
                 model = f.read()
             if sentencepiece_vocabulary(model) != self.vocabulary:

@@ -42,10 +42,14 @@ Outputs in --model_dir:
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
 import re
+import shutil
+import signal
 import time
 import warnings
 
@@ -56,6 +60,7 @@ from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
 from nmt_tf import models
 from nmt_tf.files import WriteFailed, write_atomically
+from nmt_tf.hardware import resolve_precision
 
 EXIT_NAN = 3
 EXIT_NO_INTACT_CHECKPOINT = 4
@@ -68,8 +73,6 @@ def interrupted_exit_code(signal_name: str) -> int:
     """Exit code of a run stopped by SIGINT / SIGTERM (after its checkpoint):
     128 + the signal's number, as a shell reports a process the signal ended
     (130, 143), so that a scheduler sees that training did not finish."""
-    import signal
-
     return 128 + signal.Signals[signal_name].value
 
 
@@ -139,8 +142,6 @@ def set_precision(config, log=None) -> str:
     """Sets Keras' dtype policy from --mixed_precision (auto: from the CPU's
     features, nmt_tf.hardware) and returns it; `log` gets what auto chose."""
     import keras
-
-    from nmt_tf.hardware import resolve_precision
 
     policy, why = resolve_precision(config.mixed_precision)
     if log is not None and config.mixed_precision == "auto":
@@ -251,8 +252,6 @@ def _prepare_shards(config, src_tok, tgt_tok, prepared: str, stats, log) -> None
 def _remove_new_files(model_dir: str, before: set[str] | None) -> None:
     """Undoes a start that failed before training: removes what it wrote in
     model_dir (the directory too if it made it); files that were there stay."""
-    import shutil
-
     if before is None:
         shutil.rmtree(model_dir, ignore_errors=True)
         return
@@ -511,8 +510,6 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     write_atomically(path, json.dumps(summary, indent=2))
     if not worker.is_chief:
         # Saved only because a checkpoint needs every worker; a resume reads the chief's.
-        import shutil
-
         for name in (layout.CHECKPOINTS, layout.BEST):
             shutil.rmtree(layout.path(write_dir, name), ignore_errors=True)
         return summary
@@ -529,8 +526,6 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
 def weights_fingerprint(model) -> str:
     """SHA-256 of the model's weights (names, shapes and float32 bytes, in
     order): equal for the same weights, so workers can be compared."""
-    import hashlib
-
     digest = hashlib.sha256()
     for w in model.weights:
         value = w.numpy()
@@ -540,8 +535,6 @@ def weights_fingerprint(model) -> str:
 
 
 def _stats_dict(stats):
-    import dataclasses
-
     d = dataclasses.asdict(stats)
     d.pop("length_histogram")
     return d
@@ -550,7 +543,7 @@ def _stats_dict(stats):
 def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     from nmt_tf.checkpoints import NoIntactCheckpointError
-    from nmt_tf.data import CorpusError     # imports TensorFlow: after start_cli
+    from nmt_tf.data import CorpusError  # imports TensorFlow: after start_cli
 
     config = nmt_flags.config_from_flags()
     try:

@@ -15,7 +15,10 @@ import json
 import os
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from nmt_tf import flags as nmt_flags
+from nmt_tf.models import build_model
 
 
 class RestoredModel(NamedTuple):
@@ -231,7 +234,6 @@ def restore_model(model_dir: str, weights="best", log=print) -> RestoredModel:
     (best, last, averaged or a path). With averaging, RestoredModel.checkpoint
     says which checkpoints were averaged."""
     from nmt_tf import checkpoints, data
-    from nmt_tf.models import build_model
 
     if isinstance(weights, str):
         weights = checkpoints.WeightsChoice(checkpoint=weights)
@@ -289,11 +291,10 @@ def load_saved_model(path: str):
     """
     import tensorflow as tf
 
-    from nmt_tf.text import register_text_ops
+    import nmt_tf.text  # noqa: F401  (it imports tensorflow_text, which registers the ops)
 
     if not os.path.exists(os.path.join(path, "saved_model.pb")):
         raise FileNotFoundError(f"{path} is not a SavedModel version directory (no saved_model.pb in it)")
-    register_text_ops()
     try:
         return tf.saved_model.load(path)
     except (tf.errors.OpError, ValueError, OSError, IndexError) as e:     # missing variables, a cut file, ...
@@ -337,8 +338,6 @@ def translate_lines(translate_fn, lines, batch_size: int = 64, progress=None,
     Token lists drop their "" padding and alignments are cut to
     [target tokens, source tokens].
     """
-    import numpy as np
-
     lines = [l.encode("utf-8") if isinstance(l, str) else l for l in lines]
     order = sorted(range(len(lines)), key=lambda i: len(lines[i].split()))
     results = {k: [None] * len(lines) for k in keys}

@@ -44,9 +44,12 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.client import ClientError
+from nmt_tf import plots
+from nmt_tf import representations as reps
+from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, input_lines
-from nmt_tf.representations import PHRASE_VECTORS, RepresentationError
+from nmt_tf.representations import PHRASE_VECTORS, RepresentationError, source_batch
+from nmt_tf.translator import Translator, compiled_translate, restore_model, translate_lines
 
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
 absl_flags.DEFINE_string("out", None, "PNG file (--text) or directory (--input, --representations); default "
@@ -81,12 +84,8 @@ def translate_function(saved_model: str | None, model_dir: str | None, options, 
                        max_input_length: int):
     """[batch] string -> the serving signature's outputs, from a SavedModel or a model directory."""
     if saved_model:
-        from nmt_tf.client import SignatureClient
-
         client = SignatureClient(saved_model=saved_model)
         return lambda lines: client(text=lines)
-    from nmt_tf.translator import Translator, compiled_translate, restore_model
-
     model, src_tok, tgt_tok = restore_model(model_dir, checkpoint, log=lambda *a: None)[:3]
     return compiled_translate(Translator(model, src_tok, tgt_tok, options, max_input_length))
 
@@ -94,8 +93,6 @@ def translate_function(saved_model: str | None, model_dir: str | None, options, 
 def _save(png: bytes, path: str, writer, tag: str, description: str) -> None:
     """Writes one picture to `path` and, with a summary writer, as a TensorBoard image."""
     import tensorflow as tf
-
-    from nmt_tf import plots
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "wb") as f:
@@ -109,9 +106,6 @@ def render(translate_fn, sentences: list[str], names: list[str], out_paths: list
            logdir: str | None = None) -> list[dict]:
     """Translates `sentences`, writes one heatmap PNG each; returns what was drawn."""
     import tensorflow as tf
-
-    from nmt_tf import plots
-    from nmt_tf.translator import translate_lines
 
     out = translate_lines(translate_fn, sentences, batch_size=16)
     drawn = []
@@ -132,10 +126,7 @@ def render_grconv(model_dir: str, checkpoint, sentences: list[str], names: list[
     """Draws the grConv structure of each sentence; returns what was drawn."""
     import tensorflow as tf
 
-    from nmt_tf import plots
-    from nmt_tf.representations import source_batch
     from nmt_tf.text import EOS
-    from nmt_tf.translator import restore_model
 
     model, src_tok = restore_model(model_dir, checkpoint, log=lambda *a: None)[:2]
     if getattr(model, "encoder_type", None) != "grconv":
@@ -175,10 +166,6 @@ def render_representations(model_dir: str, checkpoint, out_dir: str, phrases: st
     png and tsv (the files written; None when too few points for them).
     """
     import tensorflow as tf
-
-    from nmt_tf import plots
-    from nmt_tf import representations as reps
-    from nmt_tf.translator import restore_model
 
     lines, notes = reps.read_phrases(phrases) if phrases else (None, [])
     model, src_tok, _, config = restore_model(model_dir, checkpoint, log=lambda *a: None)[:4]

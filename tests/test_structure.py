@@ -125,3 +125,96 @@ def test_every_tool_reports_errors_through_one_path():
         text = open(path, encoding="utf-8").read()
         assert "user_error(" in text, path
         assert 'print(f"error' not in text and 'print("error' not in text, path
+
+
+# Packages a module may import inside a function: the ones that load TensorFlow
+# (the tools configure it first, in nmt_flags.start_cli: quiet import, oneDNN
+# choice, logical devices; tensorflow_serving's request messages import
+# TensorFlow's protos), and slow optional ones that a single command needs
+# (sacremoses 0.3 s, matplotlib 0.3 s, scikit-learn 1.1 s, keras_hub 0.6 s after
+# TensorFlow; measured 2026-11-24).
+LOADS_TENSORFLOW = {"tensorflow", "keras", "tensorflow_text", "tensorflow_serving", "tensorboard"}
+TENSORFLOW_FREE = {"tensorflow_serving.apis.model_pb2"}      # a ModelSpec: protobuf only
+SLOW_OPTIONAL = {"sacremoses", "matplotlib", "sklearn", "keras_hub"}
+
+
+def imports_of(path, at_top: bool):
+    """(line, module) of a file's imports at module level, or inside functions."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    inner = {id(sub) for f in functions for sub in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        if (id(node) in inner) == at_top:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+def module_paths():
+    paths = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                paths[os.path.relpath(path, REPO)[:-3].replace(os.sep, ".").removesuffix(".__init__")] = path
+    return paths
+
+
+def tensorflow_at_import(paths) -> set[str]:
+    """The nmt_tf modules whose import loads TensorFlow (through their
+    module-level imports, directly or through other nmt_tf modules)."""
+    direct = {m: {name for _, name in imports_of(p, at_top=True)} for m, p in paths.items()}
+
+    def own(name):       # "nmt_tf.text.PAD_ID" -> "nmt_tf.text"; "nmt_tf.data" stays
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    heavy = {m for m, names in direct.items()
+             if any(n.split(".")[0] in LOADS_TENSORFLOW and n not in TENSORFLOW_FREE for n in names)}
+    grew = True
+    while grew:
+        grew = False
+        for m, names in direct.items():
+            if m not in heavy and any(own(n) in heavy for n in names):
+                heavy.add(m)
+                grew = True
+    return heavy
+
+
+def test_imports_inside_functions_are_only_those_that_must_wait():
+    """An import inside a function must have a reason: it loads TensorFlow
+    and the module itself does not (so that the tools, which import it, can
+    configure TensorFlow first), or it is slow and optional. Everything else
+    is imported at the top of the module."""
+    paths = module_paths()
+    heavy = tensorflow_at_import(paths)
+    assert {"nmt_tf.data", "nmt_tf.text", "nmt_tf.models.base"} <= heavy      # the finder finds them
+    assert not {"nmt_tf.translator", "nmt_tf.flags", "nmt_tf.files"} & heavy
+    late = []
+    for module, path in sorted(paths.items()):
+        for line, name in imports_of(path, at_top=False):
+            root = name.split(".")[0]
+            target = name if name in paths else name.rpartition(".")[0]
+            may_wait = root in SLOW_OPTIONAL or (module not in heavy and (root in LOADS_TENSORFLOW or target in heavy))
+            if not may_wait:
+                late.append(f"{os.path.relpath(path, REPO)}:{line} imports {name} inside a function")
+    assert not late, "\n".join(late)
+
+
+def test_importing_a_tool_does_not_load_tensorflow():
+    """What the rule above protects: every tool answers --help and refuses bad
+    flags before TensorFlow loads, and start_cli configures it first."""
+    import subprocess
+    import sys
+
+    tools = ("train", "translate", "evaluate", "export", "serve", "score", "average", "visualize")
+    code = (f"import sys\nfor t in {tools!r}: __import__('nmt_tf.' + t)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

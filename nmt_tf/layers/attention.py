@@ -19,7 +19,6 @@ import tensorflow as tf
 from nmt_tf.layers.initializers import alignment_init
 from nmt_tf.layers.ops import project
 
-
 MASKED = -1e9    # added to the scores of padding: exp() of it is exactly 0
 
 

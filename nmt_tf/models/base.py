@@ -17,9 +17,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from nmt_tf.layers import MaxoutReadout
+from nmt_tf.layers.initializers import weight_init
 from nmt_tf.layers.ops import project
 from nmt_tf.text import PAD_ID
-
 
 # Search computes the output layer W_o t_i in this many column blocks (at
 # most; fewer for a vocabulary smaller than that). Each block is its own
@@ -141,9 +142,6 @@ class Seq2SeqModel(keras.Model):
                  recurrent_dropout: float = 0.0, layer_norm: bool = False, tied_embeddings: str = "none",
                  label_smoothing: float = 0.0, **kwargs):
         super().__init__(**kwargs)
-        from nmt_tf.layers import MaxoutReadout
-        from nmt_tf.layers.initializers import weight_init
-
         if tied_embeddings not in TIED_EMBEDDINGS:
             raise ValueError(f"tied_embeddings must be one of {', '.join(TIED_EMBEDDINGS)}, got {tied_embeddings!r}")
         if tied_embeddings != "none" and maxout_size != embedding_size:
