@@ -22,7 +22,6 @@ import tensorflow as tf
 
 from nmt_tf import checkpoints, data, metrics, plots
 from nmt_tf.flags import learning_rate
-from nmt_tf.plots import png_to_tensor
 from nmt_tf.translator import Translator, compiled_translate, translate_lines
 
 
@@ -91,7 +90,6 @@ class DevBleu:
 
     def __init__(self, model, source_tokenizer, target_tokenizer, src_path, tgt_path, options,
                  sentences: int = 0, attention_examples: int = 4, batch_size: int = 64):
-
         pairs = []
         for s, t in data.parallel_lines(src_path, tgt_path).as_numpy_iterator():
             if s.strip() and t.strip():
@@ -376,7 +374,7 @@ class TrainingController(keras.callbacks.Callback):
                                   description="lowercased Moses-tokenized BLEU, as the Multi30k papers score")
                 tf.summary.scalar("best_bleu", float(self.state.best_bleu.numpy()))
                 for i, png in enumerate(bleu["images"]):
-                    tf.summary.image(f"attention/example_{i}", png_to_tensor(png), step=step,
+                    tf.summary.image(f"attention/example_{i}", plots.png_to_tensor(png), step=step,
                                      description="alignment alpha_ij: source words on the x axis, "
                                                  "generated words on the y axis (black 0, white 1)")
         self.dev_writer.flush()

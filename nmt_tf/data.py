@@ -405,8 +405,14 @@ def pipeline_batches_per_epoch(pipeline_pairs: list[int], batch_size: int, batch
     if batch_type != "sentences":
         return None
     per_replica = max(1, input_context.get_per_replica_batch_size(batch_size))
-    local_replicas = max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+    local_replicas = replicas_per_pipeline(input_context)
     return min(_sentence_batches(pairs, per_replica, pool_size) // local_replicas for pairs in pipeline_pairs)
+
+
+def replicas_per_pipeline(input_context) -> int:
+    """Replicas one input pipeline feeds (a worker's local replicas): each
+    step takes one per-replica batch from it for each of them."""
+    return max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
 
 
 def prepared_pipeline_pairs(manifest: dict, pipelines: int) -> list[int]:

@@ -309,14 +309,14 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     # of it and keeps its replicas' shares of each batch.
     own_data = worker.workers > 1 and (config.worker_input == "own_data" or (
         config.worker_input == "auto" and config.batch_type == "sentences"))
-    own_lines = worker.workers if own_data and not config.prepared_shards else 1
+    line_pipelines = worker.workers if own_data and not config.prepared_shards else 1
     try:
         if worker.is_chief:
-            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, pipelines=own_lines)
+            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, pipelines=line_pipelines)
         distribution.barrier(strategy)  # the chief's flags and vocabularies are written
         if not worker.is_chief:
             src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, write_dir=write_dir,
-                                                               pipelines=own_lines)
+                                                               pipelines=line_pipelines)
     except BaseException:
         if not resuming and worker.is_chief:   # nothing was trained: a corrected retry must start afresh
             _remove_new_files(model_dir, before)
@@ -442,8 +442,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
             epoch_data = dict(shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
                               skip_batches=skip, prepared=prepared)
             if own_data:
-                # A worker's pipeline gives one per-replica batch to each of its replicas per step.
-                local = max(1, strategy.num_replicas_in_sync // worker.workers)
+                local = data.replicas_per_pipeline(context)
                 epoch_data["skip_batches"] = skip * local
                 ds = strategy.distribute_datasets_from_function(
                     lambda context, kw=epoch_data, batches=(n_batches - skip) * local: dataset(

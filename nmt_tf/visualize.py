@@ -48,7 +48,7 @@ from nmt_tf import plots
 from nmt_tf import representations as reps
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, input_lines
-from nmt_tf.representations import PHRASE_VECTORS, RepresentationError, source_batch
+from nmt_tf.representations import PHRASE_VECTORS, RepresentationError
 from nmt_tf.translator import Translator, compiled_translate, restore_model, translate_lines
 
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
@@ -134,7 +134,7 @@ def render_grconv(model_dir: str, checkpoint, sentences: list[str], names: list[
     writer = tf.summary.create_file_writer(logdir) if logdir else None
     drawn = []
     for sentence, name, path in zip(sentences, names, out_paths):
-        ids, (tokens,) = source_batch(src_tok, [sentence])
+        ids, (tokens,) = reps.source_batch(src_tok, [sentence])
         labels = tokens + [EOS]
         gates = model.encode(ids, return_gates=True)["gates"].numpy()[:, 0]
         png = plots.grconv_tree_png(labels, gates, threshold, title=f"grConv structure: {sentence[:80]}")

@@ -187,11 +187,11 @@ def test_workers_read_their_own_data(tiny_corpus, tmp_path, source):
         per_worker = stats["pipeline_pairs"]
         assert sum(per_worker) == stats["pairs"] < 40 and per_worker[0] != per_worker[1]
         assert "workers reads its own lines of" in out0
-    # every worker reading everything: 40 pairs (or fewer) in pools of 6, global batches of 4
-    everything = sum(math.ceil(len(pool) / 4) for pool in np.array_split(np.arange(sum(per_worker)),
-                                                                          range(6, sum(per_worker), 6)))
-    steps = min(sum(math.ceil(len(pool) / 2) for pool in np.array_split(np.arange(n), range(6, n, 6)))
-                for n in per_worker)
+    def batches(pairs, batch):      # pools of 6 pairs, each cut into batches
+        return sum(math.ceil(len(pool) / batch) for pool in np.array_split(np.arange(pairs), range(6, pairs, 6)))
+
+    everything = batches(sum(per_worker), 4)    # every worker reading everything: global batches of 4
+    steps = min(batches(n, 2) for n in per_worker)
     assert f"an epoch is the {steps} steps all of them can make" in out0
     assert summary(model_dir)["steps"] == 2 * steps != 2 * everything
     assert summary(model_dir)["weights_sha256"] == summary(model_dir, "worker_1")["weights_sha256"]

@@ -8,16 +8,21 @@ from conftest import REPO
 PACKAGE = os.path.join(REPO, "nmt_tf")
 
 
-def import_graph() -> dict[str, set[str]]:
-    """{module: nmt_tf modules it imports}, read from the source (imports inside
-    functions included, as they run when the function does)."""
-    modules = {}
+def module_paths() -> dict[str, str]:
+    """{module: its file} for every module of the package."""
+    paths = {}
     for folder, _, files in os.walk(PACKAGE):
         for name in files:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
-                module = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
-                modules[module.removesuffix(".__init__")] = path
+                paths[os.path.relpath(path, REPO)[:-3].replace(os.sep, ".").removesuffix(".__init__")] = path
+    return paths
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: nmt_tf modules it imports}, read from the source (imports inside
+    functions included, as they run when the function does)."""
+    modules = module_paths()
     graph = {}
     for module, path in modules.items():
         found = set()
@@ -152,16 +157,6 @@ def imports_of(path, at_top: bool):
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
     return found
-
-
-def module_paths():
-    paths = {}
-    for folder, _, files in os.walk(PACKAGE):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                paths[os.path.relpath(path, REPO)[:-3].replace(os.sep, ".").removesuffix(".__init__")] = path
-    return paths
 
 
 def tensorflow_at_import(paths) -> set[str]:
