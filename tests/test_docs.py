@@ -27,10 +27,11 @@ def all_cli_flags():
     import nmt_tf.score  # noqa: F401
     import nmt_tf.serve  # noqa: F401
     import nmt_tf.translate  # noqa: F401
+    import nmt_tf.unk_dictionary  # noqa: F401
     import nmt_tf.visualize  # noqa: F401
 
     modules = ("nmt_tf.flags", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.translate", "nmt_tf.evaluate",
-               "nmt_tf.visualize", "nmt_tf.score")
+               "nmt_tf.visualize", "nmt_tf.score", "nmt_tf.unk_dictionary")
     return sorted({f.name for m in modules for f in flags.FLAGS.get_flags_for_module(m)})
 
 
@@ -92,6 +93,7 @@ TOOLS = {   # tool: (flags its --help must list, a flag of another tool it must 
     "score": (["saved_model", "server", "tsv", "phrase_table"], "beam_size"),
     "visualize": (["model_dir", "saved_model", "text", "beam_size"], "train_src"),
     "average": (["model_dir", "average_checkpoints", "average_from"], "beam_size"),
+    "unk_dictionary": (["train_src", "train_tgt", "output", "dictionary_iterations"], "model_dir"),
 }
 
 

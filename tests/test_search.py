@@ -291,3 +291,38 @@ def test_unk_replacement_copies_the_attended_source_word_or_its_dictionary_trans
         dictionary.write_text(content, encoding="utf-8")
         with pytest.raises(ValueError, match=problem):
             UnkReplacement(str(dictionary))
+
+
+def test_unk_dictionary_learns_word_translations_from_a_corpus(tmp_path):
+    """IBM Model 1 both ways: each source word gets its translation, a word
+    seen once included, and frequent words do not take over rare ones."""
+    from conftest import run_cli
+    from nmt_tf.unk_dictionary import learn, split_corpus
+
+    animals = [("dog", "chien"), ("cat", "chat"), ("horse", "cheval"), ("bird", "oiseau")]
+    verbs = [("runs", "court"), ("sleeps", "dort"), ("eats", "mange")]
+    stop = {"runs": " .", "sleeps": " .", "eats": ""}         # "The" and "." do not always go together
+    src = [f"The {a} {v}{stop[v]}" for a, _ in animals for v, _ in verbs] + ["The zebra sleeps ."]
+    tgt = [f"Le {a} {fv}{stop[v]}" for _, a in animals for v, fv in verbs] + ["Le zèbre dort ."]
+    src += [f"A {a} {v} ." for a, _ in animals for v, _ in verbs]
+    tgt += [f"Un {a} {v} ." for _, a in animals for _, v in verbs]
+    pairs, skipped = split_corpus([s.encode() for s in src], [t.encode() for t in tgt], "en", "fr", 50, 1000)
+    assert len(pairs) == len(src) and not skipped
+    dictionary = dict(learn(pairs, iterations=10, log=lambda _: None))
+    assert dictionary == {"The": "Le", "A": "Un", ".": ".", "zebra": "zèbre", **dict(animals), **dict(verbs)}
+
+    src_file, tgt_file, out = tmp_path / "train.en", tmp_path / "train.fr", tmp_path / "dict.tsv"
+    src_file.write_text("\n".join(src + ["", "a " * 60]) + "\n", encoding="utf-8")
+    tgt_file.write_text("\n".join(tgt + ["Rien", "un " * 3]) + "\n", encoding="utf-8")
+    done = run_cli("-m", "nmt_tf.unk_dictionary", f"--train_src={src_file}", f"--train_tgt={tgt_file}",
+                   "--src_lang=en", "--tgt_lang=fr", f"--output={out}", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Skipped 1 pairs with an empty side, 1 pairs with more than 50 words" in done.stderr
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert lines[:3] == [".\t.", "The\tLe", "A\tUn"] and "zebra\tzèbre" in lines and len(lines) == len(dictionary)
+
+    tgt_file.write_text("\n".join(tgt[:5]) + "\n", encoding="utf-8")
+    short = run_cli("-m", "nmt_tf.unk_dictionary", f"--train_src={src_file}", f"--train_tgt={tgt_file}",
+                    f"--output={out}", timeout=120)
+    assert short.returncode == 1 and "Traceback" not in short.stderr
+    assert f"error: {tgt_file} (--train_tgt) has fewer lines than the other side" in short.stderr
