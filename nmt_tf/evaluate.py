@@ -30,6 +30,9 @@ The papers' analyses, in the same report and as PNG plots:
 * BLEU by number of unknown words (paper 002 Fig. 4c): sentences with at
   most k unknown words in source and reference, k = 0..10
   (bleu_by_unknown.png).
+* with UNK: the other pairs, those with an unknown word, scored from the
+  normal output (where --replace_unk acts), and the number of [UNK] tokens
+  left in the output.
 
 With several models (--model_dir / --saved_model repeated, in that order;
 --label names them), each gets a folder under --out_dir and the plots show
@@ -149,6 +152,8 @@ def split_words(lines: list[str], lang: str) -> list[list[str]]:
 def evaluate_subject(subject: Subject, sources: list[str], references: list[str], batch_size: int,
                      log=print) -> dict:
     """Translates, scores and analyses one model; writes its files; returns its report."""
+    from nmt_tf.text import UNK
+
     os.makedirs(subject.out_dir, exist_ok=True)
     log(f"Translating {len(sources):,} sentences with {subject.label}: {subject.description}")
     progress = Progress(len(sources))
@@ -175,12 +180,17 @@ def evaluate_subject(subject: Subject, sources: list[str], references: list[str]
         fixed = [hyps[i] for i in no_unk]
         no_unk_decoding = "normal search (fixed at export)"
     _write_lines(os.path.join(subject.out_dir, "hypotheses.no_unk.txt"), fixed)
+    with_unk = [i for i, n in enumerate(unknown) if n > 0]
 
     report = {
         "label": subject.label, "model": subject.description, "sentences": len(sources),
         "all": metrics.corpus_scores(hyps, references, subject.tgt_lang),
         "no_unk": {**metrics.corpus_scores(fixed, [references[i] for i in no_unk], subject.tgt_lang),
                    "decoding": no_unk_decoding},
+        # Where [UNK] replacement can act: the other pairs, from the normal output.
+        "with_unk": metrics.corpus_scores([hyps[i] for i in with_unk], [references[i] for i in with_unk],
+                                          subject.tgt_lang),
+        "unk_in_output": sum(h.count(UNK) for h in hyps),
         "bleu_by_length": metrics.bleu_by_length([len(w) for w in src_words], hyps, references),
         "bleu_by_unknown": metrics.bleu_by_unknown(unknown, hyps, references),
     }
@@ -205,6 +215,11 @@ def format_table(reports: list[dict]) -> str:
         lines.append(f"{r['label'][:22]:<22} {_fmt(r['all']['bleu']):>6} {_fmt(r['all']['bleu_lc']):>8} "
                      f"{_fmt(r['all']['chrf']):>6} {_fmt(r['all'].get('bleu_lc_moses')):>18} "
                      f"{_fmt(r['no_unk']['bleu']):>12} {r['no_unk']['sentences']:>6}")
+    lines.append("")
+    for r in reports:
+        w = r["with_unk"]
+        lines.append(f"{r['label'][:22]:<22} pairs with an unknown word ({w['sentences']}): BLEU {_fmt(w['bleu'])}, "
+                     f"lc Moses-tok {_fmt(w.get('bleu_lc_moses'))}; [UNK] in the output: {r['unk_in_output']}")
     lines.append("")
     bins = [b["bin"] for b in reports[0]["bleu_by_length"]]
     lines.append("BLEU by source length (words): " + " ".join(f"{b:>7}" for b in bins))

@@ -125,6 +125,7 @@ def test_evaluate_two_models_end_to_end(trained_model_dir, exported, dev_files, 
         assert sum(b["sentences"] for b in r["bleu_by_length"]) == 15
         assert r["bleu_by_unknown"][-1]["sentences"] <= 15
         assert r["no_unk"]["sentences"] == r["bleu_by_unknown"][0]["sentences"] >= 1
+        assert r["with_unk"]["sentences"] == 15 - r["no_unk"]["sentences"] >= 1
     assert reports[0]["no_unk"]["decoding"] == "[UNK] forbidden"
     no_unk_hyps = open(os.path.join(out, "dir", "hypotheses.no_unk.txt"), encoding="utf-8").read()
     assert no_unk_hyps.count("\n") == reports[0]["no_unk"]["sentences"] and "[UNK]" not in no_unk_hyps
@@ -132,6 +133,7 @@ def test_evaluate_two_models_end_to_end(trained_model_dir, exported, dev_files, 
         folder = os.path.join(out, name)
         hyps = open(os.path.join(folder, "hypotheses.txt"), encoding="utf-8").read().splitlines()
         assert len(hyps) == 15
+        assert sum(h.count("[UNK]") for h in hyps) == reports[["dir", "export"].index(name)]["unk_in_output"]
         assert json.load(open(os.path.join(folder, "report.json")))["label"] == name
     # beam 3 from the directory and the export (beam 3 too) give the same output
     assert (open(os.path.join(out, "dir", "hypotheses.txt")).read()
