@@ -66,11 +66,15 @@ def split_corpus(src_lines, tgt_lines, src_lang: str, tgt_lang: str, max_len: in
         return [[w.decode("utf-8") for w in sentence] for sentence in split]
 
     pairs, skipped = [], collections.Counter()
-    src_iter, tgt_iter = iter(src_lines), iter(tgt_lines)
+    both = itertools.zip_longest(src_lines, tgt_lines)       # a missing line shows as None
     while len(pairs) < max_sentences:
-        block = list(itertools.islice(zip(src_iter, tgt_iter), min(chunk, max_sentences - len(pairs))))
+        block = list(itertools.islice(both, min(chunk, max_sentences - len(pairs))))
         if not block:
             break
+        if block[-1][0] is None or block[-1][1] is None:
+            shorter = names[0] if block[-1][0] is None else names[1]
+            raise InputError(f"{shorter} has fewer lines than the other side of the corpus "
+                             f"({names[0]}, {names[1]}): they must be line-aligned.")
         src_words = words([s for s, _ in block], src_lang)
         tgt_words = words([t for _, t in block], tgt_lang)
         for s, t in zip(src_words, tgt_words):
@@ -80,12 +84,6 @@ def split_corpus(src_lines, tgt_lines, src_lang: str, tgt_lang: str, max_len: in
                 skipped[f"more than {max_len} words"] += 1
             else:
                 pairs.append((s, t))
-    if len(pairs) < max_sentences:      # read to the end of one file: both must end here
-        extra_src, extra_tgt = next(src_iter, None), next(tgt_iter, None)
-        if (extra_src is None) != (extra_tgt is None):
-            shorter = names[1] if extra_src is not None else names[0]
-            raise InputError(f"{shorter} has fewer lines than the other side of the corpus "
-                             f"({names[0]}, {names[1]}): they must be line-aligned.")
     return pairs, skipped
 
 

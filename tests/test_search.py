@@ -322,6 +322,7 @@ def test_unk_dictionary_learns_word_translations_from_a_corpus(tmp_path):
     lines = out.read_text(encoding="utf-8").splitlines()
     assert lines[:3] == [".\t.", "The\tLe", "A\tUn"] and "zebra\tzèbre" in lines and len(lines) == len(dictionary)
 
-    with pytest.raises(InputError, match=r"fr \(--train_tgt\) has fewer lines than the other side"):
-        split_corpus([s.encode() for s in src], [t.encode() for t in tgt[:5]], "en", "fr", 50, 1000,
-                     names=("train.en (--train_src)", "train.fr (--train_tgt)"))
+    for src_end, tgt_end, shorter in ((None, -1, "train.fr"), (-1, None, "train.en")):   # one line missing
+        with pytest.raises(InputError, match=rf"{shorter} \(--train_.+\) has fewer lines than the other side"):
+            split_corpus([s.encode() for s in src[:src_end]], [t.encode() for t in tgt[:tgt_end]], "en", "fr",
+                         50, 1000, names=("train.en (--train_src)", "train.fr (--train_tgt)"))
