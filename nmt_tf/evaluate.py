@@ -138,21 +138,10 @@ def subject_from_saved_model(path, label, out_dir):
                    f"{path} (beam {meta['search']['beam_size']}, fixed at export)")
 
 
-def split_words(lines: list[str], lang: str) -> list[list[str]]:
-    import tensorflow as tf
-
-    from nmt_tf import text
-
-    if not lines:
-        return []
-    words = text.split_words(text.clean(tf.constant([l.encode("utf-8") for l in lines])), lang)
-    return [[w.decode("utf-8") for w in row] for row in words.to_list()]
-
-
 def evaluate_subject(subject: Subject, sources: list[str], references: list[str], batch_size: int,
                      log=print) -> dict:
     """Translates, scores and analyses one model; writes its files; returns its report."""
-    from nmt_tf.text import UNK
+    from nmt_tf.text import UNK, words_of_lines
 
     os.makedirs(subject.out_dir, exist_ok=True)
     log(f"Translating {len(sources):,} sentences with {subject.label}: {subject.description}")
@@ -162,8 +151,8 @@ def evaluate_subject(subject: Subject, sources: list[str], references: list[str]
     hyps = out["translation"]
     _write_lines(os.path.join(subject.out_dir, "hypotheses.txt"), hyps)
 
-    src_words = split_words(sources, subject.src_lang)
-    ref_words = split_words(references, subject.tgt_lang)
+    src_words = words_of_lines(sources, subject.src_lang)
+    ref_words = words_of_lines(references, subject.tgt_lang)
     unknown = [a + b for a, b in zip(metrics.count_unknown(src_words, subject.known_source),
                                      metrics.count_unknown(ref_words, subject.known_target))]
     no_unk = [i for i, n in enumerate(unknown) if n == 0]

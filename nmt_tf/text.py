@@ -184,6 +184,16 @@ def split_words(text: tf.Tensor, lang: str = "en") -> tf.RaggedTensor:
     return tf.strings.split(tf.strings.strip(text))
 
 
+def words_of_lines(lines, lang: str = "en") -> list[list[str]]:
+    """Raw lines (a list of str or UTF-8 bytes) -> their words as Python
+    strings, cleaned and split exactly as the word tokenizer does (for the
+    tools that count or align words outside a tf.data pipeline)."""
+    if not lines:
+        return []
+    words = split_words(clean(tf.constant(list(lines))), lang).to_list()
+    return [[w.decode("utf-8") for w in row] for row in words]
+
+
 def _detok_rules(lang: str):
     # Punctuation that attaches to the previous word.
     if lang == "fr":

@@ -57,13 +57,7 @@ def split_corpus(src_lines, tgt_lines, src_lang: str, tgt_lang: str, max_len: in
     (source words, target words) lists of str; skipped counts the pairs left
     out, by reason. Unequal numbers of lines are an InputError naming the
     shorter file."""
-    import tensorflow as tf
-
-    from nmt_tf.text import clean, split_words
-
-    def words(lines, lang):
-        split = split_words(clean(tf.constant(lines)), lang).to_list()
-        return [[w.decode("utf-8") for w in sentence] for sentence in split]
+    from nmt_tf.text import words_of_lines
 
     pairs, skipped = [], collections.Counter()
     both = itertools.zip_longest(src_lines, tgt_lines)       # a missing line shows as None
@@ -75,8 +69,8 @@ def split_corpus(src_lines, tgt_lines, src_lang: str, tgt_lang: str, max_len: in
             shorter = names[0] if block[-1][0] is None else names[1]
             raise InputError(f"{shorter} has fewer lines than the other side of the corpus "
                              f"({names[0]}, {names[1]}): they must be line-aligned.")
-        src_words = words([s for s, _ in block], src_lang)
-        tgt_words = words([t for _, t in block], tgt_lang)
+        src_words = words_of_lines([s for s, _ in block], src_lang)
+        tgt_words = words_of_lines([t for _, t in block], tgt_lang)
         for s, t in zip(src_words, tgt_words):
             if not s or not t:
                 skipped["an empty side"] += 1
