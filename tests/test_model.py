@@ -193,6 +193,24 @@ def test_label_smoothing_loss_is_the_smoothed_cross_entropy():
         np.testing.assert_allclose(smoothed_token_loss(labels, logits, eps).numpy(), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(smoothed_token_loss(labels, logits, 0.0).numpy(),
                                token_nll(labels, logits)[0].numpy(), rtol=1e-5, atol=1e-6)
+    # The written-out gradient is automatic differentiation's of the same formula.
+    from nmt_tf.models.base import smoothed_token_losses
+    logits_t = tf.constant(logits)
+    d_nll, d_loss = (tf.constant(RNG.normal(size=labels.shape).astype("float32")) for _ in range(2))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(logits_t)
+        nll, loss = smoothed_token_losses(labels, logits_t, 0.1)
+        lse = tf.reduce_logsumexp(logits_t, -1)
+        label_logit = tf.gather(logits_t, labels, batch_dims=2)
+        mask = tf.cast(labels != 0, tf.float32)
+        want_nll = (lse - label_logit) * mask
+        want_loss = want_nll + 0.1 * (label_logit - tf.reduce_mean(logits_t, -1)) * mask
+        got, want = (tf.reduce_sum(a * d_nll) + tf.reduce_sum(b * d_loss) for a, b in
+                     ((nll, loss), (want_nll, want_loss)))
+        loss_only, want_loss_only = tf.reduce_sum(loss), tf.reduce_sum(want_loss)    # nll unconnected
+    for a, b in ((got, want), (loss_only, want_loss_only)):
+        np.testing.assert_allclose(tape.gradient(a, logits_t).numpy(), tape.gradient(b, logits_t).numpy(),
+                                   rtol=1e-5, atol=1e-6)
     # Training optimises the smoothed loss; reported NLL stays plain.
     model = tiny_model()
     model.label_smoothing = 0.2

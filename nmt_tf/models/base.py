@@ -53,6 +53,12 @@ def smoothed_token_losses(labels, logits, label_smoothing: float):
     mean(logits), without materialising log p (a second softmax for the
     reported NLL would cost another pass over [batch, Ty, vocab]).
 
+    The gradient is written out (`_smoothed_losses`): automatic
+    differentiation of logit_y = gather(logits, y) builds a dense
+    [batch x Ty x vocab] gradient with an UnsortedSegmentSum (36 ms of a
+    default-recipe update's 475 ms of op time on 2 cores) and sums it with
+    the log-sum-exp's and the mean's.
+
     Args:
       labels: [batch, Ty] int target ids (PAD_ID at padding).
       logits: [batch, Ty, vocab].
@@ -62,13 +68,44 @@ def smoothed_token_losses(labels, logits, label_smoothing: float):
       (nll, loss), each [batch, Ty] float32, zero at padding.
     """
     labels = tf.cast(labels, tf.int32)
-    logits = tf.cast(logits, tf.float32)
     weights = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
-    lse = tf.reduce_logsumexp(logits, axis=-1)
-    label_logit = tf.gather(logits, labels, batch_dims=2)
-    nll = lse - label_logit
-    loss = nll + label_smoothing * (label_logit - tf.reduce_mean(logits, axis=-1))
+    nll, loss = _smoothed_losses(tf.cast(logits, tf.float32), labels, float(label_smoothing))
     return nll * weights, loss * weights
+
+
+def _smoothed_losses(logits, labels, eps: float):
+    """(nll, smoothed loss) [batch, Ty] of `smoothed_token_losses` before
+    masking, with their gradient in closed form: with p = softmax(logits)
+    and the one-hot o of the label,
+
+        d nll / d logits  = p - o
+        d loss / d logits = p - (1 - eps) o - eps / vocab
+
+    computed as one pass over the logits plus a scatter of one value per
+    token (where autodiff densifies the gather's gradient)."""
+    vocab = tf.cast(tf.shape(logits)[-1], tf.float32)
+
+    @tf.custom_gradient
+    def losses(logits):
+        lse = tf.reduce_logsumexp(logits, axis=-1)
+        label_logit = tf.gather(logits, labels, batch_dims=2)
+        nll = lse - label_logit
+        loss = nll + eps * (label_logit - tf.reduce_mean(logits, axis=-1))
+
+        def grad(d_nll, d_loss):
+            d_nll = tf.zeros_like(nll) if d_nll is None else d_nll
+            d_loss = tf.zeros_like(loss) if d_loss is None else d_loss
+            grad_logits = (tf.exp(logits - lse[..., None]) * (d_nll + d_loss)[..., None]
+                           - (eps / vocab) * d_loss[..., None])
+            # Minus the one-hot part, one value per token: [batch, Ty, 3] indices (b, t, label).
+            shape = tf.shape(labels)
+            b, t = tf.meshgrid(tf.range(shape[0]), tf.range(shape[1]), indexing="ij")
+            indices = tf.stack([b, t, labels], axis=-1)
+            return tf.tensor_scatter_nd_sub(grad_logits, indices, d_nll + (1.0 - eps) * d_loss)
+
+        return (nll, loss), grad
+
+    return losses(logits)
 
 
 def smoothed_token_loss(labels, logits, label_smoothing: float):
