@@ -70,9 +70,9 @@ absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more th
 absl_flags.DEFINE_boolean(
     "freeze_step_weights", True,
     "Store the matrices of a search step (the output layer in column blocks, fused and sliced decoder "
-    "matrices) as variables of their own instead of building them from the model's weights on every "
-    "request: one-sentence requests answer about a fifth faster, and the export takes about 60% more "
-    "bytes (BUILD_NOTES.md, 'Serving latency').")
+    "matrices) and the encoder GRUs' split recurrent matrices as variables of their own instead of building "
+    "them from the model's weights on every request: one-sentence requests answer about a fifth faster, and "
+    "the export takes about 60% more bytes (BUILD_NOTES.md, 'Serving latency').")
 
 WARMUP_SENTENCES = ["A man is walking his dog in the park.", "Two children are playing.", ""]
 

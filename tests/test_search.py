@@ -194,8 +194,11 @@ def test_frozen_step_weights_give_the_same_search():
     options = SearchOptions(beam_size=4, n_best=2)
     before = beam_search(model, SOURCES, options)
     variables = model.freeze_step_weights()
-    assert len(variables) == len(tf.nest.flatten(model.step_weights()))
+    # The step matrices, and (U_rz, U) of each encoder direction, split once.
+    assert len(variables) == len(tf.nest.flatten(model.step_weights())) + 4
     assert all(isinstance(v, tf.Variable) and not v.trainable for v in variables)
+    for (u_rz, u_candidate), kernel in zip(model.encoder._frozen_recurrent_splits, model.encoder.recurrent_kernels):
+        np.testing.assert_array_equal(np.concatenate([u_rz.numpy(), u_candidate.numpy()], -1), kernel.numpy())
     after = beam_search(model, SOURCES, options)
     for key in before:
         np.testing.assert_array_equal(before[key].numpy(), after[key].numpy(), err_msg=key)

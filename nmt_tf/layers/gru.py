@@ -105,13 +105,45 @@ def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None, recurrent_norm=
     return h + z * (candidate - h)
 
 
+def split_recurrent_kernel(kernel):
+    """U [..., n, 3n] -> (U_rz [..., n, 2n], U candidate [..., n, n]): a
+    column split, which copies the matrix (3 MB for n = 512)."""
+    n = kernel.shape[-1] // 3
+    return tuple(tf.split(kernel, [2 * n, n], axis=-1))
+
+
+class FrozenRecurrentSplits:
+    """For encoder GRUs: `recurrent_splits` gives each direction's (U_rz, U
+    candidate), split per call, or, after `freeze_recurrent_splits` (exports,
+    whose weights never change), read from non-trainable variables of their
+    own. A one-sentence search spent about 1 ms of its ~9 (greedy) splitting
+    the two encoder directions' U per request, before either loop could
+    start. The subclass provides `recurrent_kernels` (a list, one per direction)."""
+
+    def recurrent_splits(self, dtype) -> list:
+        frozen = getattr(self, "_frozen_recurrent_splits", None)
+        if frozen is not None:
+            return [tuple(tf.convert_to_tensor(v) for v in pair) for pair in frozen]
+        return [split_recurrent_kernel(tf.cast(kernel, dtype)) for kernel in self.recurrent_kernels]
+
+    def freeze_recurrent_splits(self) -> list:
+        """Keeps `recurrent_splits()` as non-trainable tf.Variables from now on
+        (as `Seq2SeqModel.freeze_step_weights`: training must not follow);
+        returns them, for a SavedModel to track."""
+        values = self.recurrent_splits(self.compute_dtype)
+        frozen = [tuple(tf.Variable(t, trainable=False) for t in pair) for pair in values]
+        object.__setattr__(self, "_frozen_recurrent_splits", frozen)    # not a Keras-tracked weight
+        return [v for pair in frozen for v in pair]
+
+
 def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurrent_norm=None):
     """Runs GRU steps over time; a masked (padded) step leaves the state unchanged.
 
     Args:
       x_proj: [T, ..., 3n] input projections W x_t + b, time first.
       mask: [T, ..., 1] 1 at real positions, 0 at padding (x_proj's dtype).
-      recurrent_kernel: [n, 3n] (or batched [k, n, 3n]) U, in x_proj's dtype.
+      recurrent_kernel: [n, 3n] (or batched [k, n, 3n]) U, in x_proj's dtype,
+        or the pair (U_rz, U candidate) of `split_recurrent_kernel`.
       h0: [..., n] initial state.
       state_mask: optional recurrent dropout mask [..., n] (training).
       recurrent_norm: optional (gain, bias) [..., 3n] of the h-terms' layer
@@ -120,8 +152,10 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurre
     Returns:
       [T, ..., n] the states.
     """
-    n = recurrent_kernel.shape[-1] // 3
-    u_rz, u_h = tf.split(recurrent_kernel, [2 * n, n], axis=-1)
+    if isinstance(recurrent_kernel, (tuple, list)):
+        u_rz, u_h = recurrent_kernel
+    else:
+        u_rz, u_h = split_recurrent_kernel(recurrent_kernel)
 
     def step(h, elems):
         xp, mt = elems
@@ -134,7 +168,7 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurre
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
-class BidirectionalGRU(keras.layers.Layer):
+class BidirectionalGRU(FrozenRecurrentSplits, keras.layers.Layer):
     """A forward and a backward GRU over a right-padded batch (paper 000 §3.2).
 
     In training both directions advance in the same time loop (one batched
@@ -224,7 +258,7 @@ class BidirectionalGRU(keras.layers.Layer):
         drop = recurrent_dropout_mask(tf.stack([2, tf.shape(inputs)[0], n]), self.recurrent_dropout,
                                       self.seed_generator, dtype, training)                  # [2, B, n] or None
         if separate_loops:
-            forward_u, backward_u = (tf.cast(k, dtype) for k in self.recurrent_kernels)
+            forward_u, backward_u = self.recurrent_splits(dtype)
             norm = recurrent_norms or (None, None)
             forward = masked_gru_scan(forward_x, m, forward_u, h0, None if drop is None else drop[0],
                                       norm[0])                                                   # [T, B, n]
@@ -251,7 +285,7 @@ class BidirectionalGRU(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
-class GRU(keras.layers.Layer):
+class GRU(FrozenRecurrentSplits, keras.layers.Layer):
     """A left-to-right GRU over a right-padded batch (RNNencdec's encoder, paper 004 §2).
 
     Padded positions never change the state, so the state at the last
@@ -288,6 +322,11 @@ class GRU(keras.layers.Layer):
                                                 initializer=BlockOrthogonal())
         self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
 
+    @property
+    def recurrent_kernels(self):
+        """[U] [n, 3n] (FrozenRecurrentSplits' one direction)."""
+        return [self.recurrent_kernel]
+
     def call(self, inputs, mask, training=False):
         n = self.units
         dtype = self.compute_dtype
@@ -298,7 +337,7 @@ class GRU(keras.layers.Layer):
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                                           # [T, B, 1]
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
         drop = recurrent_dropout_mask(tf.shape(h0), self.recurrent_dropout, self.seed_generator, dtype, training)
-        states = masked_gru_scan(x_proj, m, tf.cast(self.recurrent_kernel, dtype), h0, drop,
+        states = masked_gru_scan(x_proj, m, self.recurrent_splits(dtype)[0], h0, drop,
                                  norm("recurrent"))                                                # [T, B, n]
         return tf.transpose(states, [1, 0, 2]), states[-1]
 
