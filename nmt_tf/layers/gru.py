@@ -38,7 +38,7 @@ import keras
 import tensorflow as tf
 
 from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
-from nmt_tf.layers.ops import gate_layer_norm, layer_norm, project
+from nmt_tf.layers.ops import freeze_values, frozen_values, gate_layer_norm, layer_norm, project
 
 
 def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype, training: bool = True):
@@ -121,19 +121,16 @@ class FrozenRecurrentSplits:
     start. The subclass provides `recurrent_kernels` (a list, one per direction)."""
 
     def recurrent_splits(self, dtype) -> list:
-        frozen = getattr(self, "_frozen_recurrent_splits", None)
+        frozen = frozen_values(self, "recurrent_splits")
         if frozen is not None:
-            return [tuple(tf.convert_to_tensor(v) for v in pair) for pair in frozen]
+            return frozen
         return [split_recurrent_kernel(tf.cast(kernel, dtype)) for kernel in self.recurrent_kernels]
 
     def freeze_recurrent_splits(self) -> list:
         """Keeps `recurrent_splits()` as non-trainable tf.Variables from now on
-        (as `Seq2SeqModel.freeze_step_weights`: training must not follow);
-        returns them, for a SavedModel to track."""
-        values = self.recurrent_splits(self.compute_dtype)
-        frozen = [tuple(tf.Variable(t, trainable=False) for t in pair) for pair in values]
-        object.__setattr__(self, "_frozen_recurrent_splits", frozen)    # not a Keras-tracked weight
-        return [v for pair in frozen for v in pair]
+        (`freeze_values`; as `Seq2SeqModel.freeze_step_weights`, training must
+        not follow); returns them, for a SavedModel to track."""
+        return freeze_values(self, "recurrent_splits", self.recurrent_splits(self.compute_dtype))
 
 
 def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurrent_norm=None):

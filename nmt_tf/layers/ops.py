@@ -44,3 +44,20 @@ def gate_layer_norm(x, norm):
     n = x.shape[-1] // 3
     blocks = [tf.split(t, [2 * n, n], axis=-1) for t in (x, *norm)]     # split: see gru.gru_update
     return tf.concat([layer_norm(*parts) for parts in zip(*blocks)], axis=-1)
+
+
+def freeze_values(owner, name: str, values) -> list:
+    """Keeps `values` (a nested structure of tensors) as non-trainable
+    tf.Variables in `owner._frozen_<name>`, which `frozen_values` returns from
+    then on; for exports, whose weights never change, so that matrices built
+    from the weights (sliced, concatenated, cast) are built once instead of on
+    every call. Returns the variables, flat (a SavedModel must track them)."""
+    frozen = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), values)
+    object.__setattr__(owner, f"_frozen_{name}", frozen)    # not a Keras-tracked weight
+    return tf.nest.flatten(frozen)
+
+
+def frozen_values(owner, name: str):
+    """What `freeze_values(owner, name, ...)` kept, read as tensors; None before."""
+    frozen = getattr(owner, f"_frozen_{name}", None)
+    return None if frozen is None else tf.nest.map_structure(tf.convert_to_tensor, frozen)

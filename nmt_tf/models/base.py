@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from nmt_tf.layers import MaxoutReadout
 from nmt_tf.layers.initializers import weight_init
-from nmt_tf.layers.ops import project
+from nmt_tf.layers.ops import freeze_values, frozen_values, project
 from nmt_tf.text import PAD_ID
 
 # Search computes the output layer W_o t_i in this many column blocks (at
@@ -260,9 +260,9 @@ class Seq2SeqModel(keras.Model):
         the target embeddings, the readout's U_o, V_o and C_o, the output
         layer's in `OUTPUT_BLOCKS` column blocks and the subclass's
         `self.decoder.step_weights()`."""
-        frozen = getattr(self, "_frozen_step_weights", None)
+        frozen = frozen_values(self, "step_weights")
         if frozen is not None:
-            return tf.nest.map_structure(tf.convert_to_tensor, frozen)
+            return frozen
         dtype = self.compute_dtype
         kernel, bias = self.output_weights()
         bounds = output_block_bounds(self.target_vocab_size)
@@ -285,12 +285,10 @@ class Seq2SeqModel(keras.Model):
         Multi30k model). Returns the new variables (a SavedModel must track
         them). Training must not follow: the copies would not see weight
         updates."""
-        values = self.step_weights()
-        frozen = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), values)
-        object.__setattr__(self, "_frozen_step_weights", frozen)    # not a Keras-tracked weight
+        variables = freeze_values(self, "step_weights", self.step_weights())
         encoder = getattr(self, "encoder", None)
         encoder_splits = encoder.freeze_recurrent_splits() if hasattr(encoder, "freeze_recurrent_splits") else []
-        return tf.nest.flatten(frozen) + encoder_splits
+        return variables + encoder_splits
 
     def logits(self, states, previous_embeddings, contexts, training=False):
         """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32."""
