@@ -191,7 +191,10 @@ def profile_search(config, logdir: str) -> dict:
     from nmt_tf.files import read_lines
 
     if FLAGS.model_dir:
-        restored = translator.restore_model(FLAGS.model_dir, log=lambda *a: None)
+        import keras
+
+        restored = translator.restore_model(FLAGS.model_dir, log=lambda *a: None,
+                                            precision=keras.mixed_precision.dtype_policy().name)
         model, src_tok, tgt_tok = restored.model, restored.source_tokenizer, restored.target_tokenizer
         origin = f"trained model {FLAGS.model_dir}"
     else:

@@ -9,12 +9,13 @@ Usage:
   python -m nmt_tf.evaluate --model_dir=A --ensemble=B --src=F --ref=G                # A and B as one ensemble
 
 For each model: translates --src with beam search (--beam_size, default 10,
-and the other search flags; a --saved_model uses the settings fixed at its
-export), writes the hypotheses, and reports sacreBLEU on the detokenized
-output against the raw --ref: BLEU cased and lowercased with their signature
-strings, and chrF; and lowercased Moses-tokenized BLEU, the way the
-Multi30k / WMT multimodal papers score (nmt_tf.metrics.moses_lc_bleu), as
-report.json and a table (printed and report.txt).
+and the other search flags; in float32, or --mixed_precision; a --saved_model
+uses the settings fixed at its export), writes the hypotheses, and reports
+sacreBLEU on the detokenized output against the raw --ref: BLEU cased and
+lowercased with their signature strings, and chrF; and lowercased
+Moses-tokenized BLEU, the way the Multi30k / WMT multimodal papers score
+(nmt_tf.metrics.moses_lc_bleu), as report.json and a table (printed and
+report.txt).
 
 The papers' analyses, in the same report and as PNG plots:
 
@@ -66,7 +67,8 @@ absl_flags.DEFINE_string("out_dir", None, "Where hypotheses, report.json, report
                          "(default: <model_dir>/eval/<name of --src>, or eval/<name of --src> for --saved_model).")
 absl_flags.DEFINE_multi_string("label", None, "Names of the models in reports and plots, in the order given.")
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "saved_model", "ensemble", "lines_per_batch",
-                                             "max_input_length", *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS))
+                                             "max_input_length", "mixed_precision", *nmt_flags.SEARCH_FLAGS,
+                                             *nmt_flags.WEIGHTS_FLAGS))
 
 
 class EvaluationError(ValueError):
@@ -103,14 +105,15 @@ def _word_set(path: str) -> set:
 
 
 def subject_from_model_dir(model_dirs, label, options, weights, max_input_length, out_dir, log,
-                           unk_replacement=None):
+                           unk_replacement=None, precision: str = "float32"):
     """`model_dirs`: one model directory, or several decoded as one ensemble;
-    `unk_replacement`: a `nmt_tf.translator.UnkReplacement` or None."""
+    `unk_replacement`: a `nmt_tf.translator.UnkReplacement` or None;
+    `precision`: the Keras dtype policy of the search."""
     from nmt_tf import data
 
     model_dirs = [model_dirs] if isinstance(model_dirs, str) else list(model_dirs)
     model_dir = model_dirs[0]
-    restored = restore_ensemble(model_dirs, weights, log=log)
+    restored = restore_ensemble(model_dirs, weights, log=log, precision=precision)
     model, src_tok, tgt_tok, config = restored[:4]
     make = lambda o: compiled_translate(Translator(model, src_tok, tgt_tok, o, max_input_length, unk_replacement))
     words = data.word_shortlist_paths(model_dir)
@@ -121,7 +124,8 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
     return Subject(label, make(options), make(dataclasses.replace(options, suppress_unk=True)),
                    config.src_lang, config.tgt_lang, _word_set(words[0]), _word_set(words[1]), out_dir,
                    f"{' + '.join(model_dirs)} ({restored.checkpoint}, beam {options.beam_size}"
-                   f"{', [UNK] replaced' if unk_replacement is not None else ''})")
+                   f"{', [UNK] replaced' if unk_replacement is not None else ''}"
+                   f"{'' if precision == 'float32' else f', {precision}'})")
 
 
 def subject_from_saved_model(path, label, out_dir):
@@ -261,12 +265,13 @@ def split_model_args(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]
 
 def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: str, out_dir: str | None,
         options, weights, max_input_length: int, batch_size: int, log=print,
-        ensemble: list[str] | None = None, unk_replacement=None) -> list[dict]:
+        ensemble: list[str] | None = None, unk_replacement=None, precision: str = "float32") -> list[dict]:
     """Evaluates every (kind, path) model; returns their reports.
 
     `weights`: a `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value,
     for model directories. `ensemble`: further model directories decoded with
-    the (one) --model_dir as one ensemble."""
+    the (one) --model_dir as one ensemble. `precision`: the Keras dtype
+    policy model directories are decoded in (a SavedModel has its own)."""
     sources, references = read_text(src, "src"), read_text(ref, "ref")
     if len(sources) != len(references):
         raise EvaluationError(f"{src} (--src) has {len(sources):,} lines but {ref} (--ref) has "
@@ -288,7 +293,7 @@ def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: 
         default_dir = layout.eval_dir(path if kind == "model_dir" else "", src_name)
         model_out = os.path.join(out_dir, label) if out_dir and several else (out_dir or default_dir)
         subject = (subject_from_model_dir([path, *(ensemble or [])], label, options, weights, max_input_length,
-                                          model_out, log, unk_replacement)
+                                          model_out, log, unk_replacement, precision)
                    if kind == "model_dir" else subject_from_saved_model(path, label, model_out))
         reports.append(evaluate_subject(subject, sources, references, batch_size, log))
         write_plots([reports[-1]], model_out, src_name)
@@ -309,7 +314,7 @@ def main(argv):
         reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
                       nmt_flags.weights_choice(), FLAGS.max_input_length, FLAGS.lines_per_batch,
                       ensemble=FLAGS.ensemble, unk_replacement=UnkReplacement.from_flags(
-                          FLAGS.replace_unk, FLAGS.unk_dictionary))
+                          FLAGS.replace_unk, FLAGS.unk_dictionary), precision=nmt_flags.search_precision())
     except (EvaluationError, ClientError, OSError, ValueError) as e:   # OSError: FileNotFoundError, WriteFailed
         return nmt_flags.user_error(e)
     print(format_table(reports))

@@ -5,11 +5,15 @@ Usage:
       [--checkpoint=best|last|averaged|PATH] [--beam_size=10 --n_best=1 ...]
   python -m nmt_tf.export --model_dir=runs/m30k --average_checkpoints=4 --average_from=best --export_dir=E
   python -m nmt_tf.export --model_dir=runs/a --ensemble=runs/b --ensemble=runs/c --export_dir=E
+  python -m nmt_tf.export --model_dir=runs/m30k --mixed_precision=mixed_bfloat16 --export_dir=E
 
 --average_checkpoints exports the mean of the weights of several checkpoints
 (of each model); --ensemble exports several models as one: at every beam
 step their log-probabilities are averaged inside the graph, so TF Serving
 serves the ensemble as one model (nmt_tf.models.ensemble).
+--mixed_precision=mixed_bfloat16 (or auto: bfloat16 if this machine's CPU has
+bfloat16 instructions) exports a model that computes in bfloat16: faster
+batch translation on such CPUs, slower one-sentence serving (README.md).
 
 Writes EXPORT_DIR/<version>/ (the next free integer unless --version is
 given) atomically: the SavedModel is written to a hidden temporary folder
@@ -99,13 +103,13 @@ def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
     return path
 
 
-TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "ensemble", "max_input_length", *nmt_flags.SEARCH_FLAGS,
-                                             *nmt_flags.WEIGHTS_FLAGS))
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "ensemble", "max_input_length", "mixed_precision",
+                                             *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS))
 
 
 def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options, max_input_length: int,
-                   weights: str, unk_replacement=None) -> None:
-    """assets.extra/nmt_tf.json (languages, tokenizer, search settings, which
+                   weights: str, unk_replacement=None, precision: str = "float32") -> None:
+    """assets.extra/nmt_tf.json (languages, tokenizer, search settings, precision, which
     weights) and the training word shortlists (of the first model), for
     nmt_tf.evaluate / visualize on the export."""
     from nmt_tf import data
@@ -115,7 +119,7 @@ def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options,
     os.makedirs(extra, exist_ok=True)
     meta = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
             "model": config.model, "search": dataclasses.asdict(options), "max_input_length": max_input_length,
-            "checkpoint": weights, "model_dirs": [os.path.abspath(d) for d in model_dirs],
+            "checkpoint": weights, "precision": precision, "model_dirs": [os.path.abspath(d) for d in model_dirs],
             "replace_unk": unk_replacement is not None,
             "unk_dictionary": unk_replacement.dictionary if unk_replacement is not None else None}
     with open(os.path.join(extra, EXPORT_METADATA), "w", encoding="utf-8") as f:
@@ -153,13 +157,16 @@ def _process_alive(pid: int) -> bool:
 
 def export(model_dir, export_dir: str, options, version: int = 0, weights="best",
            max_input_length: int = 100, log=print, freeze_step_weights: bool = True,
-           unk_replacement=None) -> str:
+           unk_replacement=None, precision: str = "float32") -> str:
     """Writes export_dir/<version>/ atomically; returns its path.
 
     `model_dir`: a model directory, or a list of several (an ensemble).
     `weights`: a `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value.
     `unk_replacement`: a `nmt_tf.translator.UnkReplacement`, or None.
-    `freeze_step_weights`: see `Seq2SeqModel.freeze_step_weights`."""
+    `freeze_step_weights`: see `Seq2SeqModel.freeze_step_weights`.
+    `precision`: the Keras dtype policy the SavedModel computes in
+    ("mixed_bfloat16": bfloat16 arithmetic, and its frozen step matrices
+    stored in bfloat16)."""
     import tensorflow as tf
 
     model_dirs = [model_dir] if isinstance(model_dir, str) else list(model_dir)
@@ -169,7 +176,8 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
         raise FileExistsError(f"{final} already exists; choose another --version")
     os.makedirs(export_dir, exist_ok=True)
     remove_stale_temporaries(export_dir, log)
-    model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log)
+    model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log,
+                                                                        precision=precision)
     tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     step_weights = model.freeze_step_weights() if freeze_step_weights else []
     module = Translator(model, src_tok, tgt_tok, options, max_input_length, unk_replacement).module()
@@ -180,7 +188,8 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
             "translate": module.translate.get_concrete_function(),
             "score": module.score.get_concrete_function()})
         write_warmup(tmp)
-        write_metadata(tmp, model_dirs, config, options, max_input_length, checkpoint_path, unk_replacement)
+        write_metadata(tmp, model_dirs, config, options, max_input_length, checkpoint_path, unk_replacement,
+                       precision)
         os.rename(tmp, final)
     except (tf.errors.OpError, OSError) as e:      # a full disk: no version appears, none is damaged
         shutil.rmtree(tmp, ignore_errors=True)
@@ -189,6 +198,7 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}"
+        f"{'' if precision == 'float32' else f', {precision}'}"
         f"{f', an ensemble of {len(model_dirs)} models' if len(model_dirs) > 1 else ''}).\n"
         f"  saved_model_cli show --dir {final} --all\n"
         f"  python -m nmt_tf.translate --saved_model={final} < input.txt")
@@ -204,7 +214,7 @@ def main(argv):
         export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir, nmt_flags.search_options(),
                FLAGS.version, nmt_flags.weights_choice(), FLAGS.max_input_length,
                freeze_step_weights=FLAGS.freeze_step_weights, unk_replacement=UnkReplacement.from_flags(
-                   FLAGS.replace_unk, FLAGS.unk_dictionary))
+                   FLAGS.replace_unk, FLAGS.unk_dictionary), precision=nmt_flags.search_precision())
     except (OSError, ValueError) as e:      # FileNotFoundError, FileExistsError, WriteFailed (a full disk)
         return nmt_flags.user_error(e)
     return 0

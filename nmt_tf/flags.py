@@ -25,6 +25,7 @@ from absl import app, flags, logging
 from nmt_tf import model_dir as layout
 from nmt_tf import startup
 from nmt_tf.files import write_atomically
+from nmt_tf.hardware import resolve_precision
 from nmt_tf.models import ARCHITECTURES
 
 FLAGS = flags.FLAGS
@@ -130,7 +131,7 @@ flags.DEFINE_integer("decay_patience", 2, "Dev evaluations without improvement b
 flags.DEFINE_integer("patience", 10, "Stop after this many dev evaluations without improvement (0: never stop early).", lower_bound=0)
 flags.DEFINE_integer("log_every_steps", 50, "Write training scalars to TensorBoard every this many updates.", lower_bound=1)
 flags.DEFINE_enum("mixed_precision", "none", ["none", "auto", "mixed_bfloat16", "mixed_float16"],
-                  "Keras dtype policy: none is float32; mixed_bfloat16 / mixed_float16 compute in bfloat16 / float16 with float32 weights (mixed_float16 adds loss scaling; use it on GPUs without bf16); auto is mixed_bfloat16 on a CPU with bfloat16 instructions (avx512_bf16 or amx_bf16) and no GPU, float32 elsewhere, decided again at every start.")
+                  "Keras dtype policy: none is float32; mixed_bfloat16 / mixed_float16 compute in bfloat16 / float16 with float32 weights (mixed_float16 adds loss scaling; use it on GPUs without bf16); auto is mixed_bfloat16 on a CPU with bfloat16 instructions (avx512_bf16 or amx_bf16) and no GPU, float32 elsewhere, decided again at every start. nmt_tf.export and nmt_tf.evaluate take it too, for the search (default there: float32, whatever the model was trained in; an export keeps it, and on a CPU without bfloat16 instructions a bfloat16 export runs emulated and slower).")
 flags.DEFINE_enum("distribution", "none", ["none", "mirrored", "multi_worker"],
                   "tf.distribute strategy of training: none (one device), mirrored (one process, a replica per GPU; "
                   "per logical CPU device with --cpu_devices), multi_worker (one process per machine, the cluster in "
@@ -191,7 +192,7 @@ flags.DEFINE_string("output", None, "Output file; default stdout.")
 # Which weights of a model directory a tool uses (nmt_tf.checkpoints.WeightsChoice).
 WEIGHTS_FLAGS = ("checkpoint", "average_checkpoints", "average_from")
 # Search settings that nmt_tf.export fixes in the SavedModel (--n_best may be lowered at run time).
-FIXED_AT_EXPORT = tuple(name for name in SEARCH_FLAGS if name != "n_best") + ("max_input_length",)
+FIXED_AT_EXPORT = tuple(name for name in SEARCH_FLAGS if name != "n_best") + ("max_input_length", "mixed_precision")
 
 # Flags whose values define the model or its vocabularies: a run resumed in
 # an existing --model_dir must keep them.
@@ -231,6 +232,18 @@ def fixed_at_export_given() -> list[str]:
     """The search and weights flags given, for a tool run on a SavedModel
     (where they were fixed by nmt_tf.export and would be ignored)."""
     return sorted(name for name in FIXED_AT_EXPORT + WEIGHTS_FLAGS if FLAGS[name].present)
+
+
+def search_precision(log=print) -> str:
+    """The Keras dtype policy nmt_tf.export / nmt_tf.evaluate build a model
+    with: float32 unless --mixed_precision is given (auto: from this CPU,
+    nmt_tf.hardware.resolve_precision, and `log` says what it chose)."""
+    if not FLAGS["mixed_precision"].present:
+        return "float32"
+    policy, why = resolve_precision(FLAGS.mixed_precision)
+    if FLAGS.mixed_precision == "auto":
+        log(why + ".")
+    return policy
 
 
 FIXED_AT_EXPORT_REASON = "fixed when the SavedModel was exported: export again with it (nmt_tf.export)"

@@ -11,6 +11,7 @@ order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, NamedTuple
@@ -227,19 +228,37 @@ def tf_variables(model) -> list:
     return out
 
 
-def restore_model(model_dir: str, weights="best", log=print) -> RestoredModel:
+@contextlib.contextmanager
+def dtype_policy(name: str):
+    """Keras' global dtype policy set to `name` ("float32", "mixed_bfloat16",
+    ...) inside the block and restored after it. Layers take the policy when
+    they are made, so a model built inside keeps it."""
+    import keras
+
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+
+
+def restore_model(model_dir: str, weights="best", log=print, precision: str = "float32") -> RestoredModel:
     """The trained model of `model_dir` with the chosen weights, and its tokenizers.
 
     `weights`: a `nmt_tf.checkpoints.WeightsChoice`, or just the checkpoint
     (best, last, averaged or a path). With averaging, RestoredModel.checkpoint
-    says which checkpoints were averaged."""
+    says which checkpoints were averaged. `precision`: the Keras dtype policy
+    the model computes in (float32 whatever it was trained in, unless asked:
+    nmt_tf.flags.search_precision)."""
     from nmt_tf import checkpoints, data
 
     if isinstance(weights, str):
         weights = checkpoints.WeightsChoice(checkpoint=weights)
     config = nmt_flags.load_config(model_dir)
     source_tokenizer, target_tokenizer = data.load_tokenizers(config, model_dir)
-    model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+    with dtype_policy(precision):
+        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     if weights.average > 1:
         paths = checkpoints.checkpoint_paths(model_dir, weights.average_from, weights.average)
         if len(paths) < weights.average:
@@ -255,7 +274,7 @@ def restore_model(model_dir: str, weights="best", log=print) -> RestoredModel:
     return RestoredModel(model, source_tokenizer, target_tokenizer, config, path)
 
 
-def restore_ensemble(model_dirs: list[str], weights="best", log=print) -> RestoredModel:
+def restore_ensemble(model_dirs: list[str], weights="best", log=print, precision: str = "float32") -> RestoredModel:
     """Several trained models as one `nmt_tf.models.Ensemble` (a single model
     directory gives that model itself). They must share tokenizer, languages
     and vocabularies (the source is tokenized once and the log-probabilities
@@ -264,7 +283,7 @@ def restore_ensemble(model_dirs: list[str], weights="best", log=print) -> Restor
     from nmt_tf import data
     from nmt_tf.models.ensemble import Ensemble
 
-    restored = [restore_model(d, weights, log=log) for d in model_dirs]
+    restored = [restore_model(d, weights, log=log, precision=precision) for d in model_dirs]
     if len(restored) == 1:
         return restored[0]
     first = restored[0]

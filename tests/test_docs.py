@@ -117,10 +117,12 @@ def test_each_tool_lists_its_own_flags_and_refuses_other_tools_flags(tool):
 def test_search_flags_with_a_saved_model_are_refused_as_fixed_at_export(tmp_path):
     from conftest import run_cli
 
-    for tool, args in (("translate", ["--beam_size=1"]), ("evaluate", ["--beam_size=1", "--src=a", "--ref=b"]),
+    for tool, args in (("translate", ["--beam_size=1"]),
+                       ("evaluate", ["--beam_size=1", "--mixed_precision=mixed_bfloat16", "--src=a", "--ref=b"]),
                        ("visualize", ["--length_alpha=0.5", "--text=x"])):
         done = run_cli("-m", f"nmt_tf.{tool}", f"--saved_model={tmp_path}", *args, timeout=120)
         assert done.returncode == 1 and "fixed when the SavedModel was exported" in done.stderr, (tool, done.stderr)
+        assert tool != "evaluate" or "--beam_size, --mixed_precision:" in done.stderr, done.stderr
 
 
 # --- docs/SPEC.md: every section and paper the repository cites exists in it ---

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from conftest import REPO, UNICODE_SEPARATORS, run_cli
 from nmt_tf import export, search, train
-from nmt_tf.translator import restore_model
+from nmt_tf.text import with_eos
+from nmt_tf.translator import read_metadata, restore_model
 
 OPTIONS = search.SearchOptions(beam_size=3, n_best=2)
 
@@ -114,6 +115,34 @@ def test_translation_equals_the_python_search(exported, signatures):
     got = signatures["serving_default"](text=text)
     assert got["translation"].numpy()[0] == want.numpy()[0]
     assert got["score"].numpy()[0] == pytest.approx(float(out["scores"][0, 0]), rel=1e-5)
+
+
+def test_mixed_bfloat16_export_computes_in_bfloat16_and_equals_the_python_search_in_it(exported, tmp_path):
+    """--mixed_precision for an export: the frozen step matrices are bfloat16,
+    the metadata says so, and the signature translates as the in-process search
+    of the model restored in the same policy; restoring leaves Keras' global
+    policy as it was and, by default, builds float32 whatever the global policy."""
+    import keras
+
+    model_dir = exported[0]
+    path = export.export(model_dir, str(tmp_path / "bf16"), OPTIONS, max_input_length=20, log=lambda *a: None,
+                         precision="mixed_bfloat16")
+    assert read_metadata(path)["precision"] == "mixed_bfloat16"
+    loaded = tf.saved_model.load(path)
+    frozen = [v for v in loaded.step_weights if v.dtype != tf.float32]
+    assert frozen and all(v.dtype == tf.bfloat16 for v in frozen)
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        assert restore_model(model_dir, log=lambda *a: None).model.compute_dtype == "float32"
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    model, src_tok, tgt_tok = restore_model(model_dir, log=lambda *a: None, precision="mixed_bfloat16")[:3]
+    assert model.compute_dtype == "bfloat16" and keras.mixed_precision.dtype_policy().name == "float32"
+    text = tf.constant(["A man in a blue shirt.", "Two dogs run ."])
+    ids = with_eos(src_tok.encode(text)).to_tensor()
+    want = tgt_tok.decode(search.search(model, ids, OPTIONS)["tokens"][:, 0])
+    got = loaded.signatures["serving_default"](text=text)
+    assert got["translation"].numpy().tolist() == want.numpy().tolist()
 
 
 def test_score_signature_is_forced_decoding(exported, signatures):
