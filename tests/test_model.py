@@ -208,7 +208,8 @@ def test_label_smoothing_loss_is_the_smoothed_cross_entropy():
         got, want = (tf.reduce_sum(a * d_nll) + tf.reduce_sum(b * d_loss) for a, b in
                      ((nll, loss), (want_nll, want_loss)))
         loss_only, want_loss_only = tf.reduce_sum(loss), tf.reduce_sum(want_loss)    # nll unconnected
-    for a, b in ((got, want), (loss_only, want_loss_only)):
+        nll_only, want_nll_only = tf.reduce_sum(nll), tf.reduce_sum(want_nll)        # loss unconnected
+    for a, b in ((got, want), (loss_only, want_loss_only), (nll_only, want_nll_only)):
         np.testing.assert_allclose(tape.gradient(a, logits_t).numpy(), tape.gradient(b, logits_t).numpy(),
                                    rtol=1e-5, atol=1e-6)
     # Training optimises the smoothed loss; reported NLL stays plain.
