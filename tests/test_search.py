@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from nmt_tf.layers.ops import frozen_values
 from nmt_tf.models.rnnsearch import RNNSearch
 from nmt_tf.search import NEG, SearchOptions, _best_extensions, _block_size, beam_search, greedy_search, search
 from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -197,7 +198,8 @@ def test_frozen_step_weights_give_the_same_search():
     # The step matrices, and (U_rz, U) of each encoder direction, split once.
     assert len(variables) == len(tf.nest.flatten(model.step_weights())) + 4
     assert all(isinstance(v, tf.Variable) and not v.trainable for v in variables)
-    for (u_rz, u_candidate), kernel in zip(model.encoder._frozen_recurrent_splits, model.encoder.recurrent_kernels):
+    for (u_rz, u_candidate), kernel in zip(frozen_values(model.encoder, "recurrent_splits"),
+                                           model.encoder.recurrent_kernels):
         np.testing.assert_array_equal(np.concatenate([u_rz.numpy(), u_candidate.numpy()], -1), kernel.numpy())
     after = beam_search(model, SOURCES, options)
     for key in before:

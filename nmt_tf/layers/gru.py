@@ -405,8 +405,8 @@ class ConditionalGRUCell(keras.layers.Layer):
         Slicing and casting copy the matrices, so a time loop takes them once,
         outside, and passes them to every `step`.
         """
-        n, dtype = self.units, self.compute_dtype
-        u_rz, u_candidate = tf.split(tf.cast(self.recurrent_kernel, dtype), [2 * n, n], axis=1)
+        dtype = self.compute_dtype
+        u_rz, u_candidate = split_recurrent_kernel(tf.cast(self.recurrent_kernel, dtype))
         kernels = {"input": tf.cast(self.kernel, dtype), "bias": tf.cast(self.bias, dtype),
                    "recurrent_rz": u_rz, "recurrent_candidate": u_candidate,
                    "context": tf.cast(self.context_kernel, dtype)}

@@ -18,6 +18,7 @@ import keras
 import tensorflow as tf
 
 from nmt_tf.layers import MaxoutReadout
+from nmt_tf.layers.gru import FrozenRecurrentSplits
 from nmt_tf.layers.initializers import weight_init
 from nmt_tf.layers.ops import freeze_values, frozen_values, project
 from nmt_tf.text import PAD_ID
@@ -286,9 +287,10 @@ class Seq2SeqModel(keras.Model):
         them). Training must not follow: the copies would not see weight
         updates."""
         variables = freeze_values(self, "step_weights", self.step_weights())
-        encoder = getattr(self, "encoder", None)
-        encoder_splits = encoder.freeze_recurrent_splits() if hasattr(encoder, "freeze_recurrent_splits") else []
-        return variables + encoder_splits
+        for layer in self.layers:
+            if isinstance(layer, FrozenRecurrentSplits):
+                variables += layer.freeze_recurrent_splits()
+        return variables
 
     def logits(self, states, previous_embeddings, contexts, training=False):
         """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32."""
