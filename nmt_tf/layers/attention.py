@@ -92,7 +92,13 @@ class AdditiveAttention(keras.layers.Layer):
         # loop a strided slice's gradient copies into a zero tensor.
         query = query_proj if grouped else tf.expand_dims(query_proj, 1)
         hidden = tf.tanh(tf.expand_dims(keys, 1) + tf.expand_dims(query, 2))          # [B, K, Tx, n']
-        scores = tf.reduce_sum(hidden * tf.cast(self.score_vector, dtype), axis=-1)  # [B, K, Tx]
+        # v_a^T hidden as one [B K Tx, n'] x [n', 1] product: one pass over
+        # hidden (a multiply then a sum makes two and writes a copy), and its
+        # gradient is an outer product and one more such product instead of a
+        # broadcast multiply and a reduction over three axes.
+        scores = tf.reshape(tf.matmul(tf.reshape(hidden, [-1, self.units]),
+                                      tf.cast(self.score_vector, dtype)[:, None]),
+                            tf.shape(hidden)[:-1])                                    # [B, K, Tx]
         alpha = tf.nn.softmax(tf.cast(scores, tf.float32) + tf.expand_dims(bias, 1))
         context = tf.matmul(tf.cast(alpha, dtype), annotations)                     # [B, K, key_dim]
         if not grouped:
