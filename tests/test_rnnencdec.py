@@ -125,3 +125,10 @@ def test_rnnencdec_trains_searches_and_exports(encoder, tiny_config, tmp_path):
     greedy = search.greedy_search(model, sources, search.SearchOptions(beam_size=1))
     beam = search.beam_search(model, sources, search.SearchOptions(beam_size=1))
     np.testing.assert_array_equal(greedy["tokens"].numpy(), beam["tokens"][:, 0].numpy())
+    # Frozen as an export freezes it (the previous word's products per word): the same search.
+    options = search.SearchOptions(beam_size=3)
+    before = search.beam_search(model, sources, options)
+    model.freeze_step_weights()
+    after = search.beam_search(model, sources, options)
+    np.testing.assert_array_equal(before["tokens"].numpy(), after["tokens"].numpy())
+    np.testing.assert_allclose(before["scores"].numpy(), after["scores"].numpy(), rtol=1e-5)

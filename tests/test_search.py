@@ -188,22 +188,36 @@ def test_best_extensions_equal_a_top_k_over_all_candidates(vocab):
     np.testing.assert_allclose(score, np.take_along_axis(flat, want, 1), rtol=1e-6)
 
 
-def test_frozen_step_weights_give_the_same_search():
+@pytest.mark.parametrize("token_products", [False, True])
+def test_frozen_step_weights_give_the_same_search(token_products):
     """Exports keep the step matrices as variables of their own
-    (`freeze_step_weights`): the same hypotheses, scores and alignments."""
-    model = model_with_random_weights()
-    options = SearchOptions(beam_size=4, n_best=2)
-    before = beam_search(model, SOURCES, options)
-    variables = model.freeze_step_weights()
-    # The step matrices, and (U_rz, U) of each encoder direction, split once.
-    assert len(variables) == len(tf.nest.flatten(model.step_weights())) + 4
-    assert all(isinstance(v, tf.Variable) and not v.trainable for v in variables)
-    for (u_rz, u_candidate), kernel in zip(frozen_values(model.encoder, "recurrent_splits"),
-                                           model.encoder.recurrent_kernels):
-        np.testing.assert_array_equal(np.concatenate([u_rz.numpy(), u_candidate.numpy()], -1), kernel.numpy())
-    after = beam_search(model, SOURCES, options)
-    for key in before:
-        np.testing.assert_array_equal(before[key].numpy(), after[key].numpy(), err_msg=key)
+    (`freeze_step_weights`), and the previous word's products per word
+    (`token_products`): the same hypotheses, scores and alignments, also for
+    a layer-normalised GRU (whose input term is normalised in the table)."""
+    for options in ({}, {"layer_norm": True}):
+        model = model_with_random_weights(**options)
+        search_options = SearchOptions(beam_size=4, n_best=2)
+        before = beam_search(model, SOURCES, search_options)
+        greedy_before = greedy_search(model, SOURCES)
+        plain = len(tf.nest.flatten(model.step_weights()))
+        variables = model.freeze_step_weights(token_products)
+        # The step matrices (with the two per-word tables instead of the
+        # embeddings), and (U_rz, U) of each encoder direction, split once.
+        assert len(variables) == plain + token_products + 4
+        assert ("token_products" in model.step_weights()) == token_products
+        assert ("target_embedding" in model.step_weights()) != token_products
+        assert all(isinstance(v, tf.Variable) and not v.trainable for v in variables)
+        for (u_rz, u_candidate), kernel in zip(frozen_values(model.encoder, "recurrent_splits"),
+                                               model.encoder.recurrent_kernels):
+            np.testing.assert_array_equal(np.concatenate([u_rz.numpy(), u_candidate.numpy()], -1), kernel.numpy())
+        after = beam_search(model, SOURCES, search_options), greedy_search(model, SOURCES)
+        for want, got in zip((before, greedy_before), after):
+            for key in want:
+                if want[key].dtype.is_integer or not token_products:
+                    np.testing.assert_array_equal(want[key].numpy(), got[key].numpy(), err_msg=key)
+                else:    # the tables' products may round differently from a step's
+                    np.testing.assert_allclose(want[key].numpy(), got[key].numpy(), rtol=1e-5, atol=1e-6,
+                                               err_msg=key)
 
 
 def test_an_ensemble_of_one_model_or_of_its_twin_is_that_model():

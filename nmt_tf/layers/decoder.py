@@ -131,7 +131,8 @@ class AttentionDecoder(keras.layers.Layer):
         state = tf.cast(state, self.compute_dtype)
         return tf.concat([state, tf.matmul(state, weights["state"])], axis=-1)
 
-    def step(self, previous_embedding, state, keys, projected_annotations, bias, weights=None, beam=1):
+    def step(self, previous_embedding, state, keys, projected_annotations, bias, weights=None, beam=1,
+             x_proj=None):
         """One decoding step for search.
 
         Args:
@@ -145,6 +146,9 @@ class AttentionDecoder(keras.layers.Layer):
           weights: `step_weights()`, taken once outside the search loop
             (built here when None).
           beam: hypotheses per sentence (static).
+          x_proj: the GRU's input term W E y_{i-1} + b [N, 3n] (layer-normalised
+            with layer_norm) when already at hand (an export's token products,
+            `Seq2SeqModel.token_products`); previous_embedding is then not used.
 
         Returns:
           (s_i [N, n], its `search_state` [N, n + n' + 2n] for the next step,
@@ -157,7 +161,8 @@ class AttentionDecoder(keras.layers.Layer):
         n, units = self.units, self.attention_units
         state = tf.cast(state, dtype)
         previous_state, query_proj, state_rz = tf.split(state, [n, units, 2 * n], axis=1)
-        x_proj = self.cell.project_inputs(previous_embedding, weights["cell"])
+        if x_proj is None:
+            x_proj = self.cell.project_inputs(previous_embedding, weights["cell"])
         weighted, alpha = self.attention.attend(tf.reshape(query_proj, [-1, beam, units]), keys,
                                                 projected_annotations, bias)
         width = projected_annotations.shape[-1]
@@ -255,15 +260,17 @@ class ContextDecoder(keras.layers.Layer):
                           h_dropped=None if state_mask is None else dropped,
                           recurrent_norm=kernels.get("recurrent_norm"))
 
-    def step(self, previous_embedding, state, context_proj, weights=None):
+    def step(self, previous_embedding, state, context_proj, weights=None, x_proj=None):
         """One step for search: E y_{i-1} [batch, m], s_{i-1} [batch, n], C c [batch, 3n] -> s_i.
 
-        `weights` is `step_weights()`, taken once outside the search loop.
+        `weights` is `step_weights()`, taken once outside the search loop;
+        `x_proj` as in `AttentionDecoder.step`.
         """
         dtype = self.compute_dtype
         weights = weights or self.step_weights()
-        return self._step(self.cell.project_inputs(previous_embedding, weights), tf.cast(state, dtype),
-                          context_proj, weights)
+        if x_proj is None:
+            x_proj = self.cell.project_inputs(previous_embedding, weights)
+        return self._step(x_proj, tf.cast(state, dtype), context_proj, weights)
 
     def call(self, target_embeddings, initial_state, context, training=False):
         dtype = self.compute_dtype

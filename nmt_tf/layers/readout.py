@@ -79,16 +79,24 @@ class MaxoutReadout(keras.layers.Layer):
                               tf.cast(context, dtype)], axis=-1)
         return self._maxout(project(features, self.fused_kernel(), self.bias))
 
-    def step(self, state, previous_embedding, context_proj, kernels):
+    def embedding_term(self, previous_embedding, kernels):
+        """V_o E y_{i-1} + b_o [N, 2l] for `step` (an export looks it up per
+        word instead: `Seq2SeqModel.token_products`)."""
+        return project(tf.cast(previous_embedding, self.compute_dtype), kernels["embedding"], self.bias)
+
+    def step(self, state, previous_embedding, context_proj, kernels, embedding_term=None):
         """One search step with C_o c_i already computed (`context_proj`
         [N, 2l]: search gets it as sum_j alpha_ij (C_o h_j), from products
-        taken once per sentence); `kernels` is `step_weights()`.
+        taken once per sentence); `kernels` is `step_weights()`;
+        `embedding_term` is `embedding_term(previous_embedding)` when already
+        at hand (previous_embedding is then not used).
 
         U_o s_i and V_o E y_{i-1} + b_o are two products: the second depends
         only on the previous word, so TensorFlow's executor runs it while the
         step's attention and GRU (which s_i waits for) are still running."""
         dtype = self.compute_dtype
-        embedding_term = project(tf.cast(previous_embedding, dtype), kernels["embedding"], self.bias)
+        if embedding_term is None:
+            embedding_term = self.embedding_term(previous_embedding, kernels)
         pre = tf.matmul(tf.cast(state, dtype), kernels["state"]) + embedding_term + tf.cast(context_proj, dtype)
         return self._maxout(pre)
 

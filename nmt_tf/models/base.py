@@ -273,7 +273,18 @@ class Seq2SeqModel(keras.Model):
                 "output": [(tf.cast(kernel[:, a:b], dtype), tf.cast(bias[a:b], dtype)) for a, b in bounds],
                 "decoder": self.decoder.step_weights()}
 
-    def freeze_step_weights(self) -> list:
+    def token_products(self) -> dict:
+        """What a search step computes from the previous word's embedding alone,
+        for every target word: "input", the decoder GRU's input term
+        W E y + b [K_y, 3n] (layer-normalised with layer_norm), and
+        "readout", V_o E y + b_o [K_y, 2l]. Two products of the whole
+        embedding matrix (for the default Multi30k model 10,000 x 256 by
+        256 x 2,048): worth it only when kept (`freeze_step_weights`)."""
+        embeddings = tf.cast(self.target_embedding.embeddings, self.compute_dtype)
+        return {"input": self.decoder.cell.project_inputs(embeddings),
+                "readout": self.readout.embedding_term(embeddings, self.readout.step_weights())}
+
+    def freeze_step_weights(self, token_products: bool = True) -> list:
         """Builds `step_weights()` once and keeps the result as non-trainable
         tf.Variables, which `step_weights()` returns from then on instead of
         slicing, concatenating and reading the model's variables on every
@@ -283,10 +294,19 @@ class Seq2SeqModel(keras.Model):
         more bytes, and a one-sentence search no longer spends its first
         milliseconds copying them. The encoder's GRUs keep their recurrent
         matrices split the same way (`FrozenRecurrentSplits`; +6 MB for the
-        Multi30k model). Returns the new variables (a SavedModel must track
-        them). Training must not follow: the copies would not see weight
-        updates."""
-        variables = freeze_values(self, "step_weights", self.step_weights())
+        Multi30k model). With `token_products`, `token_products()` is kept
+        too (under "token_products", instead of the target embeddings, which
+        search then no longer reads), and search steps look the previous
+        words' terms up instead of multiplying their embeddings
+        (`nmt_tf.export --freeze_token_products`; V x (3n + 2l - m) more
+        values).
+        Returns the new variables (a SavedModel must track them). Training
+        must not follow: the copies would not see weight updates."""
+        weights = self.step_weights()
+        if token_products:
+            weights = {**weights, "token_products": self.token_products()}
+            del weights["target_embedding"]
+        variables = freeze_values(self, "step_weights", weights)
         for layer in self.layers:
             if isinstance(layer, FrozenRecurrentSplits):
                 variables += layer.freeze_recurrent_splits()
@@ -302,26 +322,40 @@ class Seq2SeqModel(keras.Model):
         return tf.cast(project(features, self.target_embedding.embeddings, self.output_bias,
                                transpose_kernel=True), tf.float32)
 
-    def step_log_probs(self, state, previous_embedding, readout_context, weights):
-        """Search's output distribution: s_i [N, n], E y_{i-1} [N, m] and
-        C_o c_i [N, 2l] -> log p(y_i | y_<i, x) [N, K_y] float32 (no dropout).
+    def step_log_probs(self, state, embedding_term, readout_context, weights):
+        """Search's output distribution: s_i [N, n], V_o E y_{i-1} + b_o [N, 2l]
+        (`previous_word_terms`) and C_o c_i [N, 2l] -> log p(y_i | y_<i, x)
+        [N, K_y] float32 (no dropout).
 
         The output layer is one product per column block of W_o (see
         `OUTPUT_BLOCKS`), joined before the softmax: the same numbers as one
         product, but independent ops that the executor can run side by side."""
-        features = self.readout.step(state, previous_embedding, readout_context, weights["readout"])
+        features = self.readout.step(state, None, readout_context, weights["readout"], embedding_term)
         blocks = [project(features, kernel, bias) for kernel, bias in weights["output"]]
         logits = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=-1)
         return tf.nn.log_softmax(tf.cast(logits, tf.float32))
 
-    def _search_step_inputs(self, previous_ids, state, weights):
-        """decode_step's [batch, K] hypotheses as rows: (K (static), E y_{i-1}
-        [batch * K, m] (looked up in `weights`), the state [batch * K, d])."""
+    def _search_step_inputs(self, previous_ids, state, weights, cell_weights):
+        """decode_step's [batch, K] hypotheses as rows: (K (static), the terms
+        of the previous words (`previous_word_terms`), the state [batch * K, d])."""
         beam = previous_ids.shape[1]
         if beam is None:
             raise ValueError("decode_step needs a static number of hypotheses per sentence")
-        previous = tf.gather(weights["target_embedding"], tf.reshape(tf.cast(previous_ids, tf.int32), [-1]))
-        return beam, previous, tf.reshape(state, [-1, state.shape[-1]])
+        terms = self.previous_word_terms(tf.reshape(tf.cast(previous_ids, tf.int32), [-1]), weights, cell_weights)
+        return beam, terms, tf.reshape(state, [-1, state.shape[-1]])
+
+    def previous_word_terms(self, ids, weights, cell_weights):
+        """A search step's terms of its previous words y_{i-1} (ids [N]):
+        (W E y + b [N, 3n], the decoder GRU's input term, layer-normalised
+        with layer_norm; V_o E y + b_o [N, 2l], the readout's), looked up in
+        `weights["token_products"]` when an export froze them, computed from
+        E y otherwise. `cell_weights`: the decoder GRU's `step_weights()`."""
+        products = weights.get("token_products")
+        if products is not None:
+            return tf.gather(products["input"], ids), tf.gather(products["readout"], ids)
+        embedded = tf.gather(weights["target_embedding"], ids)
+        return (self.decoder.cell.project_inputs(embedded, cell_weights),
+                self.readout.embedding_term(embedded, weights["readout"]))
 
     def embed_target(self, target_ids, training=False):
         return self.embedding_dropout(self.target_embedding(tf.cast(target_ids, tf.int32)), training=training)

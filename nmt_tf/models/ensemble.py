@@ -54,8 +54,8 @@ class Ensemble(tf.Module):
     def step_weights(self) -> list:
         return [m.step_weights() for m in self.members]
 
-    def freeze_step_weights(self) -> list:
-        return [v for m in self.members for v in m.freeze_step_weights()]
+    def freeze_step_weights(self, token_products: bool = True) -> list:
+        return [v for m in self.members for v in m.freeze_step_weights(token_products)]
 
     def search_inputs(self, source_ids, weights):
         inputs, states = {}, []
