@@ -15,6 +15,16 @@ are exported to a temporary directory first. Each configuration runs
   seconds (median), runs (all runs' sentences/s)
 
 --limit_batch1 bounds the sentences decoded one at a time (default: all).
+
+  python benchmarks/decode_speed.py --compare=old/1,new/1 --batch_sizes=80 --sort_by_length
+
+compares SavedModels side by side instead: every batch is translated by each
+of them in turn, the order rotating from batch to batch, so that the
+machine's drift (large on a shared machine) falls on all of them alike. For
+each: sentences_per_sec (median run), runs (every run's), and
+differ_from_first (translations that are not the first SavedModel's, in the
+first run). `TF_ENABLE_ONEDNN_OPTS=0 ... --intra_op_threads=1` measures
+with nmt_tf.serve's settings (Eigen kernels, one thread per op).
 """
 
 from __future__ import annotations
@@ -40,6 +50,10 @@ absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_f
 absl_flags.DEFINE_integer("runs", 3, "Timed runs per configuration.", lower_bound=1)
 absl_flags.DEFINE_integer("limit_batch1", 0, "Sentences decoded at batch 1 (0: all).", lower_bound=0)
 absl_flags.DEFINE_list("batch_sizes", ["1", "64"], "Batch sizes to measure.")
+absl_flags.DEFINE_list("compare", [], "SavedModels to compare side by side, each batch translated by all of them "
+                       "in turn (see the module docstring); replaces --saved_model_beam / --saved_model_greedy.")
+absl_flags.DEFINE_integer("intra_op_threads", 0, "Threads one TensorFlow op may use (0: TensorFlow's default; "
+                          "nmt_tf.serve uses 1).", lower_bound=0)
 absl_flags.DEFINE_boolean("sort_by_length", False, "Batch the sentences in order of length (as nmt_tf.translate and "
                           "nmt_tf.evaluate do) instead of in file order.")
 
@@ -64,6 +78,32 @@ def measure(signature, lines, batch_size, runs):
             "runs": [round(r[0], 2) for r in results]}
 
 
+def compare(signatures, lines, batch_size, runs):
+    """Each batch through every signature in turn (rotating order): {index: result}."""
+    import tensorflow as tf
+
+    for signature in signatures:
+        signature(text=tf.constant(lines[:batch_size]))
+    seconds = [[0.0] * runs for _ in signatures]
+    first_run = [[] for _ in signatures]
+    for run in range(runs):
+        for b, i in enumerate(range(0, len(lines), batch_size)):
+            batch = tf.constant(lines[i:i + batch_size])
+            for k in [(b + j) % len(signatures) for j in range(len(signatures))]:
+                start = time.perf_counter()
+                out = signatures[k](text=batch)
+                seconds[k][run] += time.perf_counter() - start
+                if run == 0:
+                    first_run[k].extend(out["translation"].numpy().tolist())
+    results = {}
+    for k, times in enumerate(seconds):
+        rates = sorted(len(lines) / t for t in times)
+        results[k] = {"sentences": len(lines), "sentences_per_sec": round(rates[len(rates) // 2], 2),
+                      "runs": [round(len(lines) / t, 2) for t in times],
+                      "differ_from_first": sum(a != b for a, b in zip(first_run[0], first_run[k]))}
+    return results
+
+
 def main(argv):
     import dataclasses
 
@@ -74,6 +114,8 @@ def main(argv):
     from nmt_tf.translator import load_signature
 
     FLAGS = absl_flags.FLAGS
+    if FLAGS.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
     tmp = None
     paths = {"beam10": FLAGS.saved_model_beam, "greedy": FLAGS.saved_model_greedy}
     if FLAGS.model_dir:
@@ -87,7 +129,17 @@ def main(argv):
         lines.sort(key=lambda line: len(line.split()))
     result = {"source": os.path.relpath(FLAGS.source, REPO), "tensorflow": tf.__version__,
               "cpu_count": os.cpu_count(), "cpu_flags": vector_flags(), "order": "length-sorted" if FLAGS.sort_by_length else "file",
-              "configs": {}}
+              "intra_op_threads": FLAGS.intra_op_threads,
+              "onednn": {"0": "off (Eigen kernels)", "1": "on"}.get(os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+                                                                "TensorFlow's default"), "configs": {}}
+    if FLAGS.compare:
+        signatures = [load_signature(path) for path in FLAGS.compare]
+        for batch_size in map(int, FLAGS.batch_sizes):
+            subset = lines[:FLAGS.limit_batch1] if batch_size == 1 and FLAGS.limit_batch1 else lines
+            for k, measured in compare(signatures, subset, batch_size, FLAGS.runs).items():
+                result["configs"][f"{FLAGS.compare[k]}_batch{batch_size}"] = measured
+        print(json.dumps(result))
+        return
     for name, path in paths.items():
         if not path:
             continue
