@@ -299,9 +299,8 @@ class Seq2SeqModel(keras.Model):
         search then no longer reads), and search steps look the previous
         words' terms up instead of multiplying their embeddings
         (`nmt_tf.export --freeze_token_products`; V x (3n + 2l - m) more
-        values).
-        Returns the new variables (a SavedModel must track them). Training
-        must not follow: the copies would not see weight updates."""
+        values). Returns the new variables (a SavedModel must track them).
+        Training must not follow: the copies would not see weight updates."""
         weights = self.step_weights()
         if token_products:
             weights = {**weights, "token_products": self.token_products()}
