@@ -9,8 +9,10 @@ benchmarks/train_throughput.py does (the code path of `nmt_tf.train`), runs
 --untimed_steps updates, then records --profile_steps updates with
 TensorFlow's profiler (tf.profiler.experimental, the trace TensorBoard's
 Profile tab shows; --logdir keeps it for TensorBoard). Search: beam search
-(`nmt_tf.search.beam_search`, the exported signature's search) of
---search_sentences test-2016 sentences in one batch, traced the same way.
+(`nmt_tf.search.beam_search`, the exported signature's search, with the step
+matrices and token products frozen as an export freezes them unless
+--noas_exported) of --search_sentences test-2016 sentences in one batch,
+traced the same way.
 
 The trace's op events are summed by kind and by where they run. Op times are
 the time each TensorFlow op took on the thread that ran it, so ops running at
@@ -59,6 +61,9 @@ absl_flags.DEFINE_integer("profile_steps", 10, "Updates (or searches) traced.")
 absl_flags.DEFINE_integer("search_sentences", 64, "--mode=search: sentences per batch (test 2016, file order).")
 absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_flickr.en.gz"),
                          "--mode=search: sentences to translate.")
+absl_flags.DEFINE_boolean("as_exported", True, "--mode=search: freeze the step matrices and the token products "
+                          "first, as nmt_tf.export does by default (--noas_exported: the in-process search of "
+                          "nmt_tf.evaluate --model_dir).")
 absl_flags.DEFINE_string("logdir", None, "Keep the trace here (TensorBoard --logdir) instead of a temporary folder.")
 
 MATMUL = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_MklMatMul", "_MklBatchMatMulV2",
@@ -202,6 +207,8 @@ def profile_search(config, logdir: str) -> dict:
             src_tok, tgt_tok, _ = data.build_vocabularies(config, tmp, log=lambda *a: None)
         model = train.build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
         origin = "untrained model (hypotheses run to the length limit)"
+    if FLAGS.as_exported:
+        model.freeze_step_weights()
     options = nmt_flags.search_options()
     # The exported signature's source ids: tokenized, [EOS] appended, padded.
     prepare = translator.Translator(model, src_tok, tgt_tok, options, max_input_length=FLAGS.max_input_length)
@@ -218,7 +225,8 @@ def profile_search(config, logdir: str) -> dict:
     tf.profiler.experimental.stop()
     steps = int(tf.shape(out["tokens"])[-1])
     report = read_trace(logdir, FLAGS.profile_steps * steps)
-    report["search"] = {"model": origin, "sentences": int(lines.shape[0]), "beam_size": options.beam_size,
+    report["search"] = {"model": origin, "as_exported": FLAGS.as_exported, "sentences": int(lines.shape[0]),
+                        "beam_size": options.beam_size,
                         "steps_per_search": steps, "wall_ms_per_search": round(1000 * seconds / FLAGS.profile_steps, 1)}
     report["wall_ms_per_step"] = round(1000 * seconds / FLAGS.profile_steps / steps, 2)
     return report
