@@ -118,7 +118,7 @@ def main(argv):
         tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
     tmp = None
     paths = {"beam10": FLAGS.saved_model_beam, "greedy": FLAGS.saved_model_greedy}
-    if FLAGS.model_dir:
+    if FLAGS.model_dir and not FLAGS.compare:
         tmp = tempfile.mkdtemp()
         base = nmt_flags.search_options()
         for name, beam in (("beam10", 10), ("greedy", 1)):
@@ -132,11 +132,11 @@ def main(argv):
               "intra_op_threads": FLAGS.intra_op_threads,
               "onednn": {"0": "off (Eigen kernels)", "1": "on"}.get(os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
                                                                 "TensorFlow's default"), "configs": {}}
+    subset = lambda batch_size: lines[:FLAGS.limit_batch1] if batch_size == 1 and FLAGS.limit_batch1 else lines
     if FLAGS.compare:
         signatures = [load_signature(path) for path in FLAGS.compare]
         for batch_size in map(int, FLAGS.batch_sizes):
-            subset = lines[:FLAGS.limit_batch1] if batch_size == 1 and FLAGS.limit_batch1 else lines
-            for k, measured in compare(signatures, subset, batch_size, FLAGS.runs).items():
+            for k, measured in compare(signatures, subset(batch_size), batch_size, FLAGS.runs).items():
                 result["configs"][f"{FLAGS.compare[k]}_batch{batch_size}"] = measured
         print(json.dumps(result))
         return
@@ -145,8 +145,8 @@ def main(argv):
             continue
         signature = load_signature(path)      # registers tensorflow-text's ops (SentencePiece exports)
         for batch_size in map(int, FLAGS.batch_sizes):
-            subset = lines[:FLAGS.limit_batch1] if batch_size == 1 and FLAGS.limit_batch1 else lines
-            result["configs"][f"{name}_batch{batch_size}"] = measure(signature, subset, batch_size, FLAGS.runs)
+            result["configs"][f"{name}_batch{batch_size}"] = measure(signature, subset(batch_size), batch_size,
+                                                                     FLAGS.runs)
     print(json.dumps(result))
 
 

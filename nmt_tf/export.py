@@ -83,8 +83,8 @@ absl_flags.DEFINE_boolean(
     "of its embedding (the decoder GRU's input term W E y + b, layer-normalised with --layer_norm, and the "
     "readout's V_o E y + b_o), so that a step looks the previous words' terms up instead of multiplying: "
     "batched beam search about 6% and one-sentence requests about 3-5% faster, for target vocabulary x "
-    "(3 x hidden_size + 2 x maxout_size - embedding_size) more values (the default Multi30k model: 151 instead of 82 MB; "
-    "BUILD_NOTES.md, 'Decoding speed').")
+    "(3 x hidden_size + 2 x maxout_size - embedding_size) more values (the default Multi30k model: 151 "
+    "instead of 82 MB; BUILD_NOTES.md, 'Decoding speed').")
 
 WARMUP_SENTENCES = ["A man is walking his dog in the park.", "Two children are playing.", ""]
 
