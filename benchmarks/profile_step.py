@@ -189,17 +189,14 @@ def profile_training(config, logdir: str) -> dict:
     return report
 
 
-def profile_search(config, logdir: str) -> dict:
+def profile_search(config, logdir: str, policy: str) -> dict:
     import tensorflow as tf
 
     from nmt_tf import data, search, train, translator
     from nmt_tf.files import read_lines
 
     if FLAGS.model_dir:
-        import keras
-
-        restored = translator.restore_model(FLAGS.model_dir, log=lambda *a: None,
-                                            precision=keras.mixed_precision.dtype_policy().name)
+        restored = translator.restore_model(FLAGS.model_dir, log=lambda *a: None, precision=policy)
         model, src_tok, tgt_tok = restored.model, restored.source_tokenizer, restored.target_tokenizer
         origin = f"trained model {FLAGS.model_dir}"
     else:
@@ -242,7 +239,7 @@ def main(argv):
     keras.utils.set_random_seed(config.seed)
     policy = train.set_precision(config)
     logdir = FLAGS.logdir or tempfile.mkdtemp(prefix="profile_step_")
-    report = profile_training(config, logdir) if FLAGS.mode == "train" else profile_search(config, logdir)
+    report = profile_training(config, logdir) if FLAGS.mode == "train" else profile_search(config, logdir, policy)
     report.update({"mode": FLAGS.mode, "profile_steps": FLAGS.profile_steps, "trace": logdir if FLAGS.logdir else None,
                    "mixed_precision": config.mixed_precision, "dtype_policy": policy, "tensorflow": tf.__version__,
                    "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default"),

@@ -145,7 +145,7 @@ def test_decoder_step_equals_teacher_forced_loop():
     search_state = dec.search_state(tf.constant(s0))
     weights = dec.step_weights()
     for i in range(4):
-        s, search_state, c, a = dec.step(emb[:, i], search_state, keys, projected, bias)
+        s, search_state, c, a = dec.step(dec.project_inputs(emb[:, i]), search_state, keys, projected, bias)
         np.testing.assert_allclose(s.numpy(), states[:, i], **TOL)
         np.testing.assert_allclose(c.numpy(), contexts[:, i], **TOL)
         np.testing.assert_allclose(a.numpy()[:, 0], alphas[:, i], **TOL)
@@ -166,11 +166,12 @@ def test_decoder_step_with_a_beam_of_hypotheses_per_sentence():
     projected = dec.project_annotations(H, np.eye(k, dtype="float32"))
     emb = RNG.normal(size=(2 * beam, m)).astype("float32")
     s = dec.search_state(tf.constant(RNG.normal(size=(2 * beam, n)).astype("float32"))).numpy()
-    s_all, _, c_all, a_all = (t.numpy() for t in dec.step(emb, s, keys, projected, bias, beam=beam))
+    x_proj = dec.project_inputs(emb)
+    s_all, _, c_all, a_all = (t.numpy() for t in dec.step(x_proj, s, keys, projected, bias, beam=beam))
     assert a_all.shape == (2, beam, 5)
     for row in range(2 * beam):
         sentence = row // beam
-        one = dec.step(emb[row:row + 1], s[row:row + 1], keys[sentence:sentence + 1],
+        one = dec.step(x_proj[row:row + 1], s[row:row + 1], keys[sentence:sentence + 1],
                        projected[sentence:sentence + 1], bias[sentence:sentence + 1])
         np.testing.assert_allclose(s_all[row], one[0].numpy()[0], **TOL)
         np.testing.assert_allclose(c_all[row], one[2].numpy()[0], **TOL)
@@ -302,5 +303,5 @@ def test_layer_normalised_gru_matches_the_reference(separate_loops):
     projected = dec.project_annotations(H, np.eye(6, dtype="float32"))
     search_state = dec.search_state(tf.constant(s0))
     for i in range(4):
-        s, search_state, _, _ = dec.step(emb[:, i], search_state, keys, projected, score)
+        s, search_state, _, _ = dec.step(dec.project_inputs(emb[:, i]), search_state, keys, projected, score)
         np.testing.assert_allclose(s.numpy(), states[:, i], **TOL)

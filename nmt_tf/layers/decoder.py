@@ -131,14 +131,19 @@ class AttentionDecoder(keras.layers.Layer):
         state = tf.cast(state, self.compute_dtype)
         return tf.concat([state, tf.matmul(state, weights["state"])], axis=-1)
 
-    def step(self, previous_embedding, state, keys, projected_annotations, bias, weights=None, beam=1,
-             x_proj=None):
+    def project_inputs(self, previous_embedding, weights=None):
+        """The GRU's input term W E y_{i-1} + b [N, 3n] (layer-normalised with
+        layer_norm) that `step` takes; `weights` is `step_weights()`."""
+        return self.cell.project_inputs(previous_embedding, (weights or self.step_weights())["cell"])
+
+    def step(self, x_proj, state, keys, projected_annotations, bias, weights=None, beam=1):
         """One decoding step for search.
 
         Args:
-          previous_embedding: [N, m] E y_{i-1}, N = batch x beam hypotheses
-            grouped by sentence (rows k*beam .. k*beam + beam-1 belong to
-            sentence k).
+          x_proj: [N, 3n] `project_inputs(E y_{i-1})` (or an export's token
+            products, `Seq2SeqModel.token_products`), N = batch x beam
+            hypotheses grouped by sentence (rows k*beam .. k*beam + beam-1
+            belong to sentence k).
           state: [N, n + n' + 2n] `search_state` of s_{i-1}.
           keys: [batch, Tx, n'] from `precompute`.
           projected_annotations: [batch, Tx, 3n + r] from `project_annotations`.
@@ -146,9 +151,6 @@ class AttentionDecoder(keras.layers.Layer):
           weights: `step_weights()`, taken once outside the search loop
             (built here when None).
           beam: hypotheses per sentence (static).
-          x_proj: the GRU's input term W E y_{i-1} + b [N, 3n] (layer-normalised
-            with layer_norm) when already at hand (an export's token products,
-            `Seq2SeqModel.token_products`); previous_embedding is then not used.
 
         Returns:
           (s_i [N, n], its `search_state` [N, n + n' + 2n] for the next step,
@@ -161,8 +163,6 @@ class AttentionDecoder(keras.layers.Layer):
         n, units = self.units, self.attention_units
         state = tf.cast(state, dtype)
         previous_state, query_proj, state_rz = tf.split(state, [n, units, 2 * n], axis=1)
-        if x_proj is None:
-            x_proj = self.cell.project_inputs(previous_embedding, weights["cell"])
         weighted, alpha = self.attention.attend(tf.reshape(query_proj, [-1, beam, units]), keys,
                                                 projected_annotations, bias)
         width = projected_annotations.shape[-1]
@@ -260,16 +260,19 @@ class ContextDecoder(keras.layers.Layer):
                           h_dropped=None if state_mask is None else dropped,
                           recurrent_norm=kernels.get("recurrent_norm"))
 
-    def step(self, previous_embedding, state, context_proj, weights=None, x_proj=None):
-        """One step for search: E y_{i-1} [batch, m], s_{i-1} [batch, n], C c [batch, 3n] -> s_i.
+    def project_inputs(self, previous_embedding, weights=None):
+        """The GRU's input term W E y_{i-1} + b [N, 3n] (layer-normalised with
+        layer_norm) that `step` takes; `weights` is `step_weights()`."""
+        return self.cell.project_inputs(previous_embedding, weights or self.step_weights())
 
-        `weights` is `step_weights()`, taken once outside the search loop;
-        `x_proj` as in `AttentionDecoder.step`.
+    def step(self, x_proj, state, context_proj, weights=None):
+        """One step for search: `project_inputs(E y_{i-1})` [batch, 3n] (or an
+        export's token products), s_{i-1} [batch, n], C c [batch, 3n] -> s_i.
+
+        `weights` is `step_weights()`, taken once outside the search loop.
         """
         dtype = self.compute_dtype
         weights = weights or self.step_weights()
-        if x_proj is None:
-            x_proj = self.cell.project_inputs(previous_embedding, weights)
         return self._step(x_proj, tf.cast(state, dtype), context_proj, weights)
 
     def call(self, target_embeddings, initial_state, context, training=False):

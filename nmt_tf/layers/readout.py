@@ -84,19 +84,17 @@ class MaxoutReadout(keras.layers.Layer):
         word instead: `Seq2SeqModel.token_products`)."""
         return project(tf.cast(previous_embedding, self.compute_dtype), kernels["embedding"], self.bias)
 
-    def step(self, state, previous_embedding, context_proj, kernels, embedding_term=None):
-        """One search step with C_o c_i already computed (`context_proj`
-        [N, 2l]: search gets it as sum_j alpha_ij (C_o h_j), from products
-        taken once per sentence); `kernels` is `step_weights()`;
-        `embedding_term` is `embedding_term(previous_embedding)` when already
-        at hand (previous_embedding is then not used).
+    def step(self, state, embedding_term, context_proj, kernels):
+        """One search step with V_o E y_{i-1} + b_o and C_o c_i already computed
+        (`embedding_term` [N, 2l], from `embedding_term` or an export's token
+        products; `context_proj` [N, 2l]: search gets it as
+        sum_j alpha_ij (C_o h_j), from products taken once per sentence);
+        `kernels` is `step_weights()`.
 
         U_o s_i and V_o E y_{i-1} + b_o are two products: the second depends
         only on the previous word, so TensorFlow's executor runs it while the
         step's attention and GRU (which s_i waits for) are still running."""
         dtype = self.compute_dtype
-        if embedding_term is None:
-            embedding_term = self.embedding_term(previous_embedding, kernels)
         pre = tf.matmul(tf.cast(state, dtype), kernels["state"]) + embedding_term + tf.cast(context_proj, dtype)
         return self._maxout(pre)
 

@@ -281,7 +281,7 @@ class Seq2SeqModel(keras.Model):
         embedding matrix (for the default Multi30k model 10,000 x 256 by
         256 x 2,048): worth it only when kept (`freeze_step_weights`)."""
         embeddings = tf.cast(self.target_embedding.embeddings, self.compute_dtype)
-        return {"input": self.decoder.cell.project_inputs(embeddings),
+        return {"input": self.decoder.project_inputs(embeddings),
                 "readout": self.readout.embedding_term(embeddings, self.readout.step_weights())}
 
     def freeze_step_weights(self, token_products: bool = True) -> list:
@@ -329,31 +329,31 @@ class Seq2SeqModel(keras.Model):
         The output layer is one product per column block of W_o (see
         `OUTPUT_BLOCKS`), joined before the softmax: the same numbers as one
         product, but independent ops that the executor can run side by side."""
-        features = self.readout.step(state, None, readout_context, weights["readout"], embedding_term)
+        features = self.readout.step(state, embedding_term, readout_context, weights["readout"])
         blocks = [project(features, kernel, bias) for kernel, bias in weights["output"]]
         logits = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=-1)
         return tf.nn.log_softmax(tf.cast(logits, tf.float32))
 
-    def _search_step_inputs(self, previous_ids, state, weights, cell_weights):
+    def _search_step_inputs(self, previous_ids, state, weights):
         """decode_step's [batch, K] hypotheses as rows: (K (static), the terms
         of the previous words (`previous_word_terms`), the state [batch * K, d])."""
         beam = previous_ids.shape[1]
         if beam is None:
             raise ValueError("decode_step needs a static number of hypotheses per sentence")
-        terms = self.previous_word_terms(tf.reshape(tf.cast(previous_ids, tf.int32), [-1]), weights, cell_weights)
+        terms = self.previous_word_terms(tf.reshape(tf.cast(previous_ids, tf.int32), [-1]), weights)
         return beam, terms, tf.reshape(state, [-1, state.shape[-1]])
 
-    def previous_word_terms(self, ids, weights, cell_weights):
+    def previous_word_terms(self, ids, weights):
         """A search step's terms of its previous words y_{i-1} (ids [N]):
         (W E y + b [N, 3n], the decoder GRU's input term, layer-normalised
         with layer_norm; V_o E y + b_o [N, 2l], the readout's), looked up in
         `weights["token_products"]` when an export froze them, computed from
-        E y otherwise. `cell_weights`: the decoder GRU's `step_weights()`."""
+        E y otherwise."""
         products = weights.get("token_products")
         if products is not None:
             return tf.gather(products["input"], ids), tf.gather(products["readout"], ids)
         embedded = tf.gather(weights["target_embedding"], ids)
-        return (self.decoder.cell.project_inputs(embedded, cell_weights),
+        return (self.decoder.project_inputs(embedded, weights["decoder"]),
                 self.readout.embedding_term(embedded, weights["readout"]))
 
     def embed_target(self, target_ids, training=False):

@@ -133,11 +133,9 @@ class RNNEncDec(Seq2SeqModel):
         taken once outside the search loop.
         """
         weights = weights or self.step_weights()
-        beam, (x_proj, embedding_term), state = self._search_step_inputs(previous_ids, state, weights,
-                                                                         weights["decoder"])
+        beam, (x_proj, embedding_term), state = self._search_step_inputs(previous_ids, state, weights)
         per_row = lambda x: tf.repeat(x, beam, axis=0)          # [batch, d] -> [batch * K, d]
-        new_state = self.decoder.step(None, state, per_row(inputs["context_proj"]), weights["decoder"],
-                                      x_proj=x_proj)
+        new_state = self.decoder.step(x_proj, state, per_row(inputs["context_proj"]), weights["decoder"])
         log_probs = self.step_log_probs(new_state, embedding_term, per_row(inputs["readout_context"]), weights)
         alpha = tf.zeros(tf.concat([tf.shape(previous_ids), tf.shape(inputs["mask"])[1:]], 0), tf.float32)
         return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),

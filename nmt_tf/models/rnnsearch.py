@@ -139,11 +139,10 @@ class RNNSearch(Seq2SeqModel):
            [batch, K, d], alpha_i [batch, K, Tx] float32).
         """
         weights = weights or self.step_weights()
-        beam, (x_proj, embedding_term), state = self._search_step_inputs(previous_ids, state, weights,
-                                                                         weights["decoder"]["cell"])
+        beam, (x_proj, embedding_term), state = self._search_step_inputs(previous_ids, state, weights)
         new_state, search_state, readout_context, alpha = self.decoder.step(
-            None, state, inputs["keys"], inputs["projected_annotations"], inputs["bias"],
-            weights["decoder"], beam, x_proj=x_proj)
+            x_proj, state, inputs["keys"], inputs["projected_annotations"], inputs["bias"],
+            weights["decoder"], beam)
         log_probs = self.step_log_probs(new_state, embedding_term, readout_context, weights)
         return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),
                 tf.reshape(search_state, [-1, beam, search_state.shape[-1]]), alpha)
