@@ -51,7 +51,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.hardware import vector_flags
+from nmt_tf.hardware import choose_training_kernels, training_kernels, vector_flags
 from training_setup import compiled_model_and_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -230,6 +230,8 @@ def profile_search(config, logdir: str, policy: str) -> dict:
 
 
 def main(argv):
+    if FLAGS.mode == "train":
+        choose_training_kernels()   # as nmt_tf.train does, before TensorFlow's import
     import keras
     import tensorflow as tf
 
@@ -242,7 +244,7 @@ def main(argv):
     report = profile_training(config, logdir) if FLAGS.mode == "train" else profile_search(config, logdir, policy)
     report.update({"mode": FLAGS.mode, "profile_steps": FLAGS.profile_steps, "trace": logdir if FLAGS.logdir else None,
                    "mixed_precision": config.mixed_precision, "dtype_policy": policy, "tensorflow": tf.__version__,
-                   "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default"),
+                   "cpu_kernels": training_kernels() or os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default"),
                    "cpu_flags": vector_flags()})
     print(json.dumps(report))
 

@@ -12,6 +12,9 @@ updates of warm-up (tracing, first allocations). Reports:
   windows                 each window's tokens/s
   peak_rss_mb             peak resident memory of the process
   seconds_per_step        median over the windows
+  cpu_kernels             oneDNN or Eigen, chosen as nmt_tf.train chooses
+                          (nmt_tf.hardware.choose_training_kernels;
+                          TF_ENABLE_ONEDNN_OPTS=0 or 1 decides instead)
 
 Nothing is written outside a temporary directory (vocabularies).
 """
@@ -32,7 +35,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.hardware import vector_flags
+from nmt_tf.hardware import choose_training_kernels, training_kernels, vector_flags
 from training_setup import compiled_model_and_data
 
 absl_flags.DEFINE_integer("untimed_steps", 20, "Updates before timing starts (tracing, first allocations; not the learning-rate --warmup_steps).")
@@ -41,6 +44,7 @@ absl_flags.DEFINE_integer("windows", 5, "Number of timed windows.")
 
 
 def main(argv):
+    choose_training_kernels()   # as nmt_tf.train does, before TensorFlow's import
     import keras
     import tensorflow as tf
 
@@ -82,7 +86,7 @@ def main(argv):
         "parameters": model.count_params(),
         "tensorflow": tf.__version__, "keras": keras.__version__,
         "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-        "cpu_flags": vector_flags(),
+        "cpu_flags": vector_flags(), "cpu_kernels": training_kernels(),
     }
     print(json.dumps(result))
 

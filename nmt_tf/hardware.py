@@ -1,8 +1,12 @@
-"""What the machine offers, for the choices made at start-up (--mixed_precision=auto)."""
+"""What the machine offers, for the choices made at start-up
+(--mixed_precision=auto, the CPU kernels of training)."""
 
 from __future__ import annotations
 
 import functools
+import os
+import platform
+import sys
 
 # CPU flags (as /proc/cpuinfo names them) of bfloat16 arithmetic in hardware:
 # AVX-512 BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids)
@@ -49,3 +53,49 @@ def resolve_precision(requested: str) -> tuple[str, str]:
         return "mixed_bfloat16", f"--mixed_precision=auto: mixed_bfloat16, this CPU has {' and '.join(found)}"
     return "float32", ("--mixed_precision=auto: float32, this CPU has no bfloat16 instructions "
                        f"({' or '.join(BF16_CPU_FLAGS)}), where bfloat16 would be emulated and slower")
+
+
+# TensorFlow reads it once, when it is imported; values as its ReadBoolFromEnvVar takes them.
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+_kernel_choice: str | None = None
+
+
+def onednn_requested() -> bool:
+    """TF_ENABLE_ONEDNN_OPTS is set and true ("1" or "true", any case)."""
+    return os.environ.get(ONEDNN_ENV, "").strip().lower() in ("1", "true")
+
+
+def choose_training_kernels() -> str:
+    """Turns on TensorFlow's oneDNN CPU kernels for training on x86 CPUs,
+    unless TF_ENABLE_ONEDNN_OPTS says otherwise; returns what was chosen and
+    why (for the training log: `training_kernels()` returns it again).
+
+    On Linux, TensorFlow itself turns oneDNN on only on CPUs with AVX-512
+    VNNI or bf16, AVX-VNNI or AMX, and runs Eigen's kernels elsewhere. For
+    training, oneDNN was the faster of the two on both CPU kinds measured
+    (BUILD_NOTES.md, "Training throughput"): an AMD EPYC with AVX-512
+    (TensorFlow's default there already) and one with AVX2 only, where
+    oneDNN trained 3-31 % faster in five pairs of runs.
+    Serving makes its own choice (nmt_tf.serve --onednn). Must run before
+    TensorFlow is imported, since TensorFlow reads the variable then.
+    """
+    global _kernel_choice
+    if "tensorflow" in sys.modules:
+        raise RuntimeError("choose_training_kernels() must run before TensorFlow is imported")
+    user = os.environ.get(ONEDNN_ENV)
+    if user is not None:
+        kind = "oneDNN" if onednn_requested() else "Eigen (no oneDNN)"
+        _kernel_choice = f"CPU kernels: {kind}, as {ONEDNN_ENV}={user} in the environment asks."
+    elif platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
+        os.environ[ONEDNN_ENV] = "1"
+        _kernel_choice = (f"CPU kernels: oneDNN, which trained faster than Eigen's on the AVX2 and AVX-512 "
+                          f"CPUs measured (BUILD_NOTES.md; this CPU: {' '.join(vector_flags()) or 'neither'}); "
+                          f"{ONEDNN_ENV}=0 chooses Eigen.")
+    else:
+        _kernel_choice = f"CPU kernels: TensorFlow's default for {platform.machine() or 'this machine'}."
+    return _kernel_choice
+
+
+def training_kernels() -> str | None:
+    """What `choose_training_kernels()` chose in this process, or None."""
+    return _kernel_choice

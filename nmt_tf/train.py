@@ -60,7 +60,7 @@ from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
 from nmt_tf import models
 from nmt_tf.files import WriteFailed, write_atomically
-from nmt_tf.hardware import resolve_precision
+from nmt_tf.hardware import choose_training_kernels, resolve_precision, training_kernels
 
 EXIT_NAN = 3
 EXIT_NO_INTACT_CHECKPOINT = 4
@@ -301,6 +301,8 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     if config.distribution != "none":
         log(distribution.describe(strategy, worker))
     keras.utils.set_random_seed(config.seed)
+    if training_kernels():
+        log(training_kernels())
     set_precision(config, log)
     before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
     # Several workers with --worker_input=own_data each read their own part of
@@ -541,6 +543,7 @@ def _stats_dict(stats):
 
 def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
+    choose_training_kernels()   # before TensorFlow's import: it reads the choice then
     from nmt_tf.checkpoints import NoIntactCheckpointError
     from nmt_tf.data import CorpusError  # imports TensorFlow: after start_cli
 

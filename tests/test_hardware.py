@@ -1,4 +1,4 @@
-"""--mixed_precision=auto decides from the CPU's features."""
+"""--mixed_precision=auto decides from the CPU's features; training chooses its CPU kernels."""
 
 import pytest
 
@@ -34,3 +34,50 @@ def test_the_cpu_flags_are_read_from_cpuinfo():
     flags = hardware.cpu_flags()
     assert flags and all(" " not in f for f in flags)
     assert set(hardware.vector_flags()) <= flags
+
+
+def choose_in_a_fresh_process(env_value):
+    """choose_training_kernels() in a Python without TensorFlow imported:
+    (what it says, TF_ENABLE_ONEDNN_OPTS afterwards)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != hardware.ONEDNN_ENV}
+    if env_value is not None:
+        env[hardware.ONEDNN_ENV] = env_value
+    env["PYTHONPATH"] = REPO
+    script = ("import os; from nmt_tf import hardware; print(hardware.choose_training_kernels()); "
+              "print(hardware.training_kernels()); print(os.environ.get(hardware.ONEDNN_ENV))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    said, again, value = result.stdout.splitlines()
+    assert said == again
+    return said, value
+
+
+def test_training_turns_on_onednn_on_x86_cpus_where_the_user_did_not_choose():
+    import platform
+
+    said, value = choose_in_a_fresh_process(None)
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"oneDNN is chosen on x86 CPUs only; this is {platform.machine()}")
+    assert value == "1"
+    assert said.startswith("CPU kernels: oneDNN,") and "TF_ENABLE_ONEDNN_OPTS=0 chooses Eigen" in said
+
+
+@pytest.mark.parametrize("value, kind", [("0", "Eigen"), ("false", "Eigen"), ("1", "oneDNN"), ("TRUE", "oneDNN")])
+def test_the_users_tf_enable_onednn_opts_is_kept(value, kind):
+    said, kept = choose_in_a_fresh_process(value)
+    assert kept == value
+    kind = "Eigen (no oneDNN)" if kind == "Eigen" else kind
+    assert said == f"CPU kernels: {kind}, as TF_ENABLE_ONEDNN_OPTS={value} in the environment asks."
+
+
+def test_the_kernels_cannot_be_chosen_once_tensorflow_is_imported():
+    import tensorflow  # noqa: F401  (the test process has it imported already)
+
+    with pytest.raises(RuntimeError, match="before TensorFlow is imported"):
+        hardware.choose_training_kernels()

@@ -93,6 +93,7 @@ def test_sigkill_at_any_moment_loses_at_most_one_checkpoint_interval(tiny_corpus
     done = run_cli(*smoke_train_args(tiny_corpus, model_dir, "--batch_size=4", "--max_epochs=3"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"Restored {os.path.join(ckpt_dir, f'ckpt-{killed_at}')}" in done.stdout
+    assert "CPU kernels: " in done.stdout                  # the kernel choice is logged (nmt_tf.hardware)
     summary = json.load(open(os.path.join(model_dir, "train_summary.json")))
     assert summary["steps"] == 30 and summary["completed_epochs"] == 3   # 10 batches of 4 per epoch
 
