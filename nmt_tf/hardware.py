@@ -89,7 +89,7 @@ def choose_training_kernels() -> str:
     elif platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
         os.environ[ONEDNN_ENV] = "1"
         _kernel_choice = (f"CPU kernels: oneDNN, which trained faster than Eigen's on the AVX2 and AVX-512 "
-                          f"CPUs measured (BUILD_NOTES.md; this CPU: {' '.join(vector_flags()) or 'neither'}); "
+                          f"CPUs measured (BUILD_NOTES.md; this CPU: {' '.join(vector_flags()) or 'no AVX2'}); "
                           f"{ONEDNN_ENV}=0 chooses Eigen.")
     else:
         _kernel_choice = f"CPU kernels: TensorFlow's default for {platform.machine() or 'this machine'}."
