@@ -55,14 +55,23 @@ def resolve_precision(requested: str) -> tuple[str, str]:
                        f"({' or '.join(BF16_CPU_FLAGS)}), where bfloat16 would be emulated and slower")
 
 
-# TensorFlow reads it once, when it is imported; values as its ReadBoolFromEnvVar takes them.
+# TensorFlow reads it once, when it is imported.
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 _kernel_choice: str | None = None
 
 
-def onednn_requested() -> bool:
-    """TF_ENABLE_ONEDNN_OPTS is set and true ("1" or "true", any case)."""
-    return os.environ.get(ONEDNN_ENV, "").strip().lower() in ("1", "true")
+def before_tensorflow(caller: str) -> None:
+    """Raises RuntimeError naming `caller` if TensorFlow is imported already:
+    it reads TF_ENABLE_ONEDNN_OPTS then, and a later choice would be ignored."""
+    if "tensorflow" in sys.modules:
+        raise RuntimeError(f"{caller} must run before TensorFlow is imported")
+
+
+def set_onednn(on: bool, caller: str) -> None:
+    """Sets TF_ENABLE_ONEDNN_OPTS to turn TensorFlow's oneDNN CPU kernels on
+    or off for this process (`caller`: who asks, for the error if too late)."""
+    before_tensorflow(caller)
+    os.environ[ONEDNN_ENV] = "1" if on else "0"
 
 
 def choose_training_kernels() -> str:
@@ -80,14 +89,15 @@ def choose_training_kernels() -> str:
     TensorFlow is imported, since TensorFlow reads the variable then.
     """
     global _kernel_choice
-    if "tensorflow" in sys.modules:
-        raise RuntimeError("choose_training_kernels() must run before TensorFlow is imported")
+    caller = "choose_training_kernels()"
+    before_tensorflow(caller)
     user = os.environ.get(ONEDNN_ENV)
     if user is not None:
-        kind = "oneDNN" if onednn_requested() else "Eigen (no oneDNN)"
+        # Values as TensorFlow's ReadBoolFromEnvVar reads them: "1" or "true" (any case) is on.
+        kind = "oneDNN" if user.strip().lower() in ("1", "true") else "Eigen (no oneDNN)"
         _kernel_choice = f"CPU kernels: {kind}, as {ONEDNN_ENV}={user} in the environment asks."
     elif platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
-        os.environ[ONEDNN_ENV] = "1"
+        set_onednn(True, caller)
         _kernel_choice = (f"CPU kernels: oneDNN, which trained faster than Eigen's on the AVX2 and AVX-512 "
                           f"CPUs measured (BUILD_NOTES.md; this CPU: {' '.join(vector_flags()) or 'no AVX2'}); "
                           f"{ONEDNN_ENV}=0 chooses Eigen.")

@@ -44,8 +44,6 @@ another process holds is refused at start (exit code 1), as TF Serving refuses i
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import sys
 
 import grpc
 from absl import app
@@ -53,6 +51,7 @@ from absl import flags as absl_flags
 from absl import logging
 
 from nmt_tf import flags as nmt_flags  # also defines --model_name
+from nmt_tf.hardware import set_onednn
 from nmt_tf.rest import start_rest_server
 from nmt_tf.serving import ModelRegistry, ServingError, model_metadata, model_status, run_predict
 
@@ -160,9 +159,7 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
 def choose_kernels(onednn: bool) -> str:
     """Sets TF_ENABLE_ONEDNN_OPTS, which TensorFlow reads when it is imported
     (so this must run first), and says which CPU kernels the process uses."""
-    if "tensorflow" in sys.modules:
-        raise RuntimeError("choose_kernels() must run before TensorFlow is imported")
-    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
+    set_onednn(onednn, "choose_kernels()")
     return "oneDNN" if onednn else "Eigen (TensorFlow's default kernels without oneDNN)"
 
 
