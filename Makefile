@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FLAGFILE ?= pipelines/multi30k_en_fr/rnnsearch.flags
 MODEL_DIR ?= runs/multi30k_en_fr_rnnsearch
+# Test processes (pytest-xdist); each test file runs whole in one of them.
+TEST_WORKERS ?= 2
 
 .PHONY: setup train test
 
@@ -20,4 +22,4 @@ train: setup
 	$(PY) -m nmt_tf.train --flagfile=$(FLAGFILE) --model_dir=$(MODEL_DIR)
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests

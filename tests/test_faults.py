@@ -235,6 +235,7 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval_and_res
         assert last_logged < epochs * 10, "the job finished before it was killed: kill earlier"
     done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *flags))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "CPU kernels: " in done.stdout                  # the kernel choice is logged (nmt_tf.hardware)
     restored = re.search(r"Restored \S*ckpt-(\d+)", done.stdout)
     assert restored and int(restored.group(1)) >= last_logged - interval, done.stdout[-2000:]
     summary = json.load(open(os.path.join(model_dir, "train_summary.json")))

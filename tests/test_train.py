@@ -74,30 +74,6 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny_config, tmp_path):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_sigkill_at_any_moment_loses_at_most_one_checkpoint_interval(tiny_corpus, tmp_path):
-    model_dir = str(tmp_path / "killed")
-    proc = start_cli(*smoke_train_args(tiny_corpus, model_dir, "--batch_size=4", "--max_epochs=40",
-                                       "--checkpoint_every_steps=2"),
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ckpt_dir = os.path.join(model_dir, "checkpoints")
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        latest = tf.train.latest_checkpoint(ckpt_dir)
-        if latest and int(latest.rsplit("-", 1)[1]) >= 14:
-            break
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = int(tf.train.latest_checkpoint(ckpt_dir).rsplit("-", 1)[1])
-    # The same command continues from the last checkpoint.
-    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, "--batch_size=4", "--max_epochs=3"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"Restored {os.path.join(ckpt_dir, f'ckpt-{killed_at}')}" in done.stdout
-    assert "CPU kernels: " in done.stdout                  # the kernel choice is logged (nmt_tf.hardware)
-    summary = json.load(open(os.path.join(model_dir, "train_summary.json")))
-    assert summary["steps"] == 30 and summary["completed_epochs"] == 3   # 10 batches of 4 per epoch
-
-
 def test_sigterm_saves_a_checkpoint_and_exits_with_128_plus_the_signal(tiny_corpus, tmp_path):
     """A scheduler's SIGTERM: the run stops after the update, checkpoints, says
     'interrupted' and exits 143, not 0 (it did not finish)."""
