@@ -60,7 +60,7 @@ ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 _kernel_choice: str | None = None
 
 
-def before_tensorflow(caller: str) -> None:
+def require_tensorflow_not_imported(caller: str) -> None:
     """Raises RuntimeError naming `caller` if TensorFlow is imported already:
     it reads TF_ENABLE_ONEDNN_OPTS then, and a later choice would be ignored."""
     if "tensorflow" in sys.modules:
@@ -70,7 +70,7 @@ def before_tensorflow(caller: str) -> None:
 def set_onednn(on: bool, caller: str) -> None:
     """Sets TF_ENABLE_ONEDNN_OPTS to turn TensorFlow's oneDNN CPU kernels on
     or off for this process (`caller`: who asks, for the error if too late)."""
-    before_tensorflow(caller)
+    require_tensorflow_not_imported(caller)
     os.environ[ONEDNN_ENV] = "1" if on else "0"
 
 
@@ -90,7 +90,7 @@ def choose_training_kernels() -> str:
     """
     global _kernel_choice
     caller = "choose_training_kernels()"
-    before_tensorflow(caller)
+    require_tensorflow_not_imported(caller)
     user = os.environ.get(ONEDNN_ENV)
     if user is not None:
         # Values as TensorFlow's ReadBoolFromEnvVar reads them: "1" or "true" (any case) is on.
