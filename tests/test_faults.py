@@ -233,11 +233,15 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval_and_res
         assert logged, text[-2000:]
         last_logged = max(logged)
         assert last_logged < epochs * 10, "the job finished before it was killed: kill earlier"
+    newest = max(int(p[:-len(".index")].rsplit("-", 1)[1])
+                 for p in tf.io.gfile.glob(os.path.join(model_dir, "checkpoints", "ckpt-*.index")))
     done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *flags))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "CPU kernels: " in done.stdout                  # the kernel choice is logged (nmt_tf.hardware)
     restored = re.search(r"Restored \S*ckpt-(\d+)", done.stdout)
     assert restored and int(restored.group(1)) >= last_logged - interval, done.stdout[-2000:]
+    if "is damaged" not in done.stdout:     # unless the last kill cut the newest checkpoint short
+        assert int(restored.group(1)) == newest, done.stdout[-2000:]   # the newest one on disk is resumed
     summary = json.load(open(os.path.join(model_dir, "train_summary.json")))
     assert summary["steps"] == epochs * 10 and summary["completed_epochs"] == epochs
 
