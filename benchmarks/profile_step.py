@@ -24,7 +24,7 @@ both. Kinds:
                 keys + query, scores, softmax), gradients included
   elementwise   the rest of the model's arithmetic: GRU gates, maxout, masks,
                 splits and concats, casts, gradient sums (AddN)
-  loss          the softmax cross-entropy
+  loss          the softmax cross-entropy (nmt_tf.models.base.token_losses)
   optimizer     the weight update, gradient norm and clipping
   loop control  the while loops' own ops: TensorList reads / writes, loop
                 counters and conditions
@@ -95,7 +95,7 @@ def classify(name: str) -> tuple[str, str]:
         kind = "loop control"
     elif "/attention" in path or "attention/" in path:
         kind = "attention"
-    elif "SoftmaxCrossEntropy" in op_type:
+    elif "SoftmaxCrossEntropy" in op_type or "token_losses" in path:
         kind = "loss"
     elif op_type.startswith("ResourceApply") or "adadelta" in path or "adam" in path or "global_norm" in path \
             or op_type == "L2Loss" or "optimizer" in path or "clip" in path:

@@ -234,3 +234,42 @@ def test_annotation_dropout_acts_only_in_training():
     x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
     np.testing.assert_allclose(dropped(x).numpy(), model(x).numpy(), rtol=1e-6)
     assert np.abs(dropped(x, training=True).numpy() - model(x).numpy()).max() > 1e-3
+
+
+def test_loss_at_real_tokens_equals_the_masked_loss_over_all_positions():
+    """batch_nll computes the output layer at real target tokens only; the sum
+    and its gradient are those of the per-position losses masked afterwards."""
+    from nmt_tf.models.base import token_nll
+
+    model = tiny_model(layer_norm=True)
+    x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
+    y = padded([t[1:] + [3] for t in TARGETS])
+    with tf.GradientTape(persistent=True) as tape:
+        packed = model.batch_nll(x, y, training=True)[0]
+        masked = tf.reduce_sum(token_nll(y, model(x, training=True))[0])
+    np.testing.assert_allclose(float(packed), float(masked), rtol=1e-6)
+    for got, want in zip(tape.gradient(packed, model.trainable_variables),
+                         tape.gradient(masked, model.trainable_variables)):
+        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_token_losses_gradient_and_no_underflow():
+    """The NLL's written-out gradient is softmax - one-hot, and a label far
+    below the row's largest logit still gets its exact NLL (a log of its
+    underflowed probability would be inf)."""
+    from nmt_tf.models.base import token_losses
+
+    logits = tf.constant(RNG.normal(0, 2, size=(4, 7)).astype("float32"))
+    labels = tf.constant([1, 0, 6, 3])
+    d_nll = tf.constant(RNG.normal(size=4).astype("float32"))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(logits)
+        got = tf.reduce_sum(token_losses(labels, logits) * d_nll)
+        want = tf.reduce_sum((tf.reduce_logsumexp(logits, -1) - tf.gather(logits, labels, batch_dims=1)) * d_nll)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(got, logits).numpy(), tape.gradient(want, logits).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    far = tf.constant([[200.0, 0.0, -300.0]])
+    np.testing.assert_allclose(token_losses(tf.constant([2]), far).numpy(), [500.0], rtol=1e-6)
+

@@ -46,67 +46,87 @@ def count_parameters(*weights) -> int:
     return sum(int(w.numpy().size) for w in weights)
 
 
-def smoothed_token_losses(labels, logits, label_smoothing: float):
-    """Per-token plain NLL and training loss with label smoothing, both from
-    one log-sum-exp over the vocabulary: -log p(y) = logsumexp(logits) -
-    logit_y, and the smoothed loss (1 - eps) (-log p(y)) + eps x mean over
-    the vocabulary of (-log p(v)) = logsumexp - (1 - eps) logit_y - eps x
-    mean(logits), without materialising log p (a second softmax for the
-    reported NLL would cost another pass over [batch, Ty, vocab]).
+def token_losses(labels, logits, label_smoothing: float = 0.0):
+    """Per-token NLL -log p(y), and with label smoothing eps > 0 also the
+    training loss (1 - eps) (-log p(y)) + eps x mean over the vocabulary of
+    (-log p(v)) = NLL + eps (logit_y - mean(logits)), from one softmax.
 
-    The gradient is written out (`_smoothed_losses`): automatic
-    differentiation of logit_y = gather(logits, y) builds a dense
-    [batch x Ty x vocab] gradient with an UnsortedSegmentSum (36 ms of a
-    default-recipe update's 475 ms of op time on 2 cores) and sums it with
-    the log-sum-exp's and the mean's.
+    No masking: every label counts (callers pass real tokens only, or mask).
 
     Args:
-      labels: [batch, Ty] int target ids (PAD_ID at padding).
-      logits: [batch, Ty, vocab].
+      labels: [...] int target ids.
+      logits: [..., vocab] (any float dtype; computed in float32).
       label_smoothing: eps in [0, 1).
 
     Returns:
-      (nll, loss), each [batch, Ty] float32, zero at padding.
+      nll [...] float32 when eps is 0, else (nll, loss), each [...] float32.
     """
     labels = tf.cast(labels, tf.int32)
-    weights = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
-    nll, loss = _smoothed_losses(tf.cast(logits, tf.float32), labels, float(label_smoothing))
-    return nll * weights, loss * weights
+    logits = tf.cast(logits, tf.float32)
+    shape = tf.shape(labels)
+    flat = _softmax_losses(tf.reshape(logits, [-1, tf.shape(logits)[-1]]), tf.reshape(labels, [-1]),
+                           float(label_smoothing))
+    return tf.nest.map_structure(lambda t: tf.reshape(t, shape), flat)
 
 
-def _smoothed_losses(logits, labels, eps: float):
-    """(nll, smoothed loss) [batch, Ty] of `smoothed_token_losses` before
-    masking, with their gradient in closed form: with p = softmax(logits)
-    and the one-hot o of the label,
+def _softmax_losses(logits, labels, eps: float):
+    """`token_losses` of rows: logits [N, V] float32, labels [N] int32, with
+    the gradient written out. With p = softmax(logits) and the one-hot o of
+    the label,
 
-        d nll / d logits  = p - o
-        d loss / d logits = p - (1 - eps) o - eps / vocab
+        -log p(y)          = lse - logit_y,   lse = log sum_v exp(logit_v)
+        d nll / d logits   = p - o
+        d loss / d logits  = p - (1 - eps) o - eps / vocab
 
-    computed as one pass over the logits plus a scatter of one value per
-    token (where autodiff densifies the gather's gradient)."""
+    lse comes from the softmax itself: p at the row's largest logit is
+    1 / sum_v exp(logit_v - max), at least 1 / V, so lse = max - log(max p)
+    loses nothing to underflow (-log p(y) taken as -log of a tiny p_y would).
+
+    Why not tf.nn.sparse_softmax_cross_entropy_with_logits: its fused CPU
+    kernel took 38-40 ms for [1,257 x 10,000] where oneDNN's softmax takes
+    9-11 ms (AVX2 Zen 3, 2026-11-25). The loss and its gradient for a
+    reference batch went from 54 ms (that op over all 1,520 positions) to 22
+    ms (this, at the 1,257 real tokens) with oneDNN, 95 -> 78 ms with Eigen
+    (BUILD_NOTES, "Where a training step's time goes"). And automatic
+    differentiation of logit_y = gather(logits, y) would build a dense
+    [N x vocab] gradient with an UnsortedSegmentSum; the one-hot part here
+    is a scatter of one value per row."""
     vocab = tf.cast(tf.shape(logits)[-1], tf.float32)
+    indices = tf.stack([tf.range(tf.shape(labels)[0]), labels], axis=1)
 
     @tf.custom_gradient
     def losses(logits):
-        lse = tf.reduce_logsumexp(logits, axis=-1)
-        label_logit = tf.gather(logits, labels, batch_dims=2)
+        p = tf.nn.softmax(logits)
+        lse = tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(p, axis=-1))
+        label_logit = tf.gather(logits, labels, batch_dims=1)
         nll = lse - label_logit
+        if not eps:
+            return nll, lambda d_nll: tf.tensor_scatter_nd_sub(p * d_nll[:, None], indices, d_nll)
         loss = nll + eps * (label_logit - tf.reduce_mean(logits, axis=-1))
 
         def grad(d_nll, d_loss):
             d_nll = tf.zeros_like(nll) if d_nll is None else d_nll
             d_loss = tf.zeros_like(loss) if d_loss is None else d_loss
-            grad_logits = (tf.exp(logits - lse[..., None]) * (d_nll + d_loss)[..., None]
-                           - (eps / vocab) * d_loss[..., None])
-            # Minus the one-hot part, one value per token: [batch, Ty, 3] indices (b, t, label).
-            shape = tf.shape(labels)
-            b, t = tf.meshgrid(tf.range(shape[0]), tf.range(shape[1]), indexing="ij")
-            indices = tf.stack([b, t, labels], axis=-1)
+            grad_logits = p * (d_nll + d_loss)[:, None] - (eps / vocab) * d_loss[:, None]
             return tf.tensor_scatter_nd_sub(grad_logits, indices, d_nll + (1.0 - eps) * d_loss)
 
         return (nll, loss), grad
 
-    return losses(logits)
+    # (benchmarks/profile_step.py counts the ops under this name as the loss.)
+    with tf.name_scope("token_losses"):
+        return losses(logits)
+
+
+def smoothed_token_losses(labels, logits, label_smoothing: float):
+    """`token_losses` with label smoothing, masked: labels [batch, Ty] (PAD_ID
+    at padding), logits [batch, Ty, vocab] -> (nll, loss), each [batch, Ty]
+    float32, zero at padding."""
+    weights = tf.cast(tf.not_equal(tf.cast(labels, tf.int32), PAD_ID), tf.float32)
+    if not label_smoothing:
+        nll = token_losses(labels, logits) * weights
+        return nll, nll
+    nll, loss = token_losses(labels, logits, label_smoothing)
+    return nll * weights, loss * weights
 
 
 def smoothed_token_loss(labels, logits, label_smoothing: float):
@@ -124,10 +144,8 @@ def token_nll(labels, logits):
     Returns:
       (nll [batch, Ty] float32, zero at padding; weights [batch, Ty] float32).
     """
-    labels = tf.cast(labels, tf.int32)
-    weights = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
-    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(logits, tf.float32))
-    return nll * weights, weights
+    weights = tf.cast(tf.not_equal(tf.cast(labels, tf.int32), PAD_ID), tf.float32)
+    return token_losses(labels, logits) * weights, weights
 
 
 def _across_workers(strategy) -> bool:
@@ -156,7 +174,8 @@ class Seq2SeqModel(keras.Model):
     add an encoder and a decoder (`self.decoder`, with its own
     `step_weights()`) and implement
 
-      call(inputs, training) -> logits [batch, Ty, K_y] (teacher forcing),
+      call(inputs, training, positions=None) -> logits [batch, Ty, K_y]
+          (teacher forcing; [N, K_y] at `positions` only, see `logits`),
       encode(source_ids) -> dict with "state" s_0 and per-sentence tensors,
       search_inputs(source_ids, weights) -> dict with "state" (search's
           decoder state [batch, d] for s_0: s_0 itself, or s_0 with products
@@ -311,8 +330,17 @@ class Seq2SeqModel(keras.Model):
                 variables += layer.freeze_recurrent_splits()
         return variables
 
-    def logits(self, states, previous_embeddings, contexts, training=False):
-        """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32."""
+    def logits(self, states, previous_embeddings, contexts, training=False, positions=None):
+        """Maxout readout and output layer: [..., n], [..., m], [..., context] -> [..., K_y] float32.
+
+        With `positions` [N, 2] (the (sentence, step) of each real target
+        token, `tf.where` of the labels), only those rows of [batch, Ty, ...]
+        are computed: [N, K_y]. Training and validation skip the padding this
+        way (8 % of the output layer's and readout's rows in the reference
+        configuration's batches); the numbers at real positions are the same."""
+        if positions is not None:
+            states, previous_embeddings, contexts = (tf.gather_nd(t, positions)
+                                                     for t in (states, previous_embeddings, contexts))
         features = self.readout(states, previous_embeddings, contexts)
         features = self.readout_dropout(features, training=training)
         if self.tied_embeddings == "none":
@@ -383,15 +411,18 @@ class Seq2SeqModel(keras.Model):
     def batch_nll(self, x, y, training=False, return_loss=False):
         """(sum of token NLL, number of target tokens, number of sentences) of a
         batch; with `return_loss`, also the sum of the training loss per token
-        (the NLL itself unless label smoothing is on), from the same logits."""
-        logits = self(x, training=training)
+        (the NLL itself unless label smoothing is on), from the same logits.
+        The readout, output layer and loss run at the real target tokens only
+        (`logits`' positions)."""
+        labels = tf.cast(y, tf.int32)
+        positions = tf.where(tf.not_equal(labels, PAD_ID))
+        logits = self(x, training=training, positions=positions)
+        labels = tf.gather_nd(labels, positions)
         if return_loss and self.label_smoothing:
-            nll, loss = smoothed_token_losses(y, logits, self.label_smoothing)
-            weights = tf.cast(tf.not_equal(y, PAD_ID), tf.float32)
+            nll, loss = token_losses(labels, logits, self.label_smoothing)
         else:
-            nll, weights = token_nll(y, logits)
-            loss = nll
-        out = (tf.reduce_sum(nll), tf.reduce_sum(weights), tf.cast(tf.shape(y)[0], tf.float32))
+            nll = loss = token_losses(labels, logits)
+        out = (tf.reduce_sum(nll), tf.cast(tf.shape(labels)[0], tf.float32), tf.cast(tf.shape(y)[0], tf.float32))
         if return_loss:
             out += (tf.reduce_sum(loss),)
         return out

@@ -141,14 +141,14 @@ class RNNEncDec(Seq2SeqModel):
         return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),
                 tf.reshape(new_state, [-1, beam, self.hidden_size]), alpha)
 
-    def call(self, inputs, training=False, return_alignment=False):
+    def call(self, inputs, training=False, return_alignment=False, positions=None):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)
         encoded = self.encode(source_ids, training=training)
         previous = self.embed_target(inputs["target_ids"], training)
         states = self.decoder(previous, encoded["state"], encoded["context"], training=training)
         context = tf.broadcast_to(tf.cast(encoded["context"], states.dtype)[:, None, :],
                                   tf.concat([tf.shape(states)[:2], [self.hidden_size]], 0))
-        logits = self.logits(states, previous, context, training=training)
+        logits = self.logits(states, previous, context, training=training, positions=positions)
         if return_alignment:
             return logits, tf.zeros(tf.concat([tf.shape(states)[:2], tf.shape(source_ids)[1:]], 0))
         return logits

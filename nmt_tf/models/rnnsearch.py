@@ -147,14 +147,14 @@ class RNNSearch(Seq2SeqModel):
         return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),
                 tf.reshape(search_state, [-1, beam, search_state.shape[-1]]), alpha)
 
-    def call(self, inputs, training=False, return_alignment=False):
+    def call(self, inputs, training=False, return_alignment=False, positions=None):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)
         encoded = self.encode(source_ids, training=training)
         previous = self.embed_target(inputs["target_ids"], training)
         states, contexts, alignments = self.decoder(
             previous, encoded["state"], encoded["annotations"], encoded["mask"], keys=encoded["keys"],
             training=training)
-        logits = self.logits(states, previous, contexts, training=training)
+        logits = self.logits(states, previous, contexts, training=training, positions=positions)
         if return_alignment:
             return logits, alignments
         return logits
