@@ -109,3 +109,34 @@ def choose_training_kernels() -> str:
 def training_kernels() -> str | None:
     """What `choose_training_kernels()` chose in this process, or None."""
     return _kernel_choice
+
+
+def onednn_enabled() -> bool:
+    """Whether this TensorFlow runs oneDNN's CPU kernels (TensorFlow decided
+    when it was imported, from TF_ENABLE_ONEDNN_OPTS and the CPU)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):        # a private module: absent is "not known", i.e. no
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def transposed_step_products() -> bool:
+    """Whether training's time loops multiply by stored transposes of their
+    step matrices (`nmt_tf.layers.ops.StepKernel`): with oneDNN on an AVX2
+    CPU without AVX-512, where that product ran at 161-165 GFLOP/s against
+    121 and the encoder's loop, forward and backward, took 4-20 % less time
+    (BUILD_NOTES.md, "Where a training step's time goes"). Not with Eigen
+    (62 against 156 GFLOP/s), and not on AVX-512 CPUs, where it has not been
+    measured. Same numbers either way, to float32 rounding."""
+    flags = cpu_flags()
+    return "avx2" in flags and "avx512f" not in flags and onednn_enabled()
+
+
+def step_products_choice() -> str:
+    """`transposed_step_products()` as one line for the training log."""
+    if transposed_step_products():
+        return ("Time loops: products by stored transposes of the step matrices (oneDNN on an AVX2 CPU "
+                "without AVX-512, where they are faster; BUILD_NOTES.md).")
+    return "Time loops: products by the step matrices as stored."

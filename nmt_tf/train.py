@@ -60,7 +60,7 @@ from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
 from nmt_tf import models
 from nmt_tf.files import WriteFailed, write_atomically
-from nmt_tf.hardware import choose_training_kernels, resolve_precision, training_kernels
+from nmt_tf.hardware import choose_training_kernels, resolve_precision, step_products_choice, training_kernels
 
 EXIT_NAN = 3
 EXIT_NO_INTACT_CHECKPOINT = 4
@@ -303,6 +303,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     keras.utils.set_random_seed(config.seed)
     if training_kernels():
         log(training_kernels())
+    log(step_products_choice())
     set_precision(config, log)
     before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
     # Several workers with --worker_input=own_data each read their own part of

@@ -81,3 +81,34 @@ def test_the_kernels_cannot_be_chosen_once_tensorflow_is_imported():
 
     with pytest.raises(RuntimeError, match="before TensorFlow is imported"):
         hardware.choose_training_kernels()
+
+
+@pytest.mark.parametrize("flags, onednn, transposed", [
+    ({"avx2", "fma"}, True, True),                   # AVX2 only, oneDNN: the measured case
+    ({"avx2", "fma"}, False, False),                 # Eigen: the stored transposes are the slow layout
+    ({"avx2", "avx512f", "avx512_bf16"}, True, False),   # AVX-512: not measured, left as stored
+    (set(), True, False),                            # not x86
+])
+def test_transposed_step_products_only_with_onednn_on_avx2(monkeypatch, flags, onednn, transposed):
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(hardware, "onednn_enabled", lambda: onednn)
+    hardware.transposed_step_products.cache_clear()
+    try:
+        assert hardware.transposed_step_products() is transposed
+        assert ("stored transposes" in hardware.step_products_choice()) is transposed
+    finally:
+        hardware.transposed_step_products.cache_clear()
+
+
+def test_onednn_enabled_says_what_tensorflow_runs():
+    """In a fresh process (TensorFlow reads TF_ENABLE_ONEDNN_OPTS when imported)."""
+    import os
+    import subprocess
+    import sys
+
+    for value, want in (("0", "False"), ("1", "True")):
+        result = subprocess.run([sys.executable, "-c", "from nmt_tf import hardware; import tensorflow; "
+                                 "print(hardware.onednn_enabled())"], capture_output=True, text=True,
+                                env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": value})
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip().splitlines()[-1] == want

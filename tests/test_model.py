@@ -273,3 +273,32 @@ def test_token_losses_gradient_and_no_underflow():
     far = tf.constant([[200.0, 0.0, -300.0]])
     np.testing.assert_allclose(token_losses(tf.constant([2]), far).numpy(), [500.0], rtol=1e-6)
 
+
+@pytest.mark.parametrize("model_type", ["rnnsearch", "rnnencdec"])
+def test_transposed_step_products_change_no_gradient(monkeypatch, model_type):
+    """Training's loops may multiply by stored transposes of their step
+    matrices (nmt_tf.layers.ops.StepKernel, chosen by the CPU's kernels):
+    the loss and every gradient are those of the plain products."""
+    from nmt_tf import hardware
+    from nmt_tf.models.rnnencdec import RNNEncDec
+
+    if model_type == "rnnsearch":
+        model = tiny_model(layer_norm=True)
+    else:
+        model = RNNEncDec(13, 11, embedding_size=5, hidden_size=4, maxout_size=3)
+        model.build()
+        for w in model.weights:   # large random weights, as tiny_model's
+            w.assign(RNG.normal(0, 0.5, size=w.shape).astype("float32"))
+    x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
+    y = padded([t[1:] + [3] for t in TARGETS])
+    results = []
+    for transposed in (False, True):
+        monkeypatch.setattr(hardware, "transposed_step_products", lambda t=transposed: t)
+        with tf.GradientTape() as tape:
+            loss = model.batch_nll(x, y, training=True)[0]
+        results.append((loss, tape.gradient(loss, model.trainable_variables)))
+    (plain, plain_grads), (transposed, transposed_grads) = results
+    np.testing.assert_allclose(float(transposed), float(plain), rtol=1e-6)
+    for got, want in zip(transposed_grads, plain_grads):
+        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
+                                   rtol=1e-4, atol=1e-6)

@@ -29,9 +29,25 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from nmt_tf import hardware
 from nmt_tf.layers.attention import AdditiveAttention, score_bias
 from nmt_tf.layers.gru import ConditionalGRUCell, gru_update, recurrent_dropout_mask
-from nmt_tf.layers.ops import project
+from nmt_tf.layers.ops import project, step_kernel, step_matmul
+
+
+def step_loop_weights(weights: dict, state_keys, training: bool) -> dict:
+    """`step_weights()` for a teacher-forcing loop: in training, where
+    `transposed_step_products()` says so, the matrices multiplying the state
+    (`state_keys` of `weights`, and the cell's candidate U) as `StepKernel`s."""
+    if not (training and hardware.transposed_step_products()):
+        return weights
+    weights = {**weights, **{key: step_kernel(weights[key], True) for key in state_keys}}
+    if "cell" in weights:
+        weights["cell"] = {**weights["cell"],
+                           "recurrent_candidate": step_kernel(weights["cell"]["recurrent_candidate"], True)}
+    else:
+        weights["recurrent_candidate"] = step_kernel(weights["recurrent_candidate"], True)
+    return weights
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -101,7 +117,7 @@ class AttentionDecoder(keras.layers.Layer):
         dropout mask (training) or None.
         Returns (s_i [B, n], alpha_i [B, Tx])."""
         dropped = state if state_mask is None else state * state_mask
-        query_proj, state_rz = tf.split(tf.matmul(dropped, weights["state"]),
+        query_proj, state_rz = tf.split(step_matmul(dropped, weights["state"]),
                                         [self.attention_units, 2 * self.units], axis=1)
         context_proj, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
         new_state = self.cell.step(x_proj, state, state_rz=state_rz, kernels=weights["cell"],
@@ -177,7 +193,7 @@ class AttentionDecoder(keras.layers.Layer):
         if keys is None:
             keys = self.precompute(annotations)
         bias = score_bias(mask)
-        weights = self.step_weights()
+        weights = step_loop_weights(self.step_weights(), ("state",), training)
         # C c_i = sum_j alpha_ij (C h_j), as in search: the annotations are
         # multiplied by C once, as one large product, instead of every step's
         # context by C (same products, the loop's share done in bulk; its
@@ -255,7 +271,7 @@ class ContextDecoder(keras.layers.Layer):
 
     def _step(self, x_proj, state, context_proj, kernels, state_mask=None):
         dropped = state if state_mask is None else state * state_mask
-        return gru_update(x_proj, state, tf.matmul(dropped, kernels["recurrent_rz"]),
+        return gru_update(x_proj, state, step_matmul(dropped, kernels["recurrent_rz"]),
                           kernels["recurrent_candidate"], extra=context_proj,
                           h_dropped=None if state_mask is None else dropped,
                           recurrent_norm=kernels.get("recurrent_norm"))
@@ -278,7 +294,7 @@ class ContextDecoder(keras.layers.Layer):
     def call(self, target_embeddings, initial_state, context, training=False):
         dtype = self.compute_dtype
         context_proj = self.precompute(context)
-        kernels = self.step_weights()
+        kernels = step_loop_weights(self.step_weights(), ("recurrent_rz",), training)
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
         state_mask = recurrent_dropout_mask(tf.shape(initial_state), self.recurrent_dropout,
                                             self.seed_generator, dtype, training)

@@ -37,8 +37,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from nmt_tf import hardware
 from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
-from nmt_tf.layers.ops import freeze_values, frozen_values, gate_layer_norm, layer_norm, project
+from nmt_tf.layers.ops import (freeze_values, frozen_values, gate_layer_norm, layer_norm, project, step_kernel,
+                               step_matmul)
 
 
 def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype, training: bool = True):
@@ -75,7 +77,8 @@ def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None, recurrent_norm=
       h: [..., n] previous state h_{t-1}.
       h_rz: [..., 2n] U_rz h_{t-1}, the state's contribution to the r and z
         gates (computed by the caller, possibly fused with another matmul).
-      u_h: [n, n] (or batched [k, n, n]) recurrent kernel U of the candidate.
+      u_h: [n, n] (or batched [k, n, n]) recurrent kernel U of the candidate,
+        or its `StepKernel` (training loops; `step_matmul`).
       extra: optional [..., 3n] added to all pre-activations (the decoder's
         context terms C_r c, C_z c, C c).
       h_dropped: h_{t-1} with recurrent dropout applied (training), for the
@@ -98,7 +101,7 @@ def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None, recurrent_norm=
             tf.split(w, [2 * n, n], axis=-1) for w in recurrent_norm)
         h_rz = layer_norm(h_rz, gain_rz, bias_rz)
     r, z = tf.split(tf.sigmoid(pre_rz + h_rz), 2, axis=-1)
-    h_candidate = tf.matmul(r * (h if h_dropped is None else h_dropped), u_h)
+    h_candidate = step_matmul(r * (h if h_dropped is None else h_dropped), u_h)
     if recurrent_norm is not None:
         h_candidate = layer_norm(h_candidate, gain_candidate, bias_candidate)
     candidate = tf.tanh(pre_candidate + h_candidate)
@@ -133,7 +136,8 @@ class FrozenRecurrentSplits:
         return freeze_values(self, "recurrent_splits", self.recurrent_splits(self.compute_dtype))
 
 
-def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurrent_norm=None):
+def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurrent_norm=None,
+                    transposed_products=False):
     """Runs GRU steps over time; a masked (padded) step leaves the state unchanged.
 
     Args:
@@ -145,6 +149,9 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurre
       state_mask: optional recurrent dropout mask [..., n] (training).
       recurrent_norm: optional (gain, bias) [..., 3n] of the h-terms' layer
         normalisation (x_proj comes normalised).
+      transposed_products: multiply by stored transposes of U_rz and U
+        (`nmt_tf.layers.ops.StepKernel`; training, where
+        `nmt_tf.hardware.transposed_step_products` says it is faster).
 
     Returns:
       [T, ..., n] the states.
@@ -153,11 +160,12 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurre
         u_rz, u_h = recurrent_kernel
     else:
         u_rz, u_h = split_recurrent_kernel(recurrent_kernel)
+    u_rz, u_h = (step_kernel(u, transposed_products) for u in (u_rz, u_h))
 
     def step(h, elems):
         xp, mt = elems
         hd = h if state_mask is None else h * state_mask
-        new = gru_update(xp, h, tf.matmul(hd, u_rz), u_h, h_dropped=None if state_mask is None else hd,
+        new = gru_update(xp, h, step_matmul(hd, u_rz), u_h, h_dropped=None if state_mask is None else hd,
                          recurrent_norm=recurrent_norm)
         return h + mt * (new - h)
 
@@ -268,7 +276,8 @@ class BidirectionalGRU(FrozenRecurrentSplits, keras.layers.Layer):
             u = tf.cast(tf.stack([tf.convert_to_tensor(k) for k in self.recurrent_kernels]), dtype)  # [2, n, 3n]
             norm = None if recurrent_norms is None else tuple(                           # [2, 1, 3n] each
                 tf.stack([recurrent_norms[0][i], recurrent_norms[1][i]])[:, None] for i in range(2))
-            states = masked_gru_scan(x_proj, m, u, tf.stack([h0, h0]), drop, norm)       # [T, 2, B, n]
+            states = masked_gru_scan(x_proj, m, u, tf.stack([h0, h0]), drop, norm,     # [T, 2, B, n]
+                                     transposed_products=training and hardware.transposed_step_products())
             forward, backward = tf.unstack(states, axis=1)
             backward = tf.reverse(backward, [0])
         return tf.transpose(tf.concat([forward, backward], axis=-1), [1, 0, 2])
@@ -334,8 +343,8 @@ class GRU(FrozenRecurrentSplits, keras.layers.Layer):
         m = tf.cast(tf.transpose(mask), dtype)[:, :, None]                                           # [T, B, 1]
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
         drop = recurrent_dropout_mask(tf.shape(h0), self.recurrent_dropout, self.seed_generator, dtype, training)
-        states = masked_gru_scan(x_proj, m, self.recurrent_splits(dtype)[0], h0, drop,
-                                 norm("recurrent"))                                                # [T, B, n]
+        states = masked_gru_scan(x_proj, m, self.recurrent_splits(dtype)[0], h0, drop, norm("recurrent"),
+                                 transposed_products=training and hardware.transposed_step_products())  # [T, B, n]
         return tf.transpose(states, [1, 0, 2]), states[-1]
 
     def compute_output_shape(self, input_shape):
