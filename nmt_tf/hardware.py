@@ -1,5 +1,6 @@
 """What the machine offers, for the choices made at start-up
-(--mixed_precision=auto, the CPU kernels of training)."""
+(--mixed_precision=auto, the CPU kernels of training, the layout of
+training's step products)."""
 
 from __future__ import annotations
 
