@@ -35,18 +35,20 @@ from nmt_tf.layers.gru import ConditionalGRUCell, gru_update, recurrent_dropout_
 from nmt_tf.layers.ops import project, step_kernel, step_matmul
 
 
-def step_loop_weights(weights: dict, state_keys, training: bool) -> dict:
+def step_loop_weights(weights: dict, state_kernels, training: bool) -> dict:
     """`step_weights()` for a teacher-forcing loop: in training, where
-    `transposed_step_products()` says so, the matrices multiplying the state
-    (`state_keys` of `weights`, and the cell's candidate U) as `StepKernel`s."""
+    `transposed_step_products()` says so, the matrices that multiply the
+    state as `StepKernel`s; `state_kernels` are their key paths in `weights`
+    (tuples of keys into nested dicts)."""
     if not (training and hardware.transposed_step_products()):
         return weights
-    weights = {**weights, **{key: step_kernel(weights[key], True) for key in state_keys}}
-    if "cell" in weights:
-        weights["cell"] = {**weights["cell"],
-                           "recurrent_candidate": step_kernel(weights["cell"]["recurrent_candidate"], True)}
-    else:
-        weights["recurrent_candidate"] = step_kernel(weights["recurrent_candidate"], True)
+
+    def replaced(tree: dict, path: tuple) -> dict:
+        key, rest = path[0], path[1:]
+        return {**tree, key: replaced(tree[key], rest) if rest else step_kernel(tree[key], True)}
+
+    for path in state_kernels:
+        weights = replaced(weights, path)
     return weights
 
 
@@ -193,7 +195,7 @@ class AttentionDecoder(keras.layers.Layer):
         if keys is None:
             keys = self.precompute(annotations)
         bias = score_bias(mask)
-        weights = step_loop_weights(self.step_weights(), ("state",), training)
+        weights = step_loop_weights(self.step_weights(), [("state",), ("cell", "recurrent_candidate")], training)
         # C c_i = sum_j alpha_ij (C h_j), as in search: the annotations are
         # multiplied by C once, as one large product, instead of every step's
         # context by C (same products, the loop's share done in bulk; its
@@ -294,7 +296,7 @@ class ContextDecoder(keras.layers.Layer):
     def call(self, target_embeddings, initial_state, context, training=False):
         dtype = self.compute_dtype
         context_proj = self.precompute(context)
-        kernels = step_loop_weights(self.step_weights(), ("recurrent_rz",), training)
+        kernels = step_loop_weights(self.step_weights(), [("recurrent_rz",), ("recurrent_candidate",)], training)
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
         state_mask = recurrent_dropout_mask(tf.shape(initial_state), self.recurrent_dropout,
                                             self.seed_generator, dtype, training)

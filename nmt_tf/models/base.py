@@ -117,11 +117,16 @@ def _softmax_losses(logits, labels, eps: float):
         return losses(logits)
 
 
+def real_token_weights(labels):
+    """[batch, Ty] float32: 1 at real target tokens, 0 at padding (PAD_ID)."""
+    return tf.cast(tf.not_equal(tf.cast(labels, tf.int32), PAD_ID), tf.float32)
+
+
 def smoothed_token_losses(labels, logits, label_smoothing: float):
     """`token_losses` with label smoothing, masked: labels [batch, Ty] (PAD_ID
     at padding), logits [batch, Ty, vocab] -> (nll, loss), each [batch, Ty]
     float32, zero at padding."""
-    weights = tf.cast(tf.not_equal(tf.cast(labels, tf.int32), PAD_ID), tf.float32)
+    weights = real_token_weights(labels)
     if not label_smoothing:
         nll = token_losses(labels, logits) * weights
         return nll, nll
@@ -144,7 +149,7 @@ def token_nll(labels, logits):
     Returns:
       (nll [batch, Ty] float32, zero at padding; weights [batch, Ty] float32).
     """
-    weights = tf.cast(tf.not_equal(tf.cast(labels, tf.int32), PAD_ID), tf.float32)
+    weights = real_token_weights(labels)
     return token_losses(labels, logits) * weights, weights
 
 
