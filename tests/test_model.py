@@ -276,6 +276,47 @@ def test_token_losses_gradient_and_no_underflow():
     np.testing.assert_allclose(token_losses(tf.constant([2]), far).numpy(), [500.0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_projected_annotations_gradient_after_the_loop_is_autodiffs(monkeypatch, layer_norm):
+    """In training, the decoder takes the gradient of C h_j after its loop,
+    from all steps' alpha_i and d(C c_i) (nmt_tf.layers.ops.AfterLoopGradient);
+    outside training the loop is differentiated as it is. Without dropout the
+    two compute the same loss, and every gradient must agree too, traced as
+    model.fit traces the step and eagerly."""
+    from nmt_tf import hardware
+
+    monkeypatch.setattr(hardware, "transposed_step_products", lambda: False)
+    model = tiny_model(layer_norm=layer_norm)
+    x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
+    y = padded([t[1:] + [3] for t in TARGETS])
+
+    def loss_and_gradients(training):
+        with tf.GradientTape() as tape:
+            loss = model.batch_nll(x, y, training=training)[0]
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    for run in (loss_and_gradients, tf.function(loss_and_gradients)):
+        (plain, plain_grads), (after, after_grads) = run(False), run(True)
+        np.testing.assert_allclose(float(after), float(plain), rtol=1e-6)
+        for variable, got, want in zip(model.trainable_variables, after_grads, plain_grads):
+            np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
+                                       rtol=1e-4, atol=1e-6, err_msg=variable.path)
+
+
+def test_after_loop_gradient_needs_the_left_operands():
+    """An AfterLoopGradient whose caller forgot set_left_operands fails by name
+    when the gradient is taken, instead of returning a wrong one."""
+    from nmt_tf.layers.ops import AfterLoopGradient
+
+    m = tf.constant([[1.0, 2.0]])
+    with tf.GradientTape() as tape:
+        tape.watch(m)
+        taps = AfterLoopGradient(m, [3, 2], lambda a, d: tf.matmul(a, d, transpose_a=True)).taps
+        loss = tf.reduce_sum(taps)
+    with pytest.raises(ValueError, match="set_left_operands"):
+        tape.gradient(loss, m)
+
+
 @pytest.mark.parametrize("model_type", ["rnnsearch", "rnnencdec"])
 def test_transposed_step_products_change_no_gradient(monkeypatch, model_type):
     """Training's loops may multiply by stored transposes of their step

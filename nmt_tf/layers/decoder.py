@@ -32,7 +32,7 @@ import tensorflow as tf
 from nmt_tf import hardware
 from nmt_tf.layers.attention import AdditiveAttention, score_bias
 from nmt_tf.layers.gru import ConditionalGRUCell, gru_update, recurrent_dropout_mask
-from nmt_tf.layers.ops import project, step_kernel, step_matmul
+from nmt_tf.layers.ops import AfterLoopGradient, project, step_kernel, step_matmul
 
 
 def step_loop_weights(weights: dict, state_kernels, training: bool) -> dict:
@@ -113,15 +113,22 @@ class AttentionDecoder(keras.layers.Layer):
         cell = {key: value for key, value in self.cell.step_weights().items() if key != "recurrent_rz"}
         return {"state": tf.cast(state_kernel, self.compute_dtype), "cell": cell}
 
-    def _step(self, x_proj, state, weights, keys, projected_annotations, bias, state_mask=None):
+    def _step(self, x_proj, state, weights, keys, projected_annotations, bias, state_mask=None, tap=None):
         """Teacher forcing's step: x_proj = W E y_{i-1} + b [B, 3n]; state s_{i-1} [B, n];
         projected_annotations: C h_j [B, Tx, 3n]; state_mask: the recurrent
-        dropout mask (training) or None.
+        dropout mask (training) or None; tap: None, or this step's zero
+        [B, 3n] of an `AfterLoopGradient` of projected_annotations (training:
+        their gradient is then taken after the loop).
         Returns (s_i [B, n], alpha_i [B, Tx])."""
         dropped = state if state_mask is None else state * state_mask
         query_proj, state_rz = tf.split(step_matmul(dropped, weights["state"]),
                                         [self.attention_units, 2 * self.units], axis=1)
+        if tap is not None:
+            # (inside the loop's body, so that its gradient builds no per-step share at all)
+            projected_annotations = tf.stop_gradient(projected_annotations)
         context_proj, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
+        if tap is not None:
+            context_proj = context_proj + tap
         new_state = self.cell.step(x_proj, state, state_rz=state_rz, kernels=weights["cell"],
                                    context_proj=context_proj, state_dropped=None if state_mask is None else dropped)
         return new_state, alpha
@@ -207,11 +214,22 @@ class AttentionDecoder(keras.layers.Layer):
         state_mask = recurrent_dropout_mask(tf.stack([batch, self.units]), self.recurrent_dropout,
                                             self.seed_generator, dtype, training)
 
-        def step(carry, x_t):
-            return self._step(x_t, carry[0], weights, keys, projected, bias, state_mask)
-
         init = (tf.cast(initial_state, dtype), tf.zeros(tf.shape(mask), tf.float32))
-        states, alphas = tf.scan(step, x_proj, initializer=init)
+        if training:
+            # The gradient of C h_j as one product after the loop, from all
+            # steps' alpha_i and d(C c_i) (AfterLoopGradient): +4 % tokens/s
+            # for the reference configuration on an AVX2 CPU (BUILD_NOTES).
+            after_loop = AfterLoopGradient(
+                projected, tf.concat([tf.shape(x_proj)[:2], tf.shape(projected)[-1:]], 0),
+                lambda alphas, d_context_proj: tf.einsum("tbx,tbk->bxk", tf.cast(alphas, dtype), d_context_proj))
+            states, alphas = tf.scan(
+                lambda carry, elems: self._step(elems[0], carry[0], weights, keys, projected, bias, state_mask,
+                                                tap=elems[1]),
+                (x_proj, after_loop.taps), initializer=init)
+            after_loop.set_left_operands(alphas)
+        else:
+            states, alphas = tf.scan(lambda carry, x_t: self._step(x_t, carry[0], weights, keys, projected, bias,
+                                                                   state_mask), x_proj, initializer=init)
         states, alphas = tf.transpose(states, [1, 0, 2]), tf.transpose(alphas, [1, 0, 2])
         contexts = tf.matmul(tf.cast(alphas, dtype), annotations)                       # [B, Ty, 2n]
         return states, contexts, alphas

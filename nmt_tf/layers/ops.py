@@ -53,6 +53,54 @@ def step_matmul(x, kernel):
     return product(x, kernel.kernel)
 
 
+class AfterLoopGradient:
+    """The gradient of a loop invariant M that every step of a training
+    time loop multiplies by, as one computation after the loop instead of a
+    per-step share summed up inside it.
+
+    Automatic differentiation of a while loop gives a tensor captured by the
+    loop a gradient accumulator: every backward step writes its share of dM
+    and adds it in (AddN), passes over M's memory at every step. For the
+    decoder's projected annotations (M = C h_j, [batch, Tx, 3n], 2M values
+    in the reference configuration) that share is an outer product
+    alpha_i^T dy_i as large as M. Here the steps use M without a gradient
+    (`tf.stop_gradient(M)` inside the loop's body) and add `taps[i]`, a zero
+    tensor of the shape of their product y_i = f(a_i, M), to it. The loop's
+    gradient with respect to `taps` is then every step's dy_i, stacked
+    ([T, ...], as for any per-step input). After the loop the caller hands
+    over the stacked left operands A = [a_i] (`set_left_operands`), and M's
+    gradient is `gradient(A, dY)`, one product for all steps.
+
+    (For the recurrent weight matrices this did not pay: their per-step
+    gradient products run at nearly the rate of one large product, and the
+    taps and stacked operands cost more than the accumulation they save;
+    BUILD_NOTES.md, "Measured and not taken".)
+
+    Args:
+      operand: M.
+      taps_shape: [T, ...] the steps' products, stacked.
+      gradient: (A, dY) -> dM.
+    """
+
+    def __init__(self, operand, taps_shape, gradient):
+        self._left = None
+
+        @tf.custom_gradient
+        def taps(operand):
+            def grad(d_taps):
+                if self._left is None:
+                    raise ValueError("AfterLoopGradient: set_left_operands() was not called after the loop")
+                return gradient(self._left, d_taps)
+
+            return tf.zeros(taps_shape, operand.dtype), grad
+
+        self.taps = taps(operand)
+
+    def set_left_operands(self, stacked):
+        """The steps' left operands a_i, stacked as the loop outputs them."""
+        self._left = stacked
+
+
 def project(x, kernel, bias=None, transpose_kernel=False):
     """x [..., d] @ kernel [d, k] (+ bias [k]) as one 2-D matmul
     (`transpose_kernel`: kernel is [k, d] and used transposed, with no copy).
