@@ -50,6 +50,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 import warnings
 
@@ -273,7 +274,22 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
       explicit: names of the flags the user gave; on resume, the others are
         taken from `<model_dir>/flags.json`. None means all of them.
       log: where progress lines go.
+
+    Training sets Keras' global dtype policy from --mixed_precision (auto,
+    the default, is bfloat16 on CPUs with bfloat16 instructions); the
+    caller's policy is back in place when this returns or raises, so models
+    built afterwards in the same process are not bfloat16 by accident.
     """
+    keras = sys.modules.get("keras")         # not imported here: the strategy comes first
+    previous = keras.mixed_precision.dtype_policy() if keras else None
+    try:
+        return _train(config, explicit, log)
+    finally:
+        if "keras" in sys.modules:
+            sys.modules["keras"].mixed_precision.set_dtype_policy(previous or "float32")
+
+
+def _train(config, explicit: set[str] | None, log) -> dict:
     if not config.model_dir:
         raise TrainingError("--model_dir is required.")
     model_dir = config.model_dir

@@ -103,7 +103,8 @@ def tiny_config(tiny_corpus):
             src_vocab_size=200, tgt_vocab_size=200, embedding_size=16, hidden_size=16,
             attention_size=16, maxout_size=8, batch_size=8, optimizer="adam",
             learning_rate=0.01, max_epochs=1, checkpoint_every_steps=3, log_every_steps=1,
-            patience=0, shuffle_buffer=1000)    # one pool of 40 pairs: 5 batches of 8
+            patience=0, shuffle_buffer=1000,    # one pool of 40 pairs: 5 batches of 8
+            mixed_precision="none")             # float32 on every CPU, as pipelines/smoke.flags
         base.update(overrides)
         return flags.default_config(**base)
     return make

@@ -139,6 +139,25 @@ def test_train_gives_back_the_callers_signal_handlers(tiny_config, tmp_path):
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+def test_train_gives_back_the_callers_dtype_policy(tiny_config, tmp_path):
+    """--mixed_precision (default auto) sets Keras' global policy for the run
+    only: models built after train() returns are float32 again."""
+    import keras
+
+    assert flags.default_config().mixed_precision == "auto"
+    lines = []
+    train.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1, mixed_precision="auto"),
+                log=lines.append)
+    assert any(line.startswith("--mixed_precision=auto: ") for line in lines), lines
+    assert keras.mixed_precision.dtype_policy().name == "float32"
+    from nmt_tf.data import CorpusError
+
+    with pytest.raises(CorpusError):                # also when it fails after choosing (every pair too long)
+        train.train(tiny_config(model_dir=str(tmp_path / "n"), max_len=2, mixed_precision="mixed_bfloat16"),
+                    **QUIET)
+    assert keras.mixed_precision.dtype_policy().name == "float32"
+
+
 def test_resume_rejects_a_different_model(tiny_config, tmp_path):
     config = tiny_config(model_dir=str(tmp_path / "m"), max_steps=2)
     train.train(config, **QUIET)
