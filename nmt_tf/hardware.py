@@ -38,7 +38,7 @@ def resolve_precision(requested: str) -> tuple[str, str]:
     """(Keras dtype policy, why) for --mixed_precision=`requested`.
 
     "auto" is mixed_bfloat16 on a CPU with bfloat16 instructions and no GPU
-    (1.3x the float32 training speed measured on an AMD EPYC with
+    (1.3-1.5x the float32 training speed measured on AMD EPYCs with
     avx512_bf16, BUILD_NOTES.md), float32 everywhere else; a GPU gets
     float32 too (choose mixed_float16 or mixed_bfloat16 for it yourself).
     "none" is float32; the others are Keras' policies of the same name.
@@ -129,8 +129,8 @@ def transposed_step_products() -> bool:
     CPU without AVX-512, where that product ran at 161-165 GFLOP/s against
     121 and the encoder's loop, forward and backward, took 4-20 % less time
     (BUILD_NOTES.md, "Where a training step's time goes"). Not with Eigen
-    (62 against 156 GFLOP/s), and not on AVX-512 CPUs, where it has not been
-    measured. Same numbers either way, to float32 rounding."""
+    (62 against 156 GFLOP/s), and not on AVX-512 CPUs (an AMD Zen 4 trained
+    5 % slower with them). Same numbers either way, to float32 rounding."""
     flags = cpu_flags()
     return "avx2" in flags and "avx512f" not in flags and onednn_enabled()
 
