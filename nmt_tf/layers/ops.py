@@ -74,7 +74,8 @@ class AfterLoopGradient:
     (For the recurrent weight matrices this did not pay: their per-step
     gradient products run at nearly the rate of one large product, and the
     taps and stacked operands cost more than the accumulation they save;
-    BUILD_NOTES.md, "Measured and not taken".)
+    nor did the decoder's [W_a | U_rz] in bfloat16, whose per-step sums are
+    bfloat16; BUILD_NOTES.md, "Measured and not taken" and "The Zen 4".)
 
     Args:
       operand: M.
