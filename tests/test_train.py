@@ -144,14 +144,14 @@ def test_train_gives_back_the_callers_dtype_policy(tiny_config, tmp_path):
     only: models built after train() returns are float32 again."""
     import keras
 
+    from nmt_tf.data import CorpusError
+
     assert flags.default_config().mixed_precision == "auto"
     lines = []
     train.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1, mixed_precision="auto"),
                 log=lines.append)
     assert any(line.startswith("--mixed_precision=auto: ") for line in lines), lines
     assert keras.mixed_precision.dtype_policy().name == "float32"
-    from nmt_tf.data import CorpusError
-
     with pytest.raises(CorpusError):                # also when it fails after choosing (every pair too long)
         train.train(tiny_config(model_dir=str(tmp_path / "n"), max_len=2, mixed_precision="mixed_bfloat16"),
                     **QUIET)
