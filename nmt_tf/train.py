@@ -42,6 +42,7 @@ Outputs in --model_dir:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -50,7 +51,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import time
 import warnings
 
@@ -62,6 +62,7 @@ from nmt_tf import model_dir as layout
 from nmt_tf import models
 from nmt_tf.files import WriteFailed, write_atomically
 from nmt_tf.hardware import choose_training_kernels, resolve_precision, step_products_choice, training_kernels
+from nmt_tf.translator import dtype_policy
 
 EXIT_NAN = 3
 EXIT_NO_INTACT_CHECKPOINT = 4
@@ -139,14 +140,22 @@ def make_optimizer(config):
     return SGD(learning_rate=lr, global_clipnorm=clip)
 
 
-def set_precision(config, log=None) -> str:
-    """Sets Keras' dtype policy from --mixed_precision (auto: from the CPU's
-    features, nmt_tf.hardware) and returns it; `log` gets what auto chose."""
-    import keras
-
+def chosen_precision(config, log=None) -> str:
+    """The Keras dtype policy --mixed_precision asks for (auto: from the CPU's
+    features, nmt_tf.hardware); `log` gets what auto chose."""
     policy, why = resolve_precision(config.mixed_precision)
     if log is not None and config.mixed_precision == "auto":
         log(why + ".")
+    return policy
+
+
+def set_precision(config, log=None) -> str:
+    """Sets Keras' global dtype policy to `chosen_precision` for good and
+    returns it (for a process that only trains: the benchmarks, --dry_run;
+    `train` sets it for the run only)."""
+    import keras
+
+    policy = chosen_precision(config, log)
     keras.mixed_precision.set_dtype_policy(policy)
     return policy
 
@@ -276,20 +285,16 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
       log: where progress lines go.
 
     Training sets Keras' global dtype policy from --mixed_precision (auto,
-    the default, is bfloat16 on CPUs with bfloat16 instructions); the
+    the default, is bfloat16 on CPUs with bfloat16 instructions) for the
+    run only (`nmt_tf.translator.dtype_policy`, entered in `run_scope`): the
     caller's policy is back in place when this returns or raises, so models
     built afterwards in the same process are not bfloat16 by accident.
     """
-    keras = sys.modules.get("keras")         # not imported here: the strategy comes first
-    previous = keras.mixed_precision.dtype_policy() if keras else None
-    try:
-        return _train(config, explicit, log)
-    finally:
-        if "keras" in sys.modules:
-            sys.modules["keras"].mixed_precision.set_dtype_policy(previous or "float32")
+    with contextlib.ExitStack() as run_scope:
+        return _train(config, explicit, log, run_scope)
 
 
-def _train(config, explicit: set[str] | None, log) -> dict:
+def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitStack) -> dict:
     if not config.model_dir:
         raise TrainingError("--model_dir is required.")
     model_dir = config.model_dir
@@ -320,7 +325,7 @@ def _train(config, explicit: set[str] | None, log) -> dict:
     if training_kernels():
         log(training_kernels())
     log(step_products_choice())
-    set_precision(config, log)
+    run_scope.enter_context(dtype_policy(chosen_precision(config, log)))
     before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
     # Several workers with --worker_input=own_data each read their own part of
     # the data (their prepared shards, or every N-th line of the text) and make
