@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -98,20 +99,20 @@ def _length_limits(source_ids, options: SearchOptions):
     return min_len, max_len, tf.reduce_max(tf.concat([max_len, [0]], 0))
 
 
-def _token_penalties(vocab_size, options: SearchOptions):
-    """The three additive [V] masks a step can need, stacked [3, V] (built once
-    per search): forbidden tokens get NEG.
+def _token_penalties(vocab_size, options: SearchOptions) -> np.ndarray:
+    """The three additive [V] masks a step can need, stacked [3, V] float32
+    (constants of the graph): forbidden tokens get NEG.
 
     [PAD] and [BOS] are never generated, [UNK] optionally. Row 0: any other
     token; row 1 (before min_len): not [EOS] either; row 2 (the last allowed
     position): only [EOS].
     """
-    ids = tf.range(vocab_size)
+    ids = np.arange(vocab_size)
     forbidden = (ids == PAD_ID) | (ids == BOS_ID)
     if options.suppress_unk:
         forbidden |= ids == UNK_ID
-    rows = tf.stack([forbidden, forbidden | (ids == EOS_ID), ids != EOS_ID])
-    return tf.where(rows, NEG, 0.0)
+    rows = np.stack([forbidden, forbidden | (ids == EOS_ID), ids != EOS_ID])
+    return np.where(rows, NEG, 0.0).astype(np.float32)
 
 
 def _penalty_kind(t, min_len, max_len):
@@ -191,18 +192,20 @@ def _block_size(vocab_size: int) -> int:
     return min(divisors, key=lambda d: abs(d - root)) if divisors else root
 
 
-def _best_extensions(log_probs, alive_score, k):
+def _best_extensions(log_probs, alive_score, k, penalties=None, kind=None):
     """The k best one-token extensions of a sentence's hypotheses.
 
     Args:
-      log_probs: [B, K, V] float32 log p(y | hypothesis), forbidden tokens
-        already at NEG or below.
+      log_probs: [B, K, V] float32 log p(y | hypothesis).
       alive_score: [B, K] log-probability of each hypothesis (NEG: dead slot).
       k: how many to return (<= K x V).
+      penalties: optional [P, V] float32 NumPy table of additive token masks
+        (`_token_penalties`: 0, or NEG for a forbidden token), of which
+        sentence b takes row kind[b] ([B] int).
 
     Returns:
-      (score [B, k] = alive_score[parent] + log_probs[parent, token], best
-       first; token [B, k] int32; parent [B, k] int32).
+      (score [B, k] = alive_score[parent] + (log_probs + penalty)[parent, token],
+       best first; token [B, k] int32; parent [B, k] int32).
 
     Exact, and cheaper than a top-k over all K x V candidates: the candidates
     are cut into blocks of `_block_size(V)` tokens of one hypothesis; a block's
@@ -211,20 +214,45 @@ def _best_extensions(log_probs, alive_score, k):
     candidate, and fewer than k candidates (so fewer than k blocks) beat it, so
     it is among the k blocks with the highest bests. The top-k then runs over
     those k blocks only. (Exact ties may be ordered differently.)
+
+    The penalties are never added to all of log_probs (a pass over [B, K, V]
+    per step): the forbidden tokens are a few special ids, so only the blocks
+    holding them ("head" blocks) see the mask token by token, every other
+    block's mask is one value per kind (0, or NEG in the last step's
+    only-[EOS] row), added to its maximum, and the k kept blocks get their
+    mask when gathered. Rounding is monotonic, so a block's maximum plus its
+    constant equals the maximum of the block plus that constant: the same
+    numbers as adding the mask first.
     """
     beam, vocab = log_probs.shape[1], log_probs.shape[2]       # static: no shape ops in the loop
     width = _block_size(vocab)
     blocks_per_row = -(-vocab // width)
-    if blocks_per_row * width != vocab:      # padding ranks below every real candidate
-        log_probs = tf.pad(log_probs, [[0, 0], [0, 0], [0, blocks_per_row * width - vocab]],
-                           constant_values=2 * NEG)
+    padding = blocks_per_row * width - vocab
+    if padding:      # padding ranks below every real candidate
+        log_probs = tf.pad(log_probs, [[0, 0], [0, 0], [0, padding]], constant_values=2 * NEG)
     blocks = tf.reshape(log_probs, [-1, beam * blocks_per_row, width])
-    block_best = tf.reshape(tf.reduce_max(tf.reshape(log_probs, [-1, beam, blocks_per_row, width]), -1)
-                            + alive_score[:, :, None], [-1, beam * blocks_per_row])
+    block_max = tf.reduce_max(tf.reshape(log_probs, [-1, beam, blocks_per_row, width]), -1)    # [B, K, nb]
+    if penalties is not None:
+        by_block = np.pad(penalties, [[0, 0], [0, padding]], mode="edge").reshape(
+            len(penalties), blocks_per_row, width)
+        mixed = np.flatnonzero((by_block != by_block[:, :, :1]).any(axis=(0, 2)))
+        head = int(mixed[-1]) + 1 if mixed.size else 0                # blocks masked token by token
+        parts = []
+        if head:
+            masked = (log_probs[:, :, :head * width]
+                      + tf.gather(by_block[:, :head].reshape(len(penalties), -1), kind)[:, None, :])
+            parts.append(tf.reduce_max(tf.reshape(masked, [-1, beam, head, width]), -1))
+        if head < blocks_per_row:
+            parts.append(block_max[:, :, head:] + tf.gather(by_block[:, head:, 0], kind)[:, None, :])
+        block_max = parts[0] if len(parts) == 1 else tf.concat(parts, -1)
+    block_best = tf.reshape(block_max + alive_score[:, :, None], [-1, beam * blocks_per_row])
     kept = min(k, beam * blocks_per_row)
     _, top_blocks = tf.math.top_k(block_best, k=kept)                                    # [B, kept]
-    values = (tf.gather(blocks, top_blocks, batch_dims=1)
-              + tf.gather(alive_score, top_blocks // blocks_per_row, batch_dims=1)[:, :, None])
+    values = tf.gather(blocks, top_blocks, batch_dims=1)
+    if penalties is not None:
+        where = tf.stack([tf.broadcast_to(kind[:, None], tf.shape(top_blocks)), top_blocks % blocks_per_row], -1)
+        values += tf.gather_nd(by_block, where)
+    values += tf.gather(alive_score, top_blocks // blocks_per_row, batch_dims=1)[:, :, None]
     score, index = tf.math.top_k(tf.reshape(values, [-1, kept * width]), k=k)           # best first
     block = tf.gather(top_blocks, index // width, batch_dims=1)
     return score, (block % blocks_per_row) * width + index % width, block // blocks_per_row
@@ -328,8 +356,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         """The model's step for every slot, and the k best extensions (`kind`:
         each sentence's row of the token penalties)."""
         log_probs, new_state, alpha = model.decode_step(previous, state, inputs, weights)
-        log_probs += tf.gather(penalties, kind)[:, None, :]
-        top_score, token, parent = _best_extensions(log_probs, alive_score, k)
+        top_score, token, parent = _best_extensions(log_probs, alive_score, k, penalties, kind)
         return top_score, token, parent, tf.cast(new_state, encoded["state"].dtype), alpha
 
     def expand_unfinished(t, previous, state, alive_score, done):

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from nmt_tf.layers.ops import frozen_values
 from nmt_tf.models.rnnsearch import RNNSearch
-from nmt_tf.search import NEG, SearchOptions, _best_extensions, _block_size, beam_search, greedy_search, search
+from nmt_tf.search import (NEG, SearchOptions, _best_extensions, _block_size, _token_penalties, beam_search,
+                           greedy_search, search)
 from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 RNG = np.random.default_rng(11)
@@ -186,6 +187,35 @@ def test_best_extensions_equal_a_top_k_over_all_candidates(vocab):
     want = np.argsort(-flat, axis=1, kind="stable")[:, :beam]
     np.testing.assert_array_equal(parent * vocab + token, want)
     np.testing.assert_allclose(score, np.take_along_axis(flat, want, 1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [6, 97, 1003, 10000])
+def test_best_extensions_apply_the_token_penalties_as_if_added_first(vocab):
+    """The masks (`_token_penalties`) reach only the blocks holding special
+    tokens token by token and the others as one value per block: the same
+    extensions and the same scores, bit for bit, as adding the sentence's mask
+    row to every log-probability first. Sentence b uses row b: any token but
+    [PAD], [BOS] and [UNK]; not [EOS] either; only [EOS] (then fewer than k
+    extensions are allowed, and the rest score below NEG / 2)."""
+    rng = np.random.default_rng(vocab)
+    batch, beam = 3, 4
+    penalties = _token_penalties(vocab, SearchOptions(suppress_unk=True))
+    kind = np.arange(batch, dtype="int32")
+    log_probs = rng.normal(-5, 3, size=(batch, beam, vocab)).astype("float32")
+    log_probs[:, :, [PAD_ID, BOS_ID, UNK_ID, EOS_ID]] = 3.0        # the best tokens before the masks
+    alive = rng.normal(-4, 2, size=(batch, beam)).astype("float32")
+    alive[1, 2] = NEG
+    score, token, parent = (t.numpy() for t in _best_extensions(
+        tf.constant(log_probs), tf.constant(alive), beam, penalties, tf.constant(kind)))
+    flat = tf.reshape(alive[:, :, None] + (log_probs + penalties[kind][:, None, :]), [batch, -1]).numpy()
+    for b in range(batch):
+        valid = score[b] > NEG / 2
+        want = np.argsort(-flat[b], kind="stable")[:valid.sum()]
+        assert valid.sum() == min(beam, (flat[b] > NEG / 2).sum())
+        np.testing.assert_array_equal((parent[b] * vocab + token[b])[valid], want)
+        np.testing.assert_array_equal(score[b][valid], flat[b][want])
+    assert set(token[0]).isdisjoint({PAD_ID, BOS_ID, UNK_ID})
+    assert EOS_ID not in token[1] and (token[2][score[2] > NEG / 2] == EOS_ID).all()
 
 
 @pytest.mark.parametrize("token_products", [False, True])
