@@ -265,6 +265,34 @@ def _norms(layer, prefix, terms):
             for term in terms}
 
 
+@pytest.mark.parametrize("x_shape, weight_shape", [((6, 8), (8,)), ((3, 5, 8), (8,)), ((3, 5, 8), (1, 1, 8)),
+                                                    ((3, 5, 8), (5, 8))])
+def test_layer_norm_gradient_equals_automatic_differentiation(x_shape, weight_shape):
+    """layer_norm's written-out gradient against TensorFlow's differentiation
+    of the plain formula, for x and for gains and biases broadcast over
+    leading axes in several ways; the forward values are bit-identical."""
+    from nmt_tf.layers.ops import layer_norm
+
+    x, dy = (tf.constant(RNG.normal(1, 2, size=x_shape).astype("float32")) for _ in range(2))
+    gain, bias = (tf.constant(RNG.normal(size=weight_shape).astype("float32")) for _ in range(2))
+
+    def plain(x, gain, bias):
+        centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+        return centered * tf.math.rsqrt(variance + 1e-5) * gain + bias
+
+    results = []
+    for f in (layer_norm, plain):
+        with tf.GradientTape() as tape:
+            tape.watch([x, gain, bias])
+            y = f(x, gain, bias)
+        results.append((y, *tape.gradient(y, [x, gain, bias], output_gradients=dy)))
+    np.testing.assert_array_equal(results[0][0].numpy(), results[1][0].numpy())
+    for got, want in zip(results[0][1:], results[1][1:]):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("separate_loops", [False, True])
 def test_layer_normalised_gru_matches_the_reference(separate_loops):
     """layer_norm: each term (input, recurrent, context) normalised on its own,
