@@ -7,6 +7,7 @@ import tensorflow as tf
 import reference as ref
 from nmt_tf.layers import (AdditiveAttention, AttentionDecoder, BidirectionalGRU, BlockOrthogonal,
                            ConditionalGRUCell, MaxoutReadout, gru_update, score_bias)
+from nmt_tf.layers.ops import layer_norm
 
 RNG = np.random.default_rng(7)
 TOL = dict(rtol=1e-4, atol=1e-5)
@@ -271,8 +272,6 @@ def test_layer_norm_gradient_equals_automatic_differentiation(x_shape, weight_sh
     """layer_norm's written-out gradient against TensorFlow's differentiation
     of the plain formula, for x and for gains and biases broadcast over
     leading axes in several ways; the forward values are bit-identical."""
-    from nmt_tf.layers.ops import layer_norm
-
     x, dy = (tf.constant(RNG.normal(1, 2, size=x_shape).astype("float32")) for _ in range(2))
     gain, bias = (tf.constant(RNG.normal(size=weight_shape).astype("float32")) for _ in range(2))
 

@@ -207,7 +207,7 @@ def test_best_extensions_apply_the_token_penalties_as_if_added_first(vocab):
     alive[1, 2] = NEG
     score, token, parent = (t.numpy() for t in _best_extensions(
         tf.constant(log_probs), tf.constant(alive), beam, penalties, tf.constant(kind)))
-    flat = tf.reshape(alive[:, :, None] + (log_probs + penalties[kind][:, None, :]), [batch, -1]).numpy()
+    flat = (alive[:, :, None] + (log_probs + penalties[kind][:, None, :])).reshape(batch, -1)
     for b in range(batch):
         valid = score[b] > NEG / 2
         want = np.argsort(-flat[b], kind="stable")[:valid.sum()]
