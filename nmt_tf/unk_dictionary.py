@@ -38,6 +38,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.alignment import NULL, model1
 from nmt_tf.files import InputError, input_lines, write_atomically
 
 absl_flags.DEFINE_integer("dictionary_iterations", 5, "EM iterations of IBM Model 1 in each direction.",
@@ -46,9 +47,6 @@ absl_flags.DEFINE_integer("dictionary_max_sentences", 1_000_000,
                           "Learn from at most this many sentence pairs (the first ones).", lower_bound=1)
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("train_src", "train_tgt", "src_lang", "tgt_lang", "max_len",
                                              "output"))
-
-NULL = 0    # word id of the NULL word on either side; real words count from 1
-
 
 def split_corpus(src_lines, tgt_lines, src_lang: str, tgt_lang: str, max_len: int, max_sentences: int,
                  names=("source", "target"), chunk: int = 8192):
@@ -100,32 +98,6 @@ class Vocabulary:
             self.counts[j] += 1
             out[i] = j
         return out
-
-
-def model1(given: list[np.ndarray], generated: list[np.ndarray], given_size: int, generated_size: int,
-           iterations: int):
-    """IBM Model 1: p(generated word | given word), EM from uniform, with a
-    NULL word (id 0) added to every `given` sentence. Returns (keys, probs):
-    keys = given_id * generated_size + generated_id, sorted, of every pair
-    that co-occurs; probs their probabilities."""
-    keys, occurrence = [], []
-    position = 0
-    for g, e in zip(given, generated):
-        g = np.concatenate([[NULL], g])
-        keys.append((g[:, None] * generated_size + e[None, :]).ravel())     # [len(g) * len(e)]
-        occurrence.append(np.tile(np.arange(position, position + len(e)), len(g)))
-        position += len(e)
-    keys, occurrence = np.concatenate(keys), np.concatenate(occurrence)
-    unique, pair = np.unique(keys, return_inverse=True)
-    del keys
-    given_of_unique = unique // generated_size
-    prob = np.ones(len(unique))
-    for _ in range(iterations):
-        p = prob[pair]
-        posterior = p / np.bincount(occurrence, weights=p, minlength=position)[occurrence]
-        counts = np.bincount(pair, weights=posterior, minlength=len(unique))
-        prob = counts / np.bincount(given_of_unique, weights=counts, minlength=given_size)[given_of_unique]
-    return unique, prob
 
 
 def learn(pairs, iterations: int = 5, log=print) -> list[tuple[str, str]]:
