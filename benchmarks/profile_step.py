@@ -192,7 +192,7 @@ def profile_training(config, logdir: str) -> dict:
 def profile_search(config, logdir: str, policy: str) -> dict:
     import tensorflow as tf
 
-    from nmt_tf import data, search, train, translator
+    from nmt_tf import data, lexicon, search, train, translator
     from nmt_tf.files import read_lines
 
     if FLAGS.model_dir:
@@ -211,7 +211,8 @@ def profile_search(config, logdir: str, policy: str) -> dict:
     prepare = translator.Translator(model, src_tok, tgt_tok, options, max_input_length=FLAGS.max_input_length)
     lines = tf.constant(read_lines(FLAGS.source)[:FLAGS.search_sentences])
     source_ids = prepare._dense(prepare._ids(src_tok, lines)[0])
-    run = tf.function(lambda ids: search.beam_search(model, ids, options))
+    lexical = lexicon.for_search(FLAGS.model_dir, model, options) if FLAGS.model_dir else None
+    run = tf.function(lambda ids: search.beam_search(model, ids, options, lexical))
     for _ in range(max(1, FLAGS.untimed_steps // 10)):
         out = run(source_ids)
     tf.profiler.experimental.start(logdir)
@@ -223,7 +224,7 @@ def profile_search(config, logdir: str, policy: str) -> dict:
     steps = int(tf.shape(out["tokens"])[-1])
     report = read_trace(logdir, FLAGS.profile_steps * steps)
     report["search"] = {"model": origin, "as_exported": FLAGS.as_exported, "sentences": int(lines.shape[0]),
-                        "beam_size": options.beam_size,
+                        "beam_size": options.beam_size, "shortlist_size": options.shortlist_size,
                         "steps_per_search": steps, "wall_ms_per_search": round(1000 * seconds / FLAGS.profile_steps, 1)}
     report["wall_ms_per_step"] = round(1000 * seconds / FLAGS.profile_steps / steps, 2)
     return report

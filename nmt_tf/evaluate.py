@@ -58,6 +58,7 @@ from nmt_tf import plots
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import read_lines, write_atomically
 from nmt_tf.progress import Progress
+from nmt_tf.lexicon import for_search
 from nmt_tf.translator import (Translator, UnkReplacement, compiled_translate, read_metadata, restore_ensemble,
                                translate_lines)
 
@@ -115,7 +116,9 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
     model_dir = model_dirs[0]
     restored = restore_ensemble(model_dirs, weights, log=log, precision=precision)
     model, src_tok, tgt_tok, config = restored[:4]
-    make = lambda o: compiled_translate(Translator(model, src_tok, tgt_tok, o, max_input_length, unk_replacement))
+    shortlist = for_search(model_dir, model, options)
+    make = lambda o: compiled_translate(Translator(model, src_tok, tgt_tok, o, max_input_length, unk_replacement,
+                                                   shortlist))
     words = data.word_shortlist_paths(model_dir)
     if not all(os.path.exists(p) for p in words):
         words = data.vocabulary_paths(model_dir) if config.tokenizer == "word" else None
@@ -124,6 +127,7 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
     return Subject(label, make(options), make(dataclasses.replace(options, suppress_unk=True)),
                    config.src_lang, config.tgt_lang, _word_set(words[0]), _word_set(words[1]), out_dir,
                    f"{' + '.join(model_dirs)} ({restored.checkpoint}, beam {options.beam_size}"
+                   f"{f', shortlist of {options.shortlist_size}' if shortlist is not None else ''}"
                    f"{', [UNK] replaced' if unk_replacement is not None else ''}"
                    f"{'' if precision == 'float32' else f', {precision}'})")
 

@@ -14,6 +14,9 @@ serves the ensemble as one model (nmt_tf.models.ensemble).
 --mixed_precision=mixed_bfloat16 (or auto: bfloat16 if this machine's CPU has
 bfloat16 instructions) exports a model that computes in bfloat16: faster
 batch translation on such CPUs, slower one-sentence serving (README.md).
+--shortlist_size=C searches C candidate tokens per request instead of the
+whole target vocabulary (nmt_tf.shortlist; its lexical table is stored in
+the SavedModel).
 
 Writes EXPORT_DIR/<version>/ (the next free integer unless --version is
 given) atomically: the SavedModel is written to a hidden temporary folder
@@ -67,6 +70,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf.files import WriteFailed
+from nmt_tf.lexicon import for_search
 from nmt_tf.translator import EXPORT_METADATA, Translator, UnkReplacement, restore_ensemble
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
@@ -189,8 +193,9 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
     model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log,
                                                                         precision=precision)
     tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
+    shortlist = for_search(model_dirs[0], model, options)
     step_weights = model.freeze_step_weights(freeze_token_products) if freeze_step_weights else []
-    module = Translator(model, src_tok, tgt_tok, options, max_input_length, unk_replacement).module()
+    module = Translator(model, src_tok, tgt_tok, options, max_input_length, unk_replacement, shortlist).module()
     module.step_weights = step_weights
     try:
         tf.saved_model.save(module, tmp, signatures={
@@ -208,6 +213,7 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}"
+        f"{f', shortlist of {options.shortlist_size}' if shortlist is not None else ''}"
         f"{'' if precision == 'float32' else f', {precision}'}"
         f"{f', an ensemble of {len(model_dirs)} models' if len(model_dirs) > 1 else ''}).\n"
         f"  saved_model_cli show --dir {final} --all\n"

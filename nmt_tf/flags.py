@@ -169,6 +169,8 @@ flags.DEFINE_float("max_length_ratio", 3.0, "Outputs end after this many times t
 flags.DEFINE_float("min_length_ratio", 0.5, "[EOS] is forbidden before this fraction of the source length (reference implementation: 0.5).", lower_bound=0.0)
 flags.DEFINE_integer("max_output_length", 256, "Absolute cap on output tokens.", lower_bound=1)
 flags.DEFINE_boolean("suppress_unk", False, "Never generate [UNK] (how the 'no UNK' column of the paper's Table 1 was decoded).")
+flags.DEFINE_integer("shortlist_size", 0, "Search over this many candidate target tokens per batch instead of the whole target vocabulary (Jean et al. 2015): the special tokens, the --shortlist_per_word likeliest translations of every source token, then the most frequent tokens; needs the model directory's lexical table (python -m nmt_tf.shortlist). Faster, and translations may differ (README.md). 0: the whole vocabulary.", lower_bound=0)
+flags.DEFINE_integer("shortlist_per_word", 10, "With --shortlist_size: translations per source token taken into the shortlist (by IBM Model 1 probability).", lower_bound=1)
 
 flags.DEFINE_boolean("replace_unk", False, "Replace every generated [UNK] by the source word it attended to most (Luong et al. 2015; Jean et al. 2015), or by its translation in --unk_dictionary; for word models. The target_tokens output keeps [UNK].")
 flags.DEFINE_string("unk_dictionary", None, "With --replace_unk: a 'source<TAB>target' file; an attended source word found in it is replaced by its translation instead of being copied (an export keeps the file as an asset).")
@@ -313,7 +315,8 @@ def search_options():
         beam_size=FLAGS.beam_size, n_best=FLAGS.n_best, length_penalty=FLAGS.length_penalty,
         length_alpha=FLAGS.length_alpha, max_length_ratio=FLAGS.max_length_ratio,
         min_length_ratio=FLAGS.min_length_ratio, max_length=FLAGS.max_output_length,
-        suppress_unk=FLAGS.suppress_unk)
+        suppress_unk=FLAGS.suppress_unk, shortlist_size=FLAGS.shortlist_size,
+        shortlist_per_word=FLAGS.shortlist_per_word)
 
 
 class Config(dict):

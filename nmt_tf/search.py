@@ -41,6 +41,11 @@ Options (`SearchOptions`):
                     implementation: 0.5 of the source length).
   max_length        absolute cap on output tokens.
   suppress_unk      never generate [UNK] (the "no UNK" decoding of Table 1).
+  shortlist_size    > 0 (and below the target vocabulary): the output layer and
+                    softmax of every step cover only this many candidate tokens,
+                    chosen once per batch from the sources by a
+                    `nmt_tf.shortlist.LexicalShortlist` (Jean et al. 2015).
+  shortlist_per_word  translations per source token in that choice.
 
 Results are dense, batch-major tensors; lengths count [EOS]; tokens past a
 hypothesis' end are [PAD] (0); its alignment rows past the end are zero.
@@ -56,6 +61,7 @@ import tensorflow as tf
 from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 NEG = -1e9   # a finite "minus infinity": no inf - inf = nan anywhere
+MIN_SHORTLIST = 16   # the special tokens and a few more
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +74,8 @@ class SearchOptions:
     min_length_ratio: float = 0.5
     max_length: int = 256
     suppress_unk: bool = False
+    shortlist_size: int = 0
+    shortlist_per_word: int = 10
 
     def __post_init__(self):
         if self.beam_size < 1:
@@ -80,6 +88,11 @@ class SearchOptions:
             raise ValueError(f"length_alpha must be >= 0, got {self.length_alpha}")
         if self.max_length_ratio <= 0 or self.max_length < 1:
             raise ValueError("max_length_ratio and max_length must be positive")
+        if self.shortlist_size and self.shortlist_size < MIN_SHORTLIST:
+            raise ValueError(f"shortlist_size must be 0 (no shortlist) or at least {MIN_SHORTLIST}, "
+                             f"got {self.shortlist_size}")
+        if self.shortlist_per_word < 1:
+            raise ValueError(f"shortlist_per_word must be >= 1, got {self.shortlist_per_word}")
 
 
 def length_penalty(lengths, options: SearchOptions):
@@ -131,13 +144,33 @@ def _while(cond, body, init):
     return tf.while_loop(cond, body, init, shape_invariants=tf.nest.map_structure(relaxed, init))
 
 
-def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam_size=1)):
+def _search_vocabulary(model, source_ids, weights, options: SearchOptions, shortlist):
+    """(step weights, the width V of a step's log-probabilities, the target id
+    of each of those V positions [V] int32 or None for the whole vocabulary).
+
+    With a shortlist (`options.shortlist_size`), the output layer's weights
+    are cut to the batch's candidate tokens once, before the loop; the
+    special tokens keep their ids as positions, so the token masks apply
+    unchanged."""
+    vocab = model.target_vocab_size
+    if not 0 < options.shortlist_size < vocab:
+        return weights, vocab, None
+    if shortlist is None:
+        raise ValueError(f"shortlist_size={options.shortlist_size} needs the model's lexical shortlist "
+                         "(python -m nmt_tf.shortlist)")
+    ids = shortlist.select(source_ids, options.shortlist_size, options.shortlist_per_word)
+    return model.restrict_output(weights, ids), options.shortlist_size, ids
+
+
+def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam_size=1), shortlist=None):
     """The most probable next word at every step.
 
     Args:
       model: see the module docstring.
       source_ids: [B, Tx] int32, right-padded with 0, each ending with [EOS].
-      options: only the length limits and suppress_unk matter.
+      options: only the length limits, suppress_unk and the shortlist matter.
+      shortlist: a `nmt_tf.shortlist.LexicalShortlist` when
+        options.shortlist_size asks for one.
 
     Returns:
       dict with tokens [B, T] int32, log_probs [B] (sum over the output),
@@ -147,10 +180,10 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
     source_ids = tf.cast(source_ids, tf.int32)
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     min_len, max_len, steps = _length_limits(source_ids, options)
-    weights = model.step_weights()
+    weights, vocab, vocabulary_ids = _search_vocabulary(model, source_ids, model.step_weights(), options, shortlist)
     encoded = model.search_inputs(source_ids, weights)
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
-    penalties = _token_penalties(model.target_vocab_size, options)
+    penalties = _token_penalties(vocab, options)
     positions = tf.range(steps)
     kinds = _penalty_kind(positions[:, None], min_len, max_len)                   # [steps, B]
 
@@ -162,8 +195,10 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
             {key: tf.gather(v, rows) for key, v in per_sentence.items()}, weights))
         log_probs += tf.gather(penalties, tf.gather(kinds[t], rows))
         at = rows[:, None]
-        token = tf.tensor_scatter_nd_update(tf.fill([batch], PAD_ID), at,
-                                            tf.argmax(log_probs, axis=-1, output_type=tf.int32))
+        best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+        if vocabulary_ids is not None:
+            best = tf.gather(vocabulary_ids, best)
+        token = tf.tensor_scatter_nd_update(tf.fill([batch], PAD_ID), at, best)
         log_prob = tf.tensor_scatter_nd_add(log_prob, at, tf.reduce_max(log_probs, axis=-1))
         length = tf.tensor_scatter_nd_add(length, at, tf.ones_like(rows))
         state = tf.tensor_scatter_nd_update(state, at, tf.cast(new_state, state.dtype))
@@ -290,13 +325,15 @@ def _backtrack(tokens, parents, alphas, t_end, slot):
     return tf.transpose(out_tokens, [1, 2, 0]), tf.transpose(out_alphas, [1, 2, 0, 3])
 
 
-def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
+def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None):
     """Beam search as in the RNNsearch papers (see the module docstring).
 
     Args:
       model: see the module docstring.
       source_ids: [B, Tx] int32, right-padded with 0, each ending with [EOS].
       options: `SearchOptions`.
+      shortlist: a `nmt_tf.shortlist.LexicalShortlist` when
+        options.shortlist_size asks for one.
 
     Returns:
       dict, hypotheses best first (N = options.n_best, T = longest output):
@@ -310,10 +347,10 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
     min_len, max_len, steps = _length_limits(source_ids, options)
-    weights = model.step_weights()
+    weights, vocab, vocabulary_ids = _search_vocabulary(model, source_ids, model.step_weights(), options, shortlist)
     encoded = model.search_inputs(source_ids, weights)
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
-    penalties = _token_penalties(model.target_vocab_size, options)
+    penalties = _token_penalties(vocab, options)
     best_final_penalty = length_penalty(max_len, options)        # [B], the largest a sentence can reach
     # Per-step values, computed once: which token mask each sentence uses, the
     # length penalty of a hypothesis finishing at step t, and t * K + slot.
@@ -357,6 +394,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
         each sentence's row of the token penalties)."""
         log_probs, new_state, alpha = model.decode_step(previous, state, inputs, weights)
         top_score, token, parent = _best_extensions(log_probs, alive_score, k, penalties, kind)
+        if vocabulary_ids is not None:
+            token = tf.gather(vocabulary_ids, token)
         return top_score, token, parent, tf.cast(new_state, encoded["state"].dtype), alpha
 
     def expand_unfinished(t, previous, state, alive_score, done):
@@ -386,7 +425,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
                                          (tf.float32, [None, k, None]), (tf.float32, [None, k])))
     pool = (tf.fill([batch, k], NEG), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.int32),
             tf.zeros([batch], tf.bool), history)
-    if model.target_vocab_size >= k:
+    if vocab >= k:
         # Step 0 has one hypothesis per sentence ([BOS]): computed for it
         # alone, its k best extensions fill the beam.
         first = tf.constant(0)
@@ -426,12 +465,12 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions()):
     }
 
 
-def search(model, source_ids, options: SearchOptions = SearchOptions()):
+def search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None):
     """Greedy search for beam_size 1, beam search otherwise; beam-shaped results.
 
     Returns the dict of `beam_search` ([B, N, ...] tensors) in both cases.
     """
     if options.beam_size > 1:
-        return beam_search(model, source_ids, options)
-    out = greedy_search(model, source_ids, options)
+        return beam_search(model, source_ids, options, shortlist)
+    out = greedy_search(model, source_ids, options, shortlist)
     return {key: v[:, None] for key, v in out.items()}

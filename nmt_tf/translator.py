@@ -112,7 +112,7 @@ class Translator:
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int,
-                 unk_replacement: UnkReplacement | None = None):
+                 unk_replacement: UnkReplacement | None = None, shortlist=None):
         import tensorflow as tf
 
         self.tf = tf
@@ -122,6 +122,7 @@ class Translator:
         self.options = options
         self.max_input_length = max_input_length
         self.unk_replacement = unk_replacement
+        self.shortlist = shortlist          # nmt_tf.shortlist.LexicalShortlist, for options.shortlist_size
 
     def _ids(self, tokenizer, text, add_bos=False):
         """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
@@ -150,7 +151,7 @@ class Translator:
         tf = self.tf
         source, _, source_tokens, truncated, empty = self._ids(self.source_tokenizer, text)
         source = self._dense(source)
-        out = search(self.model, source, self.options)
+        out = search(self.model, source, self.options, self.shortlist)
         batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
         flat = tf.reshape(out["tokens"], [batch * n, -1])
         replaced = None
@@ -203,6 +204,8 @@ class Translator:
         # tf.Variables themselves, not the Keras model, makes the restored
         # variables the ones the graph reads.
         module.model_variables = tf_variables(self.model)
+        if self.shortlist is not None:
+            module.lexical_shortlist = self.shortlist.module      # its tables become variables of the export
         module.source_tokenizer = self.source_tokenizer
         module.target_tokenizer = self.target_tokenizer
         if self.unk_replacement is not None and self.unk_replacement.table is not None:

@@ -26,12 +26,13 @@ def all_cli_flags():
     import nmt_tf.export  # noqa: F401
     import nmt_tf.score  # noqa: F401
     import nmt_tf.serve  # noqa: F401
+    import nmt_tf.shortlist  # noqa: F401
     import nmt_tf.translate  # noqa: F401
     import nmt_tf.unk_dictionary  # noqa: F401
     import nmt_tf.visualize  # noqa: F401
 
     modules = ("nmt_tf.flags", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.translate", "nmt_tf.evaluate",
-               "nmt_tf.visualize", "nmt_tf.score", "nmt_tf.unk_dictionary")
+               "nmt_tf.visualize", "nmt_tf.score", "nmt_tf.unk_dictionary", "nmt_tf.shortlist")
     return sorted({f.name for m in modules for f in flags.FLAGS.get_flags_for_module(m)})
 
 

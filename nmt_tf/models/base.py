@@ -297,6 +297,22 @@ class Seq2SeqModel(keras.Model):
                 "output": [(tf.cast(kernel[:, a:b], dtype), tf.cast(bias[a:b], dtype)) for a, b in bounds],
                 "decoder": self.decoder.step_weights()}
 
+    def restrict_output(self, weights: dict, ids) -> dict:
+        """`step_weights()` with the output layer cut to the columns of the
+        target tokens `ids` ([C] int32, a vocabulary shortlist): search's
+        log-probabilities are then over those C tokens, position c standing
+        for ids[c]. Gathered from the model's own weights (rows of E_y when
+        tied), in `OUTPUT_BLOCKS` blocks as the whole layer is."""
+        dtype = self.compute_dtype
+        kernel, bias = self.output_weights() if self.tied_embeddings == "none" else (None, self.output_bias)
+        blocks = []
+        for a, b in output_block_bounds(ids.shape[0]):
+            part = ids[a:b]
+            columns = (tf.gather(kernel, part, axis=1) if kernel is not None
+                       else tf.transpose(tf.gather(self.target_embedding.embeddings, part)))
+            blocks.append((tf.cast(columns, dtype), tf.cast(tf.gather(bias, part), dtype)))
+        return {**weights, "output": blocks}
+
     def token_products(self) -> dict:
         """What a search step computes from the previous word's embedding alone,
         for every target word: "input", the decoder GRU's input term

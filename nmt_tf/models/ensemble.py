@@ -57,6 +57,9 @@ class Ensemble(tf.Module):
     def freeze_step_weights(self, token_products: bool = True) -> list:
         return [v for m in self.members for v in m.freeze_step_weights(token_products)]
 
+    def restrict_output(self, weights: list, ids) -> list:
+        return [m.restrict_output(w, ids) for m, w in zip(self.members, weights)]
+
     def search_inputs(self, source_ids, weights):
         inputs, states = {}, []
         for i, (member, member_weights) in enumerate(zip(self.members, weights)):

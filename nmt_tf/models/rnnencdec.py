@@ -138,7 +138,7 @@ class RNNEncDec(Seq2SeqModel):
         new_state = self.decoder.step(x_proj, state, per_row(inputs["context_proj"]), weights["decoder"])
         log_probs = self.step_log_probs(new_state, embedding_term, per_row(inputs["readout_context"]), weights)
         alpha = tf.zeros(tf.concat([tf.shape(previous_ids), tf.shape(inputs["mask"])[1:]], 0), tf.float32)
-        return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),
+        return (tf.reshape(log_probs, [-1, beam, log_probs.shape[-1]]),
                 tf.reshape(new_state, [-1, beam, self.hidden_size]), alpha)
 
     def call(self, inputs, training=False, return_alignment=False, positions=None):

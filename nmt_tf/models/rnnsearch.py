@@ -135,7 +135,8 @@ class RNNSearch(Seq2SeqModel):
             (built here when None).
 
         Returns:
-          (log p(y_i | y_<i, x) [batch, K, K_y] float32, search state of s_i
+          (log p(y_i | y_<i, x) [batch, K, K_y] float32 (K_y: the shortlist's
+           size when `weights` come from `restrict_output`), search state of s_i
            [batch, K, d], alpha_i [batch, K, Tx] float32).
         """
         weights = weights or self.step_weights()
@@ -144,7 +145,7 @@ class RNNSearch(Seq2SeqModel):
             x_proj, state, inputs["keys"], inputs["projected_annotations"], inputs["bias"],
             weights["decoder"], beam)
         log_probs = self.step_log_probs(new_state, embedding_term, readout_context, weights)
-        return (tf.reshape(log_probs, [-1, beam, self.target_vocab_size]),
+        return (tf.reshape(log_probs, [-1, beam, log_probs.shape[-1]]),
                 tf.reshape(search_state, [-1, beam, search_state.shape[-1]]), alpha)
 
     def call(self, inputs, training=False, return_alignment=False, positions=None):

@@ -1,0 +1,207 @@
+r"""Vocabulary shortlists for search (Jean et al. 2015, "On Using Very Large
+Target Vocabulary for Neural Machine Translation", §3.2): a search computes
+its output layer and softmax over a few hundred or thousand likely target
+tokens instead of the whole target vocabulary.
+
+The lexical table (`lexical_table`, written into a model directory by
+`python -m nmt_tf.shortlist`): IBM Model 1 (Brown et al. 1993; t(target
+token | source token), a NULL source word, EM from uniform) over the
+model's training pairs; for every source token the target tokens of highest
+t(y | x), best first, and the target tokens' counts.
+
+A search with `SearchOptions.shortlist_size` = C takes, once per batch of
+sentences (`shortlist_ids`, in TF ops), C candidate target tokens: the
+special tokens, then the `shortlist_per_word` best translations of every
+token of the batch's sources, then the most frequent target tokens until
+there are C (when the translations alone are more than C, the most frequent
+of them). Every step's output layer is those C columns of W_o
+(`Seq2SeqModel.restrict_output`) and its softmax normalises over them only,
+as in Jean et al. (2015): a token outside the shortlist cannot be produced,
+and scores are log-probabilities within the shortlist, so translations can
+differ from a search over the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from nmt_tf.alignment import NULL, model1
+from nmt_tf.files import read_lines
+
+LEXICAL_TABLE = "lexical_shortlist.npz"         # in a model directory: written by `python -m nmt_tf.shortlist`
+SPECIALS = 4      # nmt_tf.text.SPECIAL_TOKENS ([PAD], [UNK], [BOS], [EOS]: ids 0-3), without importing TensorFlow
+
+
+def lexical_table_path(model_dir: str) -> str:
+    return os.path.join(model_dir, LEXICAL_TABLE)
+
+
+def lexical_table(pairs, source_vocab_size: int, target_vocab_size: int, keep: int = 50, iterations: int = 5,
+                  chunk_pairs: int = 20000) -> dict:
+    """What `python -m nmt_tf.shortlist` stores: for every source token its
+    `keep` likeliest target tokens by IBM Model 1, best first
+    ("candidates" [V_x, keep] int32, [PAD] where a token has fewer;
+    "probabilities" [V_x, keep] float32, t(y | x)), and "target_counts" [V_y]
+    int64, how often each target token occurs in `pairs`."""
+    links, probabilities = model1([s for s, _ in pairs], [t for _, t in pairs], source_vocab_size,
+                                  target_vocab_size, iterations, chunk_pairs)
+    source, target = links // target_vocab_size, links % target_vocab_size
+    order = np.lexsort((target, -probabilities, source))         # by source, best first, ties by id
+    source, target, probabilities = source[order], target[order], probabilities[order]
+    starts = np.searchsorted(source, source)                     # first link of the same source token
+    rank = np.arange(len(source)) - starts
+    kept = (rank < keep) & (source != NULL)
+    candidates = np.zeros((source_vocab_size, keep), np.int32)          # [PAD], id 0
+    table = np.zeros((source_vocab_size, keep), np.float32)
+    candidates[source[kept], rank[kept]] = target[kept]
+    table[source[kept], rank[kept]] = probabilities[kept]
+    counts = np.zeros(target_vocab_size, np.int64)
+    for _, target_ids in pairs:
+        counts += np.bincount(np.asarray(target_ids, np.int64), minlength=target_vocab_size)
+    return {"candidates": candidates, "probabilities": table, "target_counts": counts}
+
+
+def frequency_rank(counts) -> np.ndarray:
+    """[V] int32: 0 for the most frequent token, ties by id."""
+    order = np.lexsort((np.arange(len(counts)), -np.asarray(counts)))
+    rank = np.empty(len(counts), np.int32)
+    rank[order] = np.arange(len(counts), dtype=np.int32)
+    return rank
+
+
+def shortlist_ids(candidates, rank, source_ids, size: int, per_word: int):
+    """The sorted [size] target ids a search of `source_ids` ([B, Tx]; [PAD]
+    ignored) may produce, in TF ops: the special tokens, then the `per_word`
+    best translations (`candidates` [V_x, >= per_word]) of the sources'
+    tokens, then the rest by frequency (`rank` [V_y], 0 most frequent); the
+    least frequent translations are left out when there are more than fit.
+    The special tokens come first, at their own ids (they are the lowest),
+    so a position of the list equals its id for them."""
+    import tensorflow as tf
+
+    vocab = tf.shape(rank)[0]
+    translations = tf.reshape(tf.gather(candidates[:, :per_word], tf.cast(source_ids, tf.int32)), [-1, 1])
+    # [PAD] rows hold only [PAD], which is special anyway; repeats add up.
+    hit = tf.scatter_nd(translations, tf.ones(tf.shape(translations)[:1]), vocab[None]) > 0
+    ids = tf.range(vocab)
+    tier = tf.where(ids < SPECIALS, 2.0, tf.where(hit, 1.0, 0.0))
+    priority = tier * tf.cast(vocab + 1, tf.float32) + tf.cast(vocab - rank, tf.float32)   # exact below 2^24
+    _, chosen = tf.math.top_k(priority, k=size)
+    return tf.sort(chosen)
+
+
+class LexicalShortlist:
+    """A model directory's lexical table, as the TF variables a search reads
+    (`select`); a SavedModel that tracks this object stores them.
+
+    Args:
+      table: `lexical_table`'s dict (or the arrays of a lexical_shortlist.npz).
+    """
+
+    def __init__(self, table, path: str = "(in memory)"):
+        import tensorflow as tf
+
+        self.path = path
+        candidates = np.asarray(table["candidates"], np.int32)
+        self.width = candidates.shape[1]
+        self.source_vocab_size = candidates.shape[0]
+        self.target_vocab_size = len(table["target_counts"])
+        self.module = tf.Module(name="lexical_shortlist")
+        self.module.candidates = tf.Variable(candidates, trainable=False, name="candidates")
+        self.module.frequency_rank = tf.Variable(frequency_rank(table["target_counts"]), trainable=False,
+                                                 name="frequency_rank")
+
+    @classmethod
+    def load(cls, model_dir: str) -> "LexicalShortlist":
+        """The table `python -m nmt_tf.shortlist` wrote into `model_dir`
+        (FileNotFoundError / ValueError in one sentence otherwise)."""
+        path = lexical_table_path(model_dir)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} does not exist: --shortlist_size needs the lexical table of "
+                                    f"{model_dir}; make it with python -m nmt_tf.shortlist --model_dir={model_dir}")
+        try:
+            with np.load(path) as f:
+                table = {key: f[key] for key in ("candidates", "target_counts")}
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{path} is not a lexical table written by nmt_tf.shortlist ({e}); "
+                             "make it again") from None
+        return cls(table, path)
+
+    def check(self, model, options) -> None:
+        """ValueError unless the table fits `model`'s vocabularies and `options`."""
+        if (self.source_vocab_size, self.target_vocab_size) != (model.source_vocab_size, model.target_vocab_size):
+            raise ValueError(f"{self.path} is for vocabularies of {self.source_vocab_size} / "
+                             f"{self.target_vocab_size} tokens, the model has {model.source_vocab_size} / "
+                             f"{model.target_vocab_size}: make it again for this model")
+        if options.shortlist_per_word > self.width:
+            raise ValueError(f"--shortlist_per_word={options.shortlist_per_word}: {self.path} keeps "
+                             f"{self.width} translations per source token (nmt_tf.shortlist --shortlist_keep)")
+
+    def select(self, source_ids, size: int, per_word: int):
+        """`shortlist_ids` with this table: [size] int32, sorted."""
+        return shortlist_ids(self.module.candidates, self.module.frequency_rank, source_ids, size, per_word)
+
+
+def for_search(model_dir: str, model, options) -> LexicalShortlist | None:
+    """The shortlist a search with `options` needs (None without
+    --shortlist_size, or when it covers the whole target vocabulary)."""
+    if not uses_shortlist(options, model.target_vocab_size):
+        return None
+    shortlist = LexicalShortlist.load(model_dir)
+    shortlist.check(model, options)
+    return shortlist
+
+
+def uses_shortlist(options, target_vocab_size: int) -> bool:
+    return 0 < options.shortlist_size < target_vocab_size
+
+
+def coverage(table: dict, pairs, sizes, per_word: int) -> dict:
+    """{size: fraction of the target tokens of `pairs` (sentence by sentence,
+    [EOS] not counted) inside that sentence's shortlist}, in NumPy: how much a
+    one-sentence search with each shortlist size could still produce."""
+    rank = frequency_rank(table["target_counts"])
+    by_frequency = np.argsort(rank)
+    translations = table["candidates"][:, :per_word]
+    found = {size: 0 for size in sizes}
+    total = 0
+    for source, target in pairs:
+        lexical = np.setdiff1d(np.unique(translations[np.asarray(source, np.int64)]),
+                               np.arange(SPECIALS))
+        lexical = lexical[np.argsort(rank[lexical])]
+        for size in sizes:
+            room = size - SPECIALS
+            chosen = set(lexical[:room].tolist())
+            if len(chosen) < room:
+                fill = by_frequency[~np.isin(by_frequency, list(chosen) + list(range(SPECIALS)))]
+                chosen.update(fill[:room - len(chosen)].tolist())
+            found[size] += int(np.isin(target, list(chosen)).sum())
+        total += len(target)
+    return {size: found[size] / max(total, 1) for size in sizes}
+
+
+def encoded_pairs(src_path: str, tgt_path: str, source_tokenizer, target_tokenizer, max_len: int | None,
+                  limit: int | None = None, batch_lines: int = 2000):
+    """(pairs of (source ids, target ids) np.int32 arrays, pairs skipped):
+    the lines of two parallel files encoded by the tokenizers (no special
+    tokens), skipping empty sides and sides over `max_len` tokens, at most
+    `limit` pairs kept."""
+    import tensorflow as tf
+
+    sources, targets = read_lines(src_path), read_lines(tgt_path)
+    if len(sources) != len(targets):
+        raise ValueError(f"{src_path} has {len(sources)} lines, {tgt_path} has {len(targets)}")
+    pairs, skipped = [], 0
+    for start in range(0, len(sources), batch_lines):
+        src = source_tokenizer.encode(tf.constant(sources[start:start + batch_lines])).to_list()
+        tgt = target_tokenizer.encode(tf.constant(targets[start:start + batch_lines])).to_list()
+        for s, t in zip(src, tgt):
+            if not s or not t or (max_len and (len(s) > max_len or len(t) > max_len)):
+                skipped += 1
+                continue
+            pairs.append((np.asarray(s, np.int32), np.asarray(t, np.int32)))
+            if limit and len(pairs) >= limit:
+                return pairs, skipped
+    return pairs, skipped

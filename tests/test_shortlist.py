@@ -1,0 +1,179 @@
+"""Vocabulary shortlists (nmt_tf.shortlist): the lexical table IBM Model 1
+learns, the candidates a batch gets, and that a search over them is the full
+search of a model that can produce only them."""
+
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import run_cli
+from nmt_tf import export
+from nmt_tf import lexicon as shortlist
+from nmt_tf.models.ensemble import Ensemble
+from nmt_tf.search import SearchOptions, beam_search, greedy_search, search
+from nmt_tf.text import EOS_ID, PAD_ID, SPECIAL_TOKENS, with_eos
+from nmt_tf.translator import load_signature, restore_model
+from test_search import SOURCES, model_with_random_weights
+
+SPECIALS = len(SPECIAL_TOKENS)
+
+
+def test_the_lexicon_knows_the_special_tokens_without_importing_tensorflow():
+    assert shortlist.SPECIALS == SPECIALS and PAD_ID == 0 and EOS_ID < SPECIALS
+
+
+def test_ibm_model1_table_ranks_each_source_tokens_translation_first():
+    """Sentences made of source tokens 4..11, each translated by token + 10 and
+    shuffled, with a frequent target token 30 in every sentence: the
+    translation comes first, the frequent token only after it."""
+    rng = np.random.default_rng(0)
+    pairs = []
+    for _ in range(300):
+        source = rng.choice(np.arange(4, 12), size=rng.integers(2, 6), replace=False)
+        target = np.concatenate([source + 10, [30]])
+        pairs.append((source.astype(np.int32), rng.permutation(target).astype(np.int32)))
+    table = shortlist.lexical_table(pairs, source_vocab_size=12, target_vocab_size=32, keep=3, iterations=8,
+                                    chunk_pairs=70)         # several chunks per iteration
+    np.testing.assert_array_equal(table["candidates"][4:, 0], np.arange(14, 22))
+    assert (table["candidates"][:SPECIALS] == PAD_ID).all()             # [PAD] (the NULL word) and specials
+    probabilities = table["probabilities"][4:]
+    assert (np.diff(probabilities, axis=1) <= 0).all() and (probabilities[:, 0] > 0.5).all()
+    assert table["target_counts"][30] == 300
+    assert table["target_counts"].sum() == sum(len(t) for _, t in pairs)
+
+
+def reference_shortlist(table, sources, size, per_word):
+    """`shortlist_ids` in NumPy."""
+    rank = shortlist.frequency_rank(table["target_counts"])
+    translations = set(table["candidates"][np.asarray(sources).ravel(), :per_word].ravel().tolist())
+    order = sorted(range(len(rank)), key=lambda i: (i >= SPECIALS, i not in translations, rank[i]))
+    return sorted(order[:size])
+
+
+@pytest.mark.parametrize("size", [6, 9, 16])
+def test_a_batch_shortlist_is_the_specials_then_translations_then_frequent_tokens(size):
+    candidates = np.zeros((10, 3), np.int32)
+    candidates[5] = [12, 15, 7]
+    candidates[6] = [15, 17, 8]
+    candidates[7] = [9, 0, 0]
+    counts = np.arange(20)[::-1].copy()         # token 0 most frequent ... 19 least
+    counts[17] = 100                            # one frequent translation
+    table = {"candidates": candidates, "target_counts": counts}
+    sources = np.array([[5, 6, EOS_ID, 0], [7, EOS_ID, 0, 0]], np.int32)
+    got = shortlist.LexicalShortlist(table).select(tf.constant(sources), size, per_word=2).numpy()
+    want = reference_shortlist(table, sources, size, per_word=2)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[:SPECIALS], np.arange(SPECIALS))         # specials at their own ids
+    # Translations 17 (the most frequent token), 9, 12, 15; then 4, the most frequent other token.
+    expected = {6: [0, 1, 2, 3, 9, 17], 9: [0, 1, 2, 3, 4, 9, 12, 15, 17]}
+    if size in expected:
+        np.testing.assert_array_equal(got, expected[size])
+
+
+def only_the_shortlist_can_win(model, ids):
+    """`model` with the output bias of every token outside `ids` at -1e9: its
+    softmax over the whole vocabulary is the softmax over `ids`."""
+    bias = model.output_bias if model.tied_embeddings != "none" else model.output_projection.bias
+    outside = np.ones(model.target_vocab_size, bool)
+    outside[ids] = False
+    bias.assign(np.where(outside, -1e9, bias.numpy()).astype(np.float32))
+    return model
+
+
+@pytest.mark.parametrize("tied", ["none", "all"])
+def test_search_over_a_shortlist_is_the_full_search_of_a_model_limited_to_it(tied):
+    """The shortlist's positions map back to the right tokens, its masks are
+    the full vocabulary's, and its output layer is the model's columns: the
+    results equal a full search of the same model whose other tokens have
+    probability 0. Also with frozen step weights (exports) and as an ensemble."""
+    vocab, size = 40, 18
+    table = {"candidates": np.random.default_rng(2).integers(SPECIALS, vocab, size=(vocab, 4)).astype(np.int32),
+             "target_counts": np.random.default_rng(3).integers(1, 100, size=vocab)}
+    lexical = shortlist.LexicalShortlist(table)
+    ids = lexical.select(tf.constant(SOURCES), size, per_word=2).numpy()
+    make = lambda: model_with_random_weights(target_vocab=vocab, scale=1.2, seed=5, tied_embeddings=tied,
+                                             layer_norm=True)
+    limited = only_the_shortlist_can_win(make(), ids)
+    options = SearchOptions(beam_size=4, n_best=3, shortlist_size=size, shortlist_per_word=2)
+    full = SearchOptions(beam_size=4, n_best=3)
+    want = beam_search(limited, SOURCES, full), greedy_search(limited, SOURCES, full)
+    model = make()
+    for candidate in (model, Ensemble([model, model]), "frozen"):
+        if isinstance(candidate, str):
+            model.freeze_step_weights(token_products=True)
+            candidate = model
+        got = beam_search(candidate, SOURCES, options, lexical), greedy_search(candidate, SOURCES, options, lexical)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g["tokens"].numpy(), w["tokens"].numpy())
+            assert set(np.unique(g["tokens"].numpy())) <= set(ids)
+            np.testing.assert_allclose(g["scores"].numpy(), w["scores"].numpy(), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(g["alignments"].numpy(), w["alignments"].numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="lexical shortlist"):
+        search(model, SOURCES, options)
+    with pytest.raises(ValueError, match="shortlist_size"):
+        SearchOptions(shortlist_size=SPECIALS)
+
+
+@pytest.fixture(scope="module")
+def model_dir_with_table(trained_model_dir, tmp_path_factory):
+    """A copy of the tiny trained model with the lexical table `python -m
+    nmt_tf.shortlist` made for it, and that command's output."""
+    model_dir = str(tmp_path_factory.mktemp("shortlisted") / "model")
+    shutil.copytree(trained_model_dir[0], model_dir)
+    done = run_cli("-m", "nmt_tf.shortlist", f"--model_dir={model_dir}", "--shortlist_keep=8")
+    assert done.returncode == 0, done.stderr
+    return model_dir, done.stderr
+
+
+def test_the_shortlist_command_writes_a_table_for_the_model_and_reports_dev_coverage(model_dir_with_table):
+    model_dir, stderr = model_dir_with_table
+    model = restore_model(model_dir, log=lambda *a: None).model
+    with np.load(shortlist.lexical_table_path(model_dir)) as f:
+        assert f["candidates"].shape == (model.source_vocab_size, 8)
+        assert f["target_counts"].shape == (model.target_vocab_size,)
+        assert f["target_counts"].sum() > 0
+    assert "IBM Model 1 on 40 pairs" in stderr
+    assert "inside their sentence's shortlist" in stderr and "%" in stderr
+
+
+def test_an_export_with_a_shortlist_translates_as_the_search_in_process(model_dir_with_table, tmp_path):
+    model_dir = model_dir_with_table[0]
+    model, src_tok, tgt_tok = restore_model(model_dir, log=lambda *a: None)[:3]
+    size = model.target_vocab_size // 2
+    options = SearchOptions(beam_size=3, shortlist_size=size, shortlist_per_word=4)
+    path = export.export(model_dir, str(tmp_path / "e"), options, max_input_length=20, log=lambda *a: None)
+    text = tf.constant(["A man in a blue shirt.", "Two dogs run .", ""])
+    ids = with_eos(src_tok.encode(text)).to_tensor()
+    lexical = shortlist.for_search(model_dir, model, options)
+    want = tgt_tok.decode(search(model, ids, options, lexical)["tokens"][:, 0])
+    got = load_signature(path)(text=text)
+    assert got["translation"].numpy().tolist()[:2] == want.numpy().tolist()[:2]
+    assert got["translation"].numpy()[2] == b""
+
+
+def test_a_shortlist_search_needs_the_table_and_a_fitting_one(model_dir_with_table, trained_model_dir, tiny_corpus,
+                                                              tmp_path):
+    model = restore_model(trained_model_dir[0], log=lambda *a: None).model
+    options = SearchOptions(shortlist_size=16)
+    with pytest.raises(FileNotFoundError, match="python -m nmt_tf.shortlist --model_dir="):
+        shortlist.for_search(trained_model_dir[0], model, options)
+    assert shortlist.for_search(trained_model_dir[0], model, SearchOptions()) is None
+    with_table = model_dir_with_table[0]
+    with pytest.raises(ValueError, match="keeps 8 translations"):
+        shortlist.for_search(with_table, model, SearchOptions(shortlist_size=16, shortlist_per_word=9))
+    other = str(tmp_path / "other")
+    shutil.copytree(with_table, other)
+    table = dict(np.load(shortlist.lexical_table_path(other)))
+    np.savez(shortlist.lexical_table_path(other), candidates=table["candidates"][:-1],
+             target_counts=table["target_counts"])
+    with pytest.raises(ValueError, match="make it again for this model"):
+        shortlist.for_search(other, model, options)
+    with open(shortlist.lexical_table_path(other), "wb") as f:
+        f.write(b"not a table")
+    with pytest.raises(ValueError, match="not a lexical table"):
+        shortlist.for_search(other, model, options)
+    done = run_cli("-m", "nmt_tf.evaluate", f"--model_dir={trained_model_dir[0]}", "--shortlist_size=16",
+                   f"--src={tiny_corpus['dev_src']}", f"--ref={tiny_corpus['dev_tgt']}", f"--out_dir={tmp_path / 'ev'}")
+    assert done.returncode == 1 and "python -m nmt_tf.shortlist" in done.stderr.splitlines()[-1]
