@@ -130,6 +130,30 @@ def test_mixed_bfloat16_forward_close_to_float32():
         keras.mixed_precision.set_dtype_policy("float32")
 
 
+def test_a_bfloat16_search_scores_its_attention_in_float32():
+    """Search passes float32 keys, so a bfloat16 model's beam step computes
+    the tanh of the attention scores in float32 (bfloat16 tanh is slow on
+    CPU); its log-probabilities stay close to the float32 model's."""
+    from nmt_tf.translator import dtype_policy
+
+    model = tiny_model()
+    with dtype_policy("mixed_bfloat16"):
+        bf16 = RNNSearch(13, 11, embedding_size=5, hidden_size=4, attention_size=6, maxout_size=3)
+    bf16.build()
+    bf16.set_weights(model.get_weights())
+    sources = padded(SOURCES)
+    outputs = []
+    for m in (model, bf16):
+        weights = m.step_weights()
+        inputs = m.search_inputs(tf.constant(sources), weights)
+        state = inputs.pop("state")[:, None]
+        assert inputs["keys"].dtype == tf.float32
+        outputs.append(m.decode_step(tf.fill([len(SOURCES), 1], 2), state, inputs, weights))
+    assert bf16.compute_dtype == "bfloat16" and outputs[1][0].dtype == tf.float32
+    np.testing.assert_allclose(outputs[1][0].numpy(), outputs[0][0].numpy(), rtol=0.1, atol=0.15)
+    np.testing.assert_allclose(outputs[1][2].numpy(), outputs[0][2].numpy(), atol=0.05)
+
+
 def test_search_step_log_probs_in_output_blocks_equal_one_output_layer():
     """Search's output layer, in column blocks, gives the softmax of the whole
     layer; the blocks tile the vocabulary."""

@@ -91,13 +91,18 @@ class AdditiveAttention(keras.layers.Layer):
         # expand_dims / squeeze, not x[:, None] / x[:, 0]: inside a training
         # loop a strided slice's gradient copies into a zero tensor.
         query = query_proj if grouped else tf.expand_dims(query_proj, 1)
-        hidden = tf.tanh(tf.expand_dims(keys, 1) + tf.expand_dims(query, 2))          # [B, K, Tx, n']
+        # The scores are computed in the keys' dtype: search under bfloat16
+        # passes float32 keys (RNNSearch.search_inputs), because TensorFlow's
+        # bfloat16 tanh and adds over [B, K, Tx, n'] run at half the float32
+        # speed on CPU (BUILD_NOTES.md, "Decoding speed").
+        score_dtype = keys.dtype
+        hidden = tf.tanh(tf.expand_dims(keys, 1) + tf.expand_dims(tf.cast(query, score_dtype), 2))  # [B, K, Tx, n']
         # v_a^T hidden as one [B K Tx, n'] x [n', 1] product: one pass over
         # hidden (a multiply then a sum makes two and writes a copy), and its
         # gradient is an outer product and one more such product instead of a
         # broadcast multiply and a reduction over three axes.
         scores = tf.reshape(tf.matmul(tf.reshape(hidden, [-1, self.units]),
-                                      tf.cast(self.score_vector, dtype)[:, None]),
+                                      tf.cast(self.score_vector, score_dtype)[:, None]),
                             tf.shape(hidden)[:-1])                                    # [B, K, Tx]
         alpha = tf.nn.softmax(tf.cast(scores, tf.float32) + tf.expand_dims(bias, 1))
         context = tf.matmul(tf.cast(alpha, dtype), annotations)                     # [B, K, key_dim]
