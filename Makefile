@@ -20,6 +20,7 @@ setup: $(VENV)/.installed
 
 train: setup
 	$(PY) -m nmt_tf.train --flagfile=$(FLAGFILE) --model_dir=$(MODEL_DIR)
+	$(PY) -m nmt_tf.shortlist --model_dir=$(MODEL_DIR)
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests

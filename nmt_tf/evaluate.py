@@ -57,8 +57,8 @@ from nmt_tf import model_dir as layout
 from nmt_tf import plots
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import read_lines, write_atomically
-from nmt_tf.progress import Progress
 from nmt_tf.lexicon import for_search
+from nmt_tf.progress import Progress
 from nmt_tf.translator import (Translator, UnkReplacement, compiled_translate, read_metadata, restore_ensemble,
                                translate_lines)
 

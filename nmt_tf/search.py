@@ -44,7 +44,7 @@ Options (`SearchOptions`):
   shortlist_size    > 0 (and below the target vocabulary): the output layer and
                     softmax of every step cover only this many candidate tokens,
                     chosen once per batch from the sources by a
-                    `nmt_tf.shortlist.LexicalShortlist` (Jean et al. 2015).
+                    `nmt_tf.lexicon.LexicalShortlist` (Jean et al. 2015).
   shortlist_per_word  translations per source token in that choice.
 
 Results are dense, batch-major tensors; lengths count [EOS]; tokens past a
@@ -169,7 +169,7 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
       model: see the module docstring.
       source_ids: [B, Tx] int32, right-padded with 0, each ending with [EOS].
       options: only the length limits, suppress_unk and the shortlist matter.
-      shortlist: a `nmt_tf.shortlist.LexicalShortlist` when
+      shortlist: a `nmt_tf.lexicon.LexicalShortlist` when
         options.shortlist_size asks for one.
 
     Returns:
@@ -332,7 +332,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
       model: see the module docstring.
       source_ids: [B, Tx] int32, right-padded with 0, each ending with [EOS].
       options: `SearchOptions`.
-      shortlist: a `nmt_tf.shortlist.LexicalShortlist` when
+      shortlist: a `nmt_tf.lexicon.LexicalShortlist` when
         options.shortlist_size asks for one.
 
     Returns:

@@ -122,7 +122,7 @@ class Translator:
         self.options = options
         self.max_input_length = max_input_length
         self.unk_replacement = unk_replacement
-        self.shortlist = shortlist          # nmt_tf.shortlist.LexicalShortlist, for options.shortlist_size
+        self.shortlist = shortlist          # nmt_tf.lexicon.LexicalShortlist, for options.shortlist_size
 
     def _ids(self, tokenizer, text, add_bos=False):
         """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
