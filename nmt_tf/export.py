@@ -194,7 +194,9 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
                                                                         precision=precision)
     tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     shortlist = for_search(model_dirs[0], model, options)
-    step_weights = model.freeze_step_weights(freeze_token_products) if freeze_step_weights else []
+    # A shortlist's search gathers its output columns itself: the whole layer's blocks are not stored.
+    step_weights = (model.freeze_step_weights(freeze_token_products, output_layer=shortlist is None)
+                    if freeze_step_weights else [])
     module = Translator(model, src_tok, tgt_tok, options, max_input_length, unk_replacement, shortlist).module()
     module.step_weights = step_weights
     try:

@@ -324,7 +324,7 @@ class Seq2SeqModel(keras.Model):
         return {"input": self.decoder.project_inputs(embeddings),
                 "readout": self.readout.embedding_term(embeddings, self.readout.step_weights())}
 
-    def freeze_step_weights(self, token_products: bool = True) -> list:
+    def freeze_step_weights(self, token_products: bool = True, output_layer: bool = True) -> list:
         """Builds `step_weights()` once and keeps the result as non-trainable
         tf.Variables, which `step_weights()` returns from then on instead of
         slicing, concatenating and reading the model's variables on every
@@ -339,9 +339,14 @@ class Seq2SeqModel(keras.Model):
         search then no longer reads), and search steps look the previous
         words' terms up instead of multiplying their embeddings
         (`nmt_tf.export --freeze_token_products`; V x (3n + 2l - m) more
-        values). Returns the new variables (a SavedModel must track them).
+        values). Without `output_layer` the output layer's blocks are not kept
+        (a search over a vocabulary shortlist gathers its own columns:
+        `restrict_output`), and a search without a shortlist can no longer
+        run. Returns the new variables (a SavedModel must track them).
         Training must not follow: the copies would not see weight updates."""
         weights = self.step_weights()
+        if not output_layer:
+            del weights["output"]
         if token_products:
             weights = {**weights, "token_products": self.token_products()}
             del weights["target_embedding"]

@@ -54,8 +54,8 @@ class Ensemble(tf.Module):
     def step_weights(self) -> list:
         return [m.step_weights() for m in self.members]
 
-    def freeze_step_weights(self, token_products: bool = True) -> list:
-        return [v for m in self.members for v in m.freeze_step_weights(token_products)]
+    def freeze_step_weights(self, token_products: bool = True, output_layer: bool = True) -> list:
+        return [v for m in self.members for v in m.freeze_step_weights(token_products, output_layer)]
 
     def restrict_output(self, weights: list, ids) -> list:
         return [m.restrict_output(w, ids) for m, w in zip(self.members, weights)]
