@@ -2,19 +2,21 @@
 learns, the candidates a batch gets, and that a search over them is the full
 search of a model that can produce only them."""
 
+import os
 import shutil
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from nmt_tf import export
 from nmt_tf import lexicon as shortlist
 from nmt_tf.models.ensemble import Ensemble
 from nmt_tf.search import SearchOptions, beam_search, greedy_search, search
 from nmt_tf.text import EOS_ID, PAD_ID, SPECIAL_TOKENS, with_eos
 from nmt_tf.translator import load_signature, restore_model
+from test_export import _op_types, _registered
 from test_search import SOURCES, model_with_random_weights
 
 SPECIALS = len(SPECIAL_TOKENS)
@@ -152,6 +154,11 @@ def test_an_export_with_a_shortlist_translates_as_the_search_in_process(model_di
     got = load_signature(path)(text=text)
     assert got["translation"].numpy().tolist()[:2] == want.numpy().tolist()[:2]
     assert got["translation"].numpy()[2] == b""
+    # Core TensorFlow ops only, and it loads and runs as tensorflow_model_server loads it.
+    assert _registered(_op_types(path), with_text=False) == set()
+    result = run_cli(os.path.join(REPO, "tests", "load_with_tensorflow_only.py"), path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "translation ok" in result.stdout and "session ok" in result.stdout
 
 
 def test_a_shortlist_search_needs_the_table_and_a_fitting_one(model_dir_with_table, trained_model_dir, tiny_corpus,
