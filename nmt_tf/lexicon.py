@@ -23,12 +23,13 @@ differ from a search over the whole vocabulary.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
 
 from nmt_tf.alignment import NULL, model1
-from nmt_tf.files import read_lines
+from nmt_tf.files import open_binary
 
 LEXICAL_TABLE = "lexical_shortlist.npz"         # in a model directory: written by `python -m nmt_tf.shortlist`
 SPECIALS = 4      # nmt_tf.text.SPECIAL_TOKENS ([PAD], [UNK], [BOS], [EOS]: ids 0-3), without importing TensorFlow
@@ -185,23 +186,31 @@ def coverage(table: dict, pairs, sizes, per_word: int) -> dict:
 def encoded_pairs(src_path: str, tgt_path: str, source_tokenizer, target_tokenizer, max_len: int | None,
                   limit: int | None = None, batch_lines: int = 2000):
     """(pairs of (source ids, target ids) np.int32 arrays, pairs skipped):
-    the lines of two parallel files encoded by the tokenizers (no special
-    tokens), skipping empty sides and sides over `max_len` tokens, at most
-    `limit` pairs kept."""
+    the lines of two parallel files (plain or gzip, streamed) encoded by the
+    tokenizers (no special tokens), skipping empty sides and sides over
+    `max_len` tokens, at most `limit` pairs kept (the file is read no
+    further). Files of unequal length are a ValueError naming the shorter."""
     import tensorflow as tf
 
-    sources, targets = read_lines(src_path), read_lines(tgt_path)
-    if len(sources) != len(targets):
-        raise ValueError(f"{src_path} has {len(sources)} lines, {tgt_path} has {len(targets)}")
+    def encode(tokenizer, lines):
+        return tokenizer.encode(tf.constant([line.rstrip(b"\r\n") for line in lines])).to_list()
+
     pairs, skipped = [], 0
-    for start in range(0, len(sources), batch_lines):
-        src = source_tokenizer.encode(tf.constant(sources[start:start + batch_lines])).to_list()
-        tgt = target_tokenizer.encode(tf.constant(targets[start:start + batch_lines])).to_list()
-        for s, t in zip(src, tgt):
-            if not s or not t or (max_len and (len(s) > max_len or len(t) > max_len)):
-                skipped += 1
-                continue
-            pairs.append((np.asarray(s, np.int32), np.asarray(t, np.int32)))
-            if limit and len(pairs) >= limit:
+    with open_binary(src_path) as sources, open_binary(tgt_path) as targets:
+        both = itertools.zip_longest(sources, targets)       # a missing line shows as None
+        while True:
+            block = list(itertools.islice(both, batch_lines))
+            if not block:
                 return pairs, skipped
-    return pairs, skipped
+            if block[-1][0] is None or block[-1][1] is None:
+                shorter, longer = (src_path, tgt_path) if block[-1][0] is None else (tgt_path, src_path)
+                raise ValueError(f"{shorter} has fewer lines than {longer}: they must be line-aligned")
+            src = encode(source_tokenizer, [s for s, _ in block])
+            tgt = encode(target_tokenizer, [t for _, t in block])
+            for s, t in zip(src, tgt):
+                if not s or not t or (max_len and (len(s) > max_len or len(t) > max_len)):
+                    skipped += 1
+                    continue
+                pairs.append((np.asarray(s, np.int32), np.asarray(t, np.int32)))
+                if limit and len(pairs) >= limit:
+                    return pairs, skipped

@@ -42,7 +42,6 @@ TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "train_src", "train_tg
                                              "shortlist_per_word"))
 
 
-
 def _corpus_path(flag: str, config) -> str:
     """--train_src etc. as given, else the model directory's training flags' value."""
     FLAGS = absl_flags.FLAGS

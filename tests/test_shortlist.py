@@ -182,6 +182,14 @@ def test_a_shortlist_search_needs_the_table_and_a_fitting_one(model_dir_with_tab
         f.write(b"not a table")
     with pytest.raises(ValueError, match="not a lexical table"):
         shortlist.for_search(other, model, options)
+    _, src_tok, tgt_tok = restore_model(with_table, log=lambda *a: None)[:3]
+    (tmp_path / "a.en").write_text("A dog runs.\nTwo men.\n\nA cat.\n")
+    (tmp_path / "b.fr").write_text("Un chien court.\nDeux hommes.\nVide.\n")
+    with pytest.raises(ValueError, match="b.fr has fewer lines than"):
+        shortlist.encoded_pairs(str(tmp_path / "a.en"), str(tmp_path / "b.fr"), src_tok, tgt_tok, 50)
+    pairs, skipped = shortlist.encoded_pairs(str(tmp_path / "a.en"), str(tmp_path / "b.fr"), src_tok, tgt_tok,
+                                             50, limit=2, batch_lines=1)
+    assert len(pairs) == 2 and skipped == 0 and pairs[0][0].dtype == np.int32
     done = run_cli("-m", "nmt_tf.evaluate", f"--model_dir={trained_model_dir[0]}", "--shortlist_size=16",
                    f"--src={tiny_corpus['dev_src']}", f"--ref={tiny_corpus['dev_tgt']}", f"--out_dir={tmp_path / 'ev'}")
     assert done.returncode == 1 and "python -m nmt_tf.shortlist" in done.stderr.splitlines()[-1]
