@@ -58,9 +58,8 @@ def lexical_table(pairs, source_vocab_size: int, target_vocab_size: int, keep: i
     table = np.zeros((source_vocab_size, keep), np.float32)
     candidates[source[kept], rank[kept]] = target[kept]
     table[source[kept], rank[kept]] = probabilities[kept]
-    counts = np.zeros(target_vocab_size, np.int64)
-    for _, target_ids in pairs:
-        counts += np.bincount(np.asarray(target_ids, np.int64), minlength=target_vocab_size)
+    counts = np.bincount(np.concatenate([np.zeros(0, np.int64)] + [t for _, t in pairs]).astype(np.int64),
+                         minlength=target_vocab_size)
     return {"candidates": candidates, "probabilities": table, "target_counts": counts}
 
 
@@ -161,25 +160,19 @@ def uses_shortlist(options, target_vocab_size: int) -> bool:
 
 def coverage(table: dict, pairs, sizes, per_word: int) -> dict:
     """{size: fraction of the target tokens of `pairs` (sentence by sentence,
-    [EOS] not counted) inside that sentence's shortlist}, in NumPy: how much a
-    one-sentence search with each shortlist size could still produce."""
-    rank = frequency_rank(table["target_counts"])
-    by_frequency = np.argsort(rank)
-    translations = table["candidates"][:, :per_word]
+    [EOS] not counted) inside the shortlist a one-sentence search of that
+    sentence would take (`shortlist_ids`, the search's own choice): how much
+    it could still produce with each shortlist size."""
+    import tensorflow as tf
+
+    shortlist = LexicalShortlist(table)
+    select = tf.function(lambda ids, size: shortlist.select(ids[None], size, per_word),
+                         input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)])
     found = {size: 0 for size in sizes}
-    total = 0
     for source, target in pairs:
-        lexical = np.setdiff1d(np.unique(translations[np.asarray(source, np.int64)]),
-                               np.arange(SPECIALS))
-        lexical = lexical[np.argsort(rank[lexical])]
         for size in sizes:
-            room = size - SPECIALS
-            chosen = set(lexical[:room].tolist())
-            if len(chosen) < room:
-                fill = by_frequency[~np.isin(by_frequency, list(chosen) + list(range(SPECIALS)))]
-                chosen.update(fill[:room - len(chosen)].tolist())
-            found[size] += int(np.isin(target, list(chosen)).sum())
-        total += len(target)
+            found[size] += int(np.isin(target, select(np.asarray(source, np.int32), size).numpy()).sum())
+    total = sum(len(target) for _, target in pairs)
     return {size: found[size] / max(total, 1) for size in sizes}
 
 

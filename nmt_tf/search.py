@@ -58,6 +58,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from nmt_tf.lexicon import uses_shortlist
 from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 NEG = -1e9   # a finite "minus infinity": no inf - inf = nan anywhere
@@ -153,7 +154,7 @@ def _search_vocabulary(model, source_ids, weights, options: SearchOptions, short
     special tokens keep their ids as positions, so the token masks apply
     unchanged."""
     vocab = model.target_vocab_size
-    if not 0 < options.shortlist_size < vocab:
+    if not uses_shortlist(options, vocab):
         return weights, vocab, None
     if shortlist is None:
         raise ValueError(f"shortlist_size={options.shortlist_size} needs the model's lexical shortlist "
