@@ -39,8 +39,8 @@ import tensorflow as tf
 
 from nmt_tf import hardware
 from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
-from nmt_tf.layers.ops import (freeze_values, frozen_values, gate_layer_norm, layer_norm, project, step_kernel,
-                               step_matmul)
+from nmt_tf.layers.ops import (freeze_values, frozen_values, gate_layer_norm, layer_norm, project, sigmoid,
+                               step_kernel, step_matmul, tanh)
 
 
 def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype, training: bool = True):
@@ -100,11 +100,11 @@ def gru_update(x_proj, h, h_rz, u_h, extra=None, h_dropped=None, recurrent_norm=
         (gain_rz, gain_candidate), (bias_rz, bias_candidate) = (
             tf.split(w, [2 * n, n], axis=-1) for w in recurrent_norm)
         h_rz = layer_norm(h_rz, gain_rz, bias_rz)
-    r, z = tf.split(tf.sigmoid(pre_rz + h_rz), 2, axis=-1)
+    r, z = tf.split(sigmoid(pre_rz + h_rz), 2, axis=-1)
     h_candidate = step_matmul(r * (h if h_dropped is None else h_dropped), u_h)
     if recurrent_norm is not None:
         h_candidate = layer_norm(h_candidate, gain_candidate, bias_candidate)
-    candidate = tf.tanh(pre_candidate + h_candidate)
+    candidate = tanh(pre_candidate + h_candidate)
     return h + z * (candidate - h)
 
 
