@@ -161,9 +161,11 @@ def set_precision(config, log=None) -> str:
 
 
 def dry_run(config, log=log_line) -> int:
-    """Builds the model from the flags alone and prints its summary; returns its size."""
-    set_precision(config)
-    model = build_model(config, config.src_vocab_size, config.tgt_vocab_size)
+    """Builds the model from the flags alone and prints its summary; returns
+    its size. The dtype policy is the run's for the build only, as in `train`
+    (a caller's later models keep the caller's)."""
+    with dtype_policy(chosen_precision(config)):
+        model = build_model(config, config.src_vocab_size, config.tgt_vocab_size)
     model.summary(print_fn=lambda line, *a, **k: log(line))
     log("Parameters by part of the model:")
     for name, count in model.parameter_groups().items():

@@ -86,6 +86,9 @@ def test_rnnencdec_overfits_20_pairs(encoder):
 
 
 def test_paper_sized_rnnencdec_and_grconv_dry_runs():
+    """Also: a dry run leaves the caller's dtype policy as it was (it used to
+    set --mixed_precision=auto's for good, and every later test of the suite
+    ran in bfloat16 on CPUs with bfloat16 instructions)."""
     lines = []
     total = train.dry_run(flags.default_config(model="rnnencdec", src_vocab_size=30000, tgt_vocab_size=30000),
                           log=lines.append)
@@ -99,6 +102,7 @@ def test_paper_sized_rnnencdec_and_grconv_dry_runs():
                               + 1000 * 1000)
     with pytest.raises(train.TrainingError, match="grconv goes with --model=rnnencdec"):
         train.build_model(flags.default_config(encoder="grconv"), 10, 10)
+    assert keras.mixed_precision.dtype_policy().name == "float32"
 
 
 @pytest.mark.parametrize("encoder", ["rnn", "grconv"])
