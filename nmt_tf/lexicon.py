@@ -10,15 +10,18 @@ model's training pairs; for every source token the target tokens of highest
 t(y | x), best first, and the target tokens' counts.
 
 A search with `SearchOptions.shortlist_size` = C takes, once per batch of
-sentences (`shortlist_ids`, in TF ops), C candidate target tokens: the
-special tokens, then the `shortlist_per_word` best translations of every
-token of the batch's sources, then the most frequent target tokens until
-there are C (when the translations alone are more than C, the most frequent
-of them). Every step's output layer is those C columns of W_o
-(`Seq2SeqModel.restrict_output`) and its softmax normalises over them only,
-as in Jean et al. (2015): a token outside the shortlist cannot be produced,
-and scores are log-probabilities within the shortlist, so translations can
-differ from a search over the whole vocabulary.
+sentences (`shortlist_ids`, in TF ops), its candidate target tokens: the
+special tokens, the `shortlist_per_word` best translations of every token
+of the batch's sources, and then the most frequent target tokens until
+there are C. The translations are never cut: when a batch has more of them
+than C leaves room for (a batch of 80 Multi30k sentences has about 1,300
+with 10 per word), the list is longer than C, as Marian's lexical
+shortlists are the union of their parts. Every step's output layer is
+those columns of W_o (`Seq2SeqModel.restrict_output`) and its softmax
+normalises over them only, as in Jean et al. (2015): a token outside the
+shortlist cannot be produced, and scores are log-probabilities within the
+shortlist, so translations can differ from a search over the whole
+vocabulary.
 """
 
 from __future__ import annotations
@@ -71,14 +74,16 @@ def frequency_rank(counts) -> np.ndarray:
     return rank
 
 
-def shortlist_ids(candidates, rank, source_ids, size: int, per_word: int):
-    """The sorted [size] target ids a search of `source_ids` ([B, Tx]; [PAD]
-    ignored) may produce, in TF ops: the special tokens, then the `per_word`
-    best translations (`candidates` [V_x, >= per_word]) of the sources'
-    tokens, then the rest by frequency (`rank` [V_y], 0 most frequent); the
-    least frequent translations are left out when there are more than fit.
-    The special tokens come first, at their own ids (they are the lowest),
-    so a position of the list equals its id for them."""
+def shortlist_ids(candidates, rank, source_ids, size: int, per_word: int, multiple: int = 1):
+    """The sorted target ids a search of `source_ids` ([B, Tx]; [PAD]
+    ignored) may produce, in TF ops: the special tokens, the `per_word` best
+    translations (`candidates` [V_x, >= per_word]) of the sources' tokens,
+    and then the most frequent others (`rank` [V_y], 0 most frequent) until
+    there are `size`. The list grows past `size` rather than leave a
+    translation out: [max(size, specials + translations)] int32, rounded up
+    to a multiple of `multiple` (search's block width) and at most the
+    whole vocabulary. The special tokens come first, at their own ids (they
+    are the lowest), so a position of the list equals its id for them."""
     import tensorflow as tf
 
     vocab = tf.shape(rank)[0]
@@ -86,9 +91,12 @@ def shortlist_ids(candidates, rank, source_ids, size: int, per_word: int):
     # [PAD] rows hold only [PAD], which is special anyway; repeats add up.
     hit = tf.scatter_nd(translations, tf.ones(tf.shape(translations)[:1]), vocab[None]) > 0
     ids = tf.range(vocab)
-    tier = tf.where(ids < SPECIALS, 2.0, tf.where(hit, 1.0, 0.0))
+    special = ids < SPECIALS
+    tier = tf.where(special, 2.0, tf.where(hit, 1.0, 0.0))
     priority = tier * tf.cast(vocab + 1, tf.float32) + tf.cast(vocab - rank, tf.float32)   # exact below 2^24
-    _, chosen = tf.math.top_k(priority, k=size)
+    needed = tf.reduce_sum(tf.cast(special | hit, tf.int32))
+    length = tf.maximum(size, -(-needed // multiple) * multiple)
+    _, chosen = tf.math.top_k(priority, k=tf.minimum(length, vocab))
     return tf.sort(chosen)
 
 
@@ -139,9 +147,10 @@ class LexicalShortlist:
             raise ValueError(f"--shortlist_per_word={options.shortlist_per_word}: {self.path} keeps "
                              f"{self.width} translations per source token (nmt_tf.shortlist --shortlist_keep)")
 
-    def select(self, source_ids, size: int, per_word: int):
-        """`shortlist_ids` with this table: [size] int32, sorted."""
-        return shortlist_ids(self.module.candidates, self.module.frequency_rank, source_ids, size, per_word)
+    def select(self, source_ids, size: int, per_word: int, multiple: int = 1):
+        """`shortlist_ids` with this table: [>= size] int32, sorted."""
+        return shortlist_ids(self.module.candidates, self.module.frequency_rank, source_ids, size, per_word,
+                             multiple)
 
 
 def for_search(model_dir: str, model, options) -> LexicalShortlist | None:

@@ -42,9 +42,11 @@ Options (`SearchOptions`):
   max_length        absolute cap on output tokens.
   suppress_unk      never generate [UNK] (the "no UNK" decoding of Table 1).
   shortlist_size    > 0 (and below the target vocabulary): the output layer and
-                    softmax of every step cover only this many candidate tokens,
+                    softmax of every step cover only the candidate tokens
                     chosen once per batch from the sources by a
-                    `nmt_tf.lexicon.LexicalShortlist` (Jean et al. 2015).
+                    `nmt_tf.lexicon.LexicalShortlist` (Jean et al. 2015): at
+                    least this many, more when the batch's translations need
+                    the room.
   shortlist_per_word  translations per source token in that choice.
 
 Results are dense, batch-major tensors; lengths count [EOS]; tokens past a
@@ -59,10 +61,11 @@ import numpy as np
 import tensorflow as tf
 
 from nmt_tf.lexicon import uses_shortlist
-from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 NEG = -1e9   # a finite "minus infinity": no inf - inf = nan anywhere
 MIN_SHORTLIST = 16   # the special tokens and a few more
+SPECIAL_COUNT = len(SPECIAL_TOKENS)   # ids 0..3, masked token by token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,21 +149,33 @@ def _while(cond, body, init):
 
 
 def _search_vocabulary(model, source_ids, weights, options: SearchOptions, shortlist):
-    """(step weights, the width V of a step's log-probabilities, the target id
-    of each of those V positions [V] int32 or None for the whole vocabulary).
+    """(step weights, V: the width of a step's log-probabilities, or with a
+    shortlist its least width, the target id of each position [width] int32
+    or None for the whole vocabulary).
 
     With a shortlist (`options.shortlist_size`), the output layer's weights
     are cut to the batch's candidate tokens once, before the loop; the
     special tokens keep their ids as positions, so the token masks apply
-    unchanged."""
+    unchanged. The list is at least shortlist_size long, longer when the
+    batch's translations need it (`nmt_tf.lexicon.shortlist_ids`), in
+    multiples of `_best_extensions`' block width."""
     vocab = model.target_vocab_size
     if not uses_shortlist(options, vocab):
         return weights, vocab, None
     if shortlist is None:
         raise ValueError(f"shortlist_size={options.shortlist_size} needs the model's lexical shortlist "
                          "(python -m nmt_tf.shortlist)")
-    ids = shortlist.select(source_ids, options.shortlist_size, options.shortlist_per_word)
+    ids = shortlist.select(source_ids, options.shortlist_size, options.shortlist_per_word,
+                           multiple=_block_size(options.shortlist_size))
     return model.restrict_output(weights, ids), options.shortlist_size, ids
+
+
+def _widen_penalties(penalties, width):
+    """`_token_penalties` [P, V] for log-probabilities `width` wide (a
+    shortlist's width, known when the graph runs): the special tokens'
+    columns come first and every other column of a row holds the same mask."""
+    tail = penalties[:, SPECIAL_COUNT:SPECIAL_COUNT + 1]
+    return tf.concat([penalties[:, :SPECIAL_COUNT], tf.repeat(tail, width - SPECIAL_COUNT, axis=1)], axis=1)
 
 
 def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam_size=1), shortlist=None):
@@ -185,6 +200,8 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
     encoded = model.search_inputs(source_ids, weights)
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
     penalties = _token_penalties(vocab, options)
+    if vocabulary_ids is not None:
+        penalties = _widen_penalties(penalties, tf.shape(vocabulary_ids)[0])
     positions = tf.range(steps)
     kinds = _penalty_kind(positions[:, None], min_len, max_len)                   # [steps, B]
 
@@ -228,7 +245,7 @@ def _block_size(vocab_size: int) -> int:
     return min(divisors, key=lambda d: abs(d - root)) if divisors else root
 
 
-def _best_extensions(log_probs, alive_score, k, penalties=None, kind=None):
+def _best_extensions(log_probs, alive_score, k, penalties=None, kind=None, least_vocab=None):
     """The k best one-token extensions of a sentence's hypotheses.
 
     Args:
@@ -238,13 +255,17 @@ def _best_extensions(log_probs, alive_score, k, penalties=None, kind=None):
       penalties: optional [P, V] float32 NumPy table of additive token masks
         (`_token_penalties`: 0, or NEG for a forbidden token), of which
         sentence b takes row kind[b] ([B] int).
+      least_vocab: when V is known only when the graph runs (a shortlist),
+        the least it can be, which sets the block width; `penalties` is then
+        that wide, and its last column is the mask of every token past it.
 
     Returns:
       (score [B, k] = alive_score[parent] + (log_probs + penalty)[parent, token],
        best first; token [B, k] int32; parent [B, k] int32).
 
     Exact, and cheaper than a top-k over all K x V candidates: the candidates
-    are cut into blocks of `_block_size(V)` tokens of one hypothesis; a block's
+    are cut into blocks of `_block_size(V)` (or `_block_size(least_vocab)`)
+    tokens of one hypothesis; a block's
     best is its maximum log-probability plus the hypothesis' score. A block
     holding one of the k best candidates has a best no lower than that
     candidate, and fewer than k candidates (so fewer than k blocks) beat it, so
@@ -260,34 +281,47 @@ def _best_extensions(log_probs, alive_score, k, penalties=None, kind=None):
     constant equals the maximum of the block plus that constant: the same
     numbers as adding the mask first.
     """
-    beam, vocab = log_probs.shape[1], log_probs.shape[2]       # static: no shape ops in the loop
-    width = _block_size(vocab)
+    beam = log_probs.shape[1]
+    # The whole vocabulary's width is static (no shape ops in the loop); a
+    # shortlist's is known when the graph runs, at least least_vocab.
+    vocab = log_probs.shape[2] if least_vocab is None else tf.shape(log_probs)[2]
+    width = _block_size(least_vocab or vocab)
+    least_blocks = -(-(least_vocab or vocab) // width)
     blocks_per_row = -(-vocab // width)
     padding = blocks_per_row * width - vocab
-    if padding:      # padding ranks below every real candidate
+    if least_vocab is not None or padding:      # padding ranks below every real candidate
         log_probs = tf.pad(log_probs, [[0, 0], [0, 0], [0, padding]], constant_values=2 * NEG)
     blocks = tf.reshape(log_probs, [-1, beam * blocks_per_row, width])
     block_max = tf.reduce_max(tf.reshape(log_probs, [-1, beam, blocks_per_row, width]), -1)    # [B, K, nb]
     if penalties is not None:
-        by_block = np.pad(penalties, [[0, 0], [0, padding]], mode="edge").reshape(
-            len(penalties), blocks_per_row, width)
-        mixed = np.flatnonzero((by_block != by_block[:, :, :1]).any(axis=(0, 2)))
+        least_padding = least_blocks * width - penalties.shape[1]
+        by_block = np.pad(penalties, [[0, 0], [0, least_padding]], mode="edge").reshape(
+            len(penalties), least_blocks, width)
+        # Past the "head" blocks every token is masked as the last column is
+        # (the masks differ only at the special tokens, the first ids, and
+        # any column of a wider shortlist is an ordinary token): one value
+        # per sentence, added to the blocks' maxima.
+        tail = penalties[:, -1]
+        mixed = np.flatnonzero((by_block != tail[:, None, None]).any(axis=(0, 2)))
         head = int(mixed[-1]) + 1 if mixed.size else 0                # blocks masked token by token
         parts = []
         if head:
             masked = (log_probs[:, :, :head * width]
                       + tf.gather(by_block[:, :head].reshape(len(penalties), -1), kind)[:, None, :])
             parts.append(tf.reduce_max(tf.reshape(masked, [-1, beam, head, width]), -1))
-        if head < blocks_per_row:
-            parts.append(block_max[:, :, head:] + tf.gather(by_block[:, head:, 0], kind)[:, None, :])
+        if least_vocab is not None or head < blocks_per_row:
+            parts.append(block_max[:, :, head:] + tf.gather(tail, kind)[:, None, None])
         block_max = parts[0] if len(parts) == 1 else tf.concat(parts, -1)
     block_best = tf.reshape(block_max + alive_score[:, :, None], [-1, beam * blocks_per_row])
-    kept = min(k, beam * blocks_per_row)
+    kept = min(k, beam * least_blocks)
     _, top_blocks = tf.math.top_k(block_best, k=kept)                                    # [B, kept]
     values = tf.gather(blocks, top_blocks, batch_dims=1)
     if penalties is not None:
-        where = tf.stack([tf.broadcast_to(kind[:, None], tf.shape(top_blocks)), top_blocks % blocks_per_row], -1)
-        values += tf.gather_nd(by_block, where)
+        # a block's masks: its own for the head blocks, the tail's for the rest
+        masks = np.concatenate([by_block[:, :head], np.repeat(tail[:, None, None], width, axis=2)], axis=1)
+        where = tf.stack([tf.broadcast_to(kind[:, None], tf.shape(top_blocks)),
+                          tf.minimum(top_blocks % blocks_per_row, head)], -1)
+        values += tf.gather_nd(masks, where)
     values += tf.gather(alive_score, top_blocks // blocks_per_row, batch_dims=1)[:, :, None]
     score, index = tf.math.top_k(tf.reshape(values, [-1, kept * width]), k=k)           # best first
     block = tf.gather(top_blocks, index // width, batch_dims=1)
@@ -394,7 +428,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         """The model's step for every slot, and the k best extensions (`kind`:
         each sentence's row of the token penalties)."""
         log_probs, new_state, alpha = model.decode_step(previous, state, inputs, weights)
-        top_score, token, parent = _best_extensions(log_probs, alive_score, k, penalties, kind)
+        top_score, token, parent = _best_extensions(log_probs, alive_score, k, penalties, kind,
+                                                    None if vocabulary_ids is None else vocab)
         if vocabulary_ids is not None:
             token = tf.gather(vocabulary_ids, token)
         return top_score, token, parent, tf.cast(new_state, encoded["state"].dtype), alpha

@@ -13,7 +13,7 @@ from conftest import REPO, run_cli
 from nmt_tf import export
 from nmt_tf import lexicon as shortlist
 from nmt_tf.models.ensemble import Ensemble
-from nmt_tf.search import SearchOptions, beam_search, greedy_search, search
+from nmt_tf.search import SearchOptions, _block_size, beam_search, greedy_search, search
 from nmt_tf.text import EOS_ID, PAD_ID, SPECIAL_TOKENS, with_eos
 from nmt_tf.translator import load_signature, restore_model
 from test_export import _op_types, _registered
@@ -46,16 +46,17 @@ def test_ibm_model1_table_ranks_each_source_tokens_translation_first():
     assert table["target_counts"].sum() == sum(len(t) for _, t in pairs)
 
 
-def reference_shortlist(table, sources, size, per_word):
+def reference_shortlist(table, sources, size, per_word, multiple=1):
     """`shortlist_ids` in NumPy."""
     rank = shortlist.frequency_rank(table["target_counts"])
     translations = set(table["candidates"][np.asarray(sources).ravel(), :per_word].ravel().tolist())
     order = sorted(range(len(rank)), key=lambda i: (i >= SPECIALS, i not in translations, rank[i]))
-    return sorted(order[:size])
+    needed = len(set(range(SPECIALS)) | translations)
+    return sorted(order[:max(size, -(-needed // multiple) * multiple)])
 
 
-@pytest.mark.parametrize("size", [6, 9, 16])
-def test_a_batch_shortlist_is_the_specials_then_translations_then_frequent_tokens(size):
+@pytest.mark.parametrize("size, multiple", [(6, 1), (9, 1), (16, 1), (6, 4), (5, 3), (18, 4)])
+def test_a_batch_shortlist_is_the_specials_then_translations_then_frequent_tokens(size, multiple):
     candidates = np.zeros((10, 3), np.int32)
     candidates[5] = [12, 15, 7]
     candidates[6] = [15, 17, 8]
@@ -64,14 +65,18 @@ def test_a_batch_shortlist_is_the_specials_then_translations_then_frequent_token
     counts[17] = 100                            # one frequent translation
     table = {"candidates": candidates, "target_counts": counts}
     sources = np.array([[5, 6, EOS_ID, 0], [7, EOS_ID, 0, 0]], np.int32)
-    got = shortlist.LexicalShortlist(table).select(tf.constant(sources), size, per_word=2).numpy()
-    want = reference_shortlist(table, sources, size, per_word=2)
+    got = shortlist.LexicalShortlist(table).select(tf.constant(sources), size, per_word=2, multiple=multiple).numpy()
+    want = reference_shortlist(table, sources, size, per_word=2, multiple=multiple)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got[:SPECIALS], np.arange(SPECIALS))         # specials at their own ids
-    # Translations 17 (the most frequent token), 9, 12, 15; then 4, the most frequent other token.
-    expected = {6: [0, 1, 2, 3, 9, 17], 9: [0, 1, 2, 3, 4, 9, 12, 15, 17]}
-    if size in expected:
-        np.testing.assert_array_equal(got, expected[size])
+    # The specials and translations 9, 12, 15, 17 (8 tokens) are never cut,
+    # however small the size: the list grows; then 4, the most frequent other
+    # token, and so on until the size (in multiples of `multiple`).
+    expected = {(6, 1): [0, 1, 2, 3, 9, 12, 15, 17], (9, 1): [0, 1, 2, 3, 4, 9, 12, 15, 17],
+                (5, 3): [0, 1, 2, 3, 4, 9, 12, 15, 17], (6, 4): [0, 1, 2, 3, 9, 12, 15, 17]}
+    if (size, multiple) in expected:
+        np.testing.assert_array_equal(got, expected[(size, multiple)])
+    assert len(got) == max(size, -(-8 // multiple) * multiple)
 
 
 def only_the_shortlist_can_win(model, ids):
@@ -84,21 +89,25 @@ def only_the_shortlist_can_win(model, ids):
     return model
 
 
-@pytest.mark.parametrize("tied", ["none", "all"])
-def test_search_over_a_shortlist_is_the_full_search_of_a_model_limited_to_it(tied):
+@pytest.mark.parametrize("tied, size, per_word, length", [("none", 18, 2, 18), ("all", 16, 3, 24)])
+def test_search_over_a_shortlist_is_the_full_search_of_a_model_limited_to_it(tied, size, per_word, length):
     """The shortlist's positions map back to the right tokens, its masks are
     the full vocabulary's, and its output layer is the model's columns: the
     results equal a full search of the same model whose other tokens have
-    probability 0. Also with frozen step weights (exports) and as an ensemble."""
-    vocab, size = 40, 18
+    probability 0. Also with frozen step weights (exports) and as an
+    ensemble; and with a list longer than shortlist_size (24 > 16: the
+    batch's translations need 21 places, rounded up to the block width 4),
+    whose width the graph learns only when it runs."""
+    vocab = 40
     table = {"candidates": np.random.default_rng(2).integers(SPECIALS, vocab, size=(vocab, 4)).astype(np.int32),
              "target_counts": np.random.default_rng(3).integers(1, 100, size=vocab)}
     lexical = shortlist.LexicalShortlist(table)
-    ids = lexical.select(tf.constant(SOURCES), size, per_word=2).numpy()
+    ids = lexical.select(tf.constant(SOURCES), size, per_word, multiple=_block_size(size)).numpy()
+    assert len(ids) == length
     make = lambda: model_with_random_weights(target_vocab=vocab, scale=1.2, seed=5, tied_embeddings=tied,
                                              layer_norm=True)
     limited = only_the_shortlist_can_win(make(), ids)
-    options = SearchOptions(beam_size=4, n_best=3, shortlist_size=size, shortlist_per_word=2)
+    options = SearchOptions(beam_size=4, n_best=3, shortlist_size=size, shortlist_per_word=per_word)
     full = SearchOptions(beam_size=4, n_best=3)
     want = beam_search(limited, SOURCES, full), greedy_search(limited, SOURCES, full)
     model = make()

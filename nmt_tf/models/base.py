@@ -41,6 +41,14 @@ def output_block_bounds(vocab_size: int, blocks: int = OUTPUT_BLOCKS) -> list[tu
     return list(zip(edges[:-1], edges[1:]))
 
 
+def by_sentence(rows, beam: int):
+    """A search step's [batch * K, d] rows as [batch, K, d]; d stays static
+    where it is known (a shortlist's width may be known only when the graph
+    runs)."""
+    width = rows.shape[-1] if rows.shape[-1] is not None else tf.shape(rows)[-1]
+    return tf.reshape(rows, [-1, beam, width])
+
+
 def count_parameters(*weights) -> int:
     """Total number of values in `weights`."""
     return sum(int(w.numpy().size) for w in weights)
@@ -299,14 +307,18 @@ class Seq2SeqModel(keras.Model):
 
     def restrict_output(self, weights: dict, ids) -> dict:
         """`step_weights()` with the output layer cut to the columns of the
-        target tokens `ids` ([C] int32, a vocabulary shortlist): search's
-        log-probabilities are then over those C tokens, position c standing
-        for ids[c]. Gathered from the model's own weights (rows of E_y when
-        tied), in `OUTPUT_BLOCKS` blocks as the whole layer is."""
+        target tokens `ids` ([C] int32, a vocabulary shortlist; C may be known
+        only when the graph runs, and is at least `lexicon.SPECIALS`):
+        search's log-probabilities are then over those C tokens, position c
+        standing for ids[c]. Gathered from the model's own weights (rows of
+        E_y when tied), in `OUTPUT_BLOCKS` near-equal blocks as the whole
+        layer is."""
         dtype = self.compute_dtype
         kernel, bias = self.output_weights() if self.tied_embeddings == "none" else (None, self.output_bias)
+        size = tf.shape(ids)[0]
+        edges = [size * i // OUTPUT_BLOCKS for i in range(OUTPUT_BLOCKS + 1)]
         blocks = []
-        for a, b in output_block_bounds(ids.shape[0]):
+        for a, b in zip(edges[:-1], edges[1:]):
             part = ids[a:b]
             columns = (tf.gather(kernel, part, axis=1) if kernel is not None
                        else tf.transpose(tf.gather(self.target_embedding.embeddings, part)))

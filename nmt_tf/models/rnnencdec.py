@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from nmt_tf.layers import GRU, ContextDecoder, GatedRecursiveConvolution
 from nmt_tf.layers.initializers import weight_init
-from nmt_tf.models.base import Seq2SeqModel, count_parameters
+from nmt_tf.models.base import Seq2SeqModel, by_sentence, count_parameters
 from nmt_tf.text import PAD_ID
 
 ENCODERS = ("rnn", "grconv")
@@ -138,7 +138,7 @@ class RNNEncDec(Seq2SeqModel):
         new_state = self.decoder.step(x_proj, state, per_row(inputs["context_proj"]), weights["decoder"])
         log_probs = self.step_log_probs(new_state, embedding_term, per_row(inputs["readout_context"]), weights)
         alpha = tf.zeros(tf.concat([tf.shape(previous_ids), tf.shape(inputs["mask"])[1:]], 0), tf.float32)
-        return (tf.reshape(log_probs, [-1, beam, log_probs.shape[-1]]),
+        return (by_sentence(log_probs, beam),
                 tf.reshape(new_state, [-1, beam, self.hidden_size]), alpha)
 
     def call(self, inputs, training=False, return_alignment=False, positions=None):

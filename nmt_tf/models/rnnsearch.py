@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from nmt_tf.layers import AttentionDecoder, BidirectionalGRU, score_bias
 from nmt_tf.layers.initializers import weight_init
-from nmt_tf.models.base import Seq2SeqModel, count_parameters
+from nmt_tf.models.base import Seq2SeqModel, by_sentence, count_parameters
 from nmt_tf.text import PAD_ID
 
 
@@ -147,8 +147,8 @@ class RNNSearch(Seq2SeqModel):
             x_proj, state, inputs["keys"], inputs["projected_annotations"], inputs["bias"],
             weights["decoder"], beam)
         log_probs = self.step_log_probs(new_state, embedding_term, readout_context, weights)
-        return (tf.reshape(log_probs, [-1, beam, log_probs.shape[-1]]),
-                tf.reshape(search_state, [-1, beam, search_state.shape[-1]]), alpha)
+        return (by_sentence(log_probs, beam),
+                by_sentence(search_state, beam), alpha)
 
     def call(self, inputs, training=False, return_alignment=False, positions=None):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)
