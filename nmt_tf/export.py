@@ -14,8 +14,9 @@ serves the ensemble as one model (nmt_tf.models.ensemble).
 --mixed_precision=mixed_bfloat16 (or auto: bfloat16 if this machine's CPU has
 bfloat16 instructions) exports a model that computes in bfloat16: faster
 batch translation on such CPUs, slower one-sentence serving (README.md).
---shortlist_size=C searches C candidate tokens per request instead of the
-whole target vocabulary (nmt_tf.shortlist; its lexical table is stored in
+--shortlist_size=C searches at least C candidate tokens per request (more
+when its sentences' translations need them) instead of the whole target
+vocabulary (nmt_tf.shortlist; its lexical table is stored in
 the SavedModel).
 
 Writes EXPORT_DIR/<version>/ (the next free integer unless --version is

@@ -13,8 +13,9 @@ for every source token its --shortlist_keep likeliest target tokens and the
 target tokens' counts (nmt_tf.lexicon), and reports how many of the dev
 set's reference tokens (flags.json's --dev_src / --dev_tgt) a shortlist of
 each size would hold, sentence by sentence. A search with --shortlist_size=C
-then computes its output layer and softmax over C candidate tokens per batch
-(Jean et al. 2015; README.md, "Vocabulary shortlists").
+then computes its output layer and softmax over at least C candidate tokens
+per batch, more when the batch's translations need the room (Jean et al.
+2015; README.md, "Vocabulary shortlists").
 """
 
 from __future__ import annotations
