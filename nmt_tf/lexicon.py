@@ -87,7 +87,10 @@ def shortlist_ids(candidates, rank, source_ids, size: int, per_word: int, multip
     import tensorflow as tf
 
     vocab = tf.shape(rank)[0]
-    translations = tf.reshape(tf.gather(candidates[:, :per_word], tf.cast(source_ids, tf.int32)), [-1, 1])
+    # The sources' rows first, then their first per_word columns: slicing the
+    # whole table first copied it on every request (0.5 ms of a one-sentence
+    # search's ~19).
+    translations = tf.reshape(tf.gather(candidates, tf.cast(source_ids, tf.int32))[..., :per_word], [-1, 1])
     # [PAD] rows hold only [PAD], which is special anyway; repeats add up.
     hit = tf.scatter_nd(translations, tf.ones(tf.shape(translations)[:1]), vocab[None]) > 0
     ids = tf.range(vocab)
