@@ -95,9 +95,10 @@ def test_search_over_a_shortlist_is_the_full_search_of_a_model_limited_to_it(tie
     the full vocabulary's, and its output layer is the model's columns: the
     results equal a full search of the same model whose other tokens have
     probability 0. Also with frozen step weights (exports) and as an
-    ensemble; and with a list longer than shortlist_size (24 > 16: the
-    batch's translations need 21 places, rounded up to the block width 4),
-    whose width the graph learns only when it runs."""
+    ensemble (the frozen one as a graph of unknown batch and length, whose
+    shortlist width is known only when it runs); and with a list longer
+    than shortlist_size (24 > 16: the batch's translations need 21 places,
+    rounded up to the block width 4)."""
     vocab = 40
     table = {"candidates": np.random.default_rng(2).integers(SPECIALS, vocab, size=(vocab, 4)).astype(np.int32),
              "target_counts": np.random.default_rng(3).integers(1, 100, size=vocab)}
@@ -112,11 +113,14 @@ def test_search_over_a_shortlist_is_the_full_search_of_a_model_limited_to_it(tie
     want = beam_search(limited, SOURCES, full), greedy_search(limited, SOURCES, full)
     model = make()
     for candidate in (model, Ensemble([model, model]), "frozen"):
-        if isinstance(candidate, str):          # as a shortlist's export: no output blocks kept
+        run = lambda f, m: f(m, SOURCES, options, lexical)
+        if isinstance(candidate, str):          # as a shortlist's export: no output blocks kept, a graph
             model.freeze_step_weights(token_products=True, output_layer=False)
             assert "output" not in model.step_weights()
             candidate = model
-        got = beam_search(candidate, SOURCES, options, lexical), greedy_search(candidate, SOURCES, options, lexical)
+            run = lambda f, m: tf.function(lambda ids: f(m, ids, options, lexical), input_signature=[
+                tf.TensorSpec([None, None], tf.int32)])(tf.constant(SOURCES, tf.int32))
+        got = run(beam_search, candidate), run(greedy_search, candidate)
         for w, g in zip(want, got):
             np.testing.assert_array_equal(g["tokens"].numpy(), w["tokens"].numpy())
             assert set(np.unique(g["tokens"].numpy())) <= set(ids)

@@ -147,8 +147,7 @@ class RNNSearch(Seq2SeqModel):
             x_proj, state, inputs["keys"], inputs["projected_annotations"], inputs["bias"],
             weights["decoder"], beam)
         log_probs = self.step_log_probs(new_state, embedding_term, readout_context, weights)
-        return (by_sentence(log_probs, beam),
-                by_sentence(search_state, beam), alpha)
+        return by_sentence(log_probs, beam), by_sentence(search_state, beam), alpha
 
     def call(self, inputs, training=False, return_alignment=False, positions=None):
         source_ids = tf.cast(inputs["source_ids"], tf.int32)
