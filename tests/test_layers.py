@@ -323,6 +323,18 @@ def test_layer_norm_gradient_equals_automatic_differentiation(x_shape, weight_sh
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_layer_norm_computes_in_the_dtype_of_its_weights():
+    """bfloat16 inputs with float32 gain and bias (a bfloat16 search's step
+    weights) are normalised in float32 and rounded once at the end."""
+    x = tf.constant(RNG.normal(1, 2, size=(6, 8)).astype("float32"))
+    gain, bias = (tf.constant(RNG.normal(size=8).astype("float32")) for _ in range(2))
+    low = tf.cast(x, tf.bfloat16)
+    got = layer_norm(low, gain, bias)
+    assert got.dtype == tf.bfloat16
+    want = tf.cast(layer_norm(tf.cast(low, tf.float32), gain, bias), tf.bfloat16)
+    np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), tf.cast(want, tf.float32).numpy())
+
+
 @pytest.mark.parametrize("separate_loops", [False, True])
 def test_layer_normalised_gru_matches_the_reference(separate_loops):
     """layer_norm: each term (input, recurrent, context) normalised on its own,

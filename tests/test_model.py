@@ -130,21 +130,29 @@ def test_mixed_bfloat16_forward_close_to_float32():
         keras.mixed_precision.set_dtype_policy("float32")
 
 
-def test_a_bfloat16_search_scores_its_attention_in_float32():
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_a_bfloat16_search_scores_its_attention_in_float32(layer_norm):
     """Search passes float32 keys, so a bfloat16 model's beam step computes
     the tanh of the attention scores in float32 (bfloat16 tanh is slow on
-    CPU); its log-probabilities stay close to the float32 model's."""
+    CPU), and float32 layer-norm weights, so that it normalises in float32;
+    its log-probabilities stay close to the float32 model's."""
     from nmt_tf.translator import dtype_policy
 
-    model = tiny_model()
+    model = tiny_model(layer_norm=layer_norm)
     with dtype_policy("mixed_bfloat16"):
-        bf16 = RNNSearch(13, 11, embedding_size=5, hidden_size=4, attention_size=6, maxout_size=3)
+        bf16 = RNNSearch(13, 11, embedding_size=5, hidden_size=4, attention_size=6, maxout_size=3,
+                         layer_norm=layer_norm)
     bf16.build()
     bf16.set_weights(model.get_weights())
     sources = padded(SOURCES)
     outputs = []
     for m in (model, bf16):
         weights = m.step_weights()
+        norms = weights["decoder"]["cell"]
+        assert ("context_norm" in norms) == layer_norm
+        assert all(w.dtype == tf.float32 for key, pair in norms.items() if key.endswith("_norm") for w in pair)
+        assert bf16.decoder.step_weights()["cell"].get("context_norm", [tf.zeros([], tf.bfloat16)])[0].dtype == \
+            tf.bfloat16                                     # training's own stay in the compute dtype
         inputs = m.search_inputs(tf.constant(sources), weights)
         state = inputs.pop("state")[:, None]
         assert inputs["keys"].dtype == tf.float32

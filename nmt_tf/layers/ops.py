@@ -163,7 +163,15 @@ def layer_norm(x, gain, bias):
     dx = (g - mean(g) - x^ mean(g x^)) / sigma, dgain = sum(dy x^),
     dbias = sum(dy). Automatic differentiation of the four forward ops builds
     about three times as many ops, and a layer-normalised GRU runs two of
-    these per time step in training's loops."""
+    these per time step in training's loops.
+
+    With gain and bias in another dtype than x, x is normalised in theirs
+    and the result cast back: a bfloat16 search passes float32 ones
+    (`Seq2SeqModel.step_weights`), because TensorFlow's bfloat16 squares,
+    broadcast subtractions and products ran at half the float32 speed on a
+    Zen 4 (BUILD_NOTES.md, "Decoding speed")."""
+    if gain.dtype != x.dtype:
+        return tf.cast(layer_norm(tf.cast(x, gain.dtype), gain, tf.cast(bias, gain.dtype)), x.dtype)
     weight_shape = tf.broadcast_static_shape(gain.shape, bias.shape).as_list()
     if None in weight_shape:       # weights of unknown shape: automatic differentiation
         return _layer_norm_forward(x)[0] * gain + bias
