@@ -157,6 +157,11 @@ def test_a_bfloat16_search_scores_its_attention_in_float32(layer_norm):
         state = inputs.pop("state")[:, None]
         assert inputs["keys"].dtype == tf.float32
         outputs.append(m.decode_step(tf.fill([len(SOURCES), 1], 2), state, inputs, weights))
+    # An export's per-token products (freeze_step_weights) normalise as the step does.
+    embeddings = tf.cast(bf16.target_embedding.embeddings, tf.bfloat16)
+    np.testing.assert_array_equal(
+        tf.cast(bf16.token_products()["input"], tf.float32).numpy(),
+        tf.cast(bf16.decoder.project_inputs(embeddings, bf16.step_weights()["decoder"]), tf.float32).numpy())
     assert bf16.compute_dtype == "bfloat16" and outputs[1][0].dtype == tf.float32
     np.testing.assert_allclose(outputs[1][0].numpy(), outputs[0][0].numpy(), rtol=0.1, atol=0.15)
     np.testing.assert_allclose(outputs[1][2].numpy(), outputs[0][2].numpy(), atol=0.05)

@@ -311,14 +311,17 @@ class Seq2SeqModel(keras.Model):
         dtype = self.compute_dtype
         kernel, bias = self.output_weights()
         bounds = output_block_bounds(self.target_vocab_size)
-        decoder = self.decoder.step_weights()
-        if dtype == "bfloat16":
-            decoder = float32_norms(decoder)
         return {"target_embedding": tf.cast(self.target_embedding.embeddings, dtype),
                 "readout": self.readout.step_weights(),
                 "readout_context": tf.cast(self.readout.context_kernel, dtype),
                 "output": [(tf.cast(kernel[:, a:b], dtype), tf.cast(bias[a:b], dtype)) for a, b in bounds],
-                "decoder": decoder}
+                "decoder": self._search_decoder_weights()}
+
+    def _search_decoder_weights(self) -> dict:
+        """`self.decoder.step_weights()` as search takes them: under bfloat16
+        with the layer normalisations' weights in float32 (`float32_norms`)."""
+        weights = self.decoder.step_weights()
+        return float32_norms(weights) if self.compute_dtype == "bfloat16" else weights
 
     def restrict_output(self, weights: dict, ids) -> dict:
         """`step_weights()` with the output layer cut to the columns of the
@@ -348,7 +351,7 @@ class Seq2SeqModel(keras.Model):
         embedding matrix (for the default Multi30k model 10,000 x 256 by
         256 x 2,048): worth it only when kept (`freeze_step_weights`)."""
         embeddings = tf.cast(self.target_embedding.embeddings, self.compute_dtype)
-        return {"input": self.decoder.project_inputs(embeddings),
+        return {"input": self.decoder.project_inputs(embeddings, self._search_decoder_weights()),
                 "readout": self.readout.embedding_term(embeddings, self.readout.step_weights())}
 
     def freeze_step_weights(self, token_products: bool = True, output_layer: bool = True) -> list:
