@@ -60,12 +60,11 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from nmt_tf.lexicon import uses_shortlist
-from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
+from nmt_tf.lexicon import SPECIALS, uses_shortlist
+from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 NEG = -1e9   # a finite "minus infinity": no inf - inf = nan anywhere
 MIN_SHORTLIST = 16   # the special tokens and a few more
-SPECIAL_COUNT = len(SPECIAL_TOKENS)   # ids 0..3, masked token by token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +173,8 @@ def _widen_penalties(penalties, width):
     """`_token_penalties` [P, V] for log-probabilities `width` wide (a
     shortlist's width, known when the graph runs): the special tokens'
     columns come first and every other column of a row holds the same mask."""
-    tail = penalties[:, SPECIAL_COUNT:SPECIAL_COUNT + 1]
-    return tf.concat([penalties[:, :SPECIAL_COUNT], tf.repeat(tail, width - SPECIAL_COUNT, axis=1)], axis=1)
+    tail = penalties[:, SPECIALS:SPECIALS + 1]
+    return tf.concat([penalties[:, :SPECIALS], tf.repeat(tail, width - SPECIALS, axis=1)], axis=1)
 
 
 def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam_size=1), shortlist=None):

@@ -34,9 +34,13 @@ OUTPUT_BLOCKS = 4
 TIED_EMBEDDINGS = ("none", "target", "all")
 
 
-def output_block_bounds(vocab_size: int, blocks: int = OUTPUT_BLOCKS) -> list[tuple[int, int]]:
-    """[(start, end)] column ranges of `blocks` near-equal blocks of the vocabulary."""
-    blocks = max(1, min(blocks, vocab_size))
+def output_block_bounds(vocab_size, blocks: int = OUTPUT_BLOCKS) -> list[tuple]:
+    """[(start, end)] column ranges of `blocks` near-equal blocks of the
+    vocabulary; `vocab_size` may be a scalar tensor (a shortlist's width,
+    known when the graph runs, and never below `blocks`), the bounds then
+    tensors too."""
+    if isinstance(vocab_size, int):
+        blocks = max(1, min(blocks, vocab_size))
     edges = [vocab_size * i // blocks for i in range(blocks + 1)]
     return list(zip(edges[:-1], edges[1:]))
 
@@ -333,10 +337,8 @@ class Seq2SeqModel(keras.Model):
         layer is."""
         dtype = self.compute_dtype
         kernel, bias = self.output_weights() if self.tied_embeddings == "none" else (None, self.output_bias)
-        size = tf.shape(ids)[0]
-        edges = [size * i // OUTPUT_BLOCKS for i in range(OUTPUT_BLOCKS + 1)]
         blocks = []
-        for a, b in zip(edges[:-1], edges[1:]):
+        for a, b in output_block_bounds(tf.shape(ids)[0]):
             part = ids[a:b]
             columns = (tf.gather(kernel, part, axis=1) if kernel is not None
                        else tf.transpose(tf.gather(self.target_embedding.embeddings, part)))
