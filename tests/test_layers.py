@@ -162,6 +162,22 @@ def test_maxout_matches_reference():
     np.testing.assert_allclose(got, ref.maxout(s, e, c, *weights), **TOL)
 
 
+def test_maxout_search_step_equals_the_layer():
+    """Search's readout step, whose weights and terms are in the readout's
+    search layout (maxout of two halves), gives the layer's maxout of
+    adjacent pairs."""
+    n, m, k, l = 4, 3, 6, 5
+    layer = MaxoutReadout(l)
+    layer.build_for(n, m, k)
+    randomize(layer)
+    s, e, c = (RNG.normal(size=(7, dim)).astype("float32") for dim in (n, m, k))
+    weights = layer.step_weights()
+    got = layer.step(s, layer.embedding_term(e, weights), tf.matmul(c, layer.search_context_kernel()), weights)
+    ref_weights = [w.numpy() for w in (layer.state_kernel, layer.embedding_kernel, layer.context_kernel, layer.bias)]
+    np.testing.assert_allclose(got.numpy(), ref.maxout(s, e, c, *ref_weights), **TOL)
+    np.testing.assert_allclose(got.numpy(), layer(s, e, c).numpy(), **TOL)
+
+
 def test_decoder_step_equals_teacher_forced_loop():
     """The search's single step and the training loop compute the same states."""
     n, m, k, units = 4, 3, 6, 5

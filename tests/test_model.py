@@ -180,8 +180,10 @@ def test_search_step_log_probs_in_output_blocks_equal_one_output_layer():
     model = tiny_model()
     weights = model.step_weights()
     state, embedded, context = (RNG.normal(size=(7, d)).astype("float32") for d in (4, 5, 6))
-    got = model.step_log_probs(state, model.readout.embedding_term(embedded, weights["readout"]), context,
-                               weights).numpy()
+    # Search's readout terms are in the readout's search layout (maxout pairs
+    # (2k, 2k + 1) at (k, l + k)); the reference below is in the paper's.
+    got = model.step_log_probs(state, model.readout.embedding_term(embedded, weights["readout"]),
+                               model.readout.search_layout(context), weights).numpy()
     ro = model.readout
     pre = state @ ro.state_kernel.numpy() + embedded @ ro.embedding_kernel.numpy() + context + ro.bias.numpy()
     logits = pre.reshape(7, 3, 2).max(-1) @ model.output_projection.kernel.numpy() + \

@@ -305,7 +305,8 @@ class Seq2SeqModel(keras.Model):
     def step_weights(self) -> dict:
         """Matrices of one search step, split and cast to the compute dtype, that
         `decode_step` would otherwise rebuild at every step (copying megabytes):
-        the target embeddings, the readout's U_o, V_o and C_o, the output
+        the target embeddings, the readout's U_o, V_o, b_o and C_o (in its
+        `search_layout`, so the step's maxout takes two halves), the output
         layer's in `OUTPUT_BLOCKS` column blocks and the subclass's
         `self.decoder.step_weights()` (its layer normalisations' weights in
         float32 under bfloat16: `float32_norms`)."""
@@ -317,7 +318,7 @@ class Seq2SeqModel(keras.Model):
         bounds = output_block_bounds(self.target_vocab_size)
         return {"target_embedding": tf.cast(self.target_embedding.embeddings, dtype),
                 "readout": self.readout.step_weights(),
-                "readout_context": tf.cast(self.readout.context_kernel, dtype),
+                "readout_context": self.readout.search_context_kernel(),
                 "output": [(tf.cast(kernel[:, a:b], dtype), tf.cast(bias[a:b], dtype)) for a, b in bounds],
                 "decoder": self._search_decoder_weights()}
 
