@@ -280,6 +280,42 @@ def test_translate_json_lines(exported):
                                   with_alignments=False)
 
 
+class RecordingClient:
+    """A serving_default stand-in: "translates" a line into its words reversed
+    and records the batches it was sent."""
+
+    def __init__(self):
+        self.batches = []
+
+    def output_size(self, output, axis):
+        return 1
+
+    def __call__(self, text):
+        self.batches.append(list(text))
+        return {"translation": np.array([b" ".join(line.split()[::-1]) for line in text], object),
+                "truncated": np.zeros(len(text), bool)}
+
+
+@pytest.mark.parametrize("sort_window", [1, 3, 7, 100])
+def test_translate_batches_a_window_by_length_and_writes_in_input_order(sort_window):
+    """--sort_window lines are translated shortest first in batches of
+    --lines_per_batch; the output is in input order whatever the window (a
+    window of at most one batch keeps the input's order in the batches)."""
+    lines = [b"a b c d e", b"f", b"g h h h h h h", b"", b"i j", b"k l m", b"n", b"o p q r"]
+    client = RecordingClient()
+    out = io.StringIO()
+    assert translate.translate_lines(client, lines, out, 3, 1, False, False, sort_window=sort_window) == len(lines)
+    assert out.getvalue().splitlines() == [" ".join(line.decode().split()[::-1]) for line in lines]
+    assert sorted(line for batch in client.batches for line in batch) == sorted(lines)
+    assert all(len(batch) <= 3 for batch in client.batches)
+    window = max(sort_window, 3)
+    for start in range(0, len(lines), window):
+        chunk = lines[start:start + window]
+        sent = [line for batch in client.batches for line in batch][start:start + window]
+        expected = sorted(chunk, key=lambda line: len(line.split())) if window > 3 else chunk
+        assert sent == expected
+
+
 @pytest.mark.parametrize("onednn", [False, True])
 def test_serve_chooses_its_cpu_kernels_and_threads_before_tensorflow_starts(onednn, tmp_path):
     """--onednn sets TF_ENABLE_ONEDNN_OPTS before TensorFlow is imported; TensorFlow
