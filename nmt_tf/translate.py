@@ -9,8 +9,8 @@ With --saved_model the SavedModel runs in this process; with --server the
 lines go to a TF Serving-compatible server over gRPC (the official
 tensorflow_model_server or nmt_tf.serve) through the tensorflow-serving-api
 stub. Lines are read --sort_window (1,000) at a time and sent in batches of
---lines_per_batch (64) lines of similar length; the output keeps the input's
-order. The input, from --input or standard input, is plain text or gzip
+--lines_per_batch (64) lines of similar length, --parallel_batches (2) at
+once; the output keeps the input's order. The input, from --input or standard input, is plain text or gzip
 (recognized by its first bytes, not its name).
 
 Output: plain text, one translation per line. With --with_scores,
@@ -29,6 +29,7 @@ terminal, progress with an ETA goes to stderr.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import sys
 
@@ -47,6 +48,10 @@ absl_flags.DEFINE_integer("sort_window", 1000, "Lines read ahead and translated 
                           "--lines_per_batch, then written in input order: less padding and fewer search steps "
                           "per batch (at most --lines_per_batch: batches in input order, each written as soon "
                           "as it is translated).", lower_bound=1)
+absl_flags.DEFINE_integer("parallel_batches", 2, "Batches translated at once: requests in flight with --server, "
+                          "signature calls on as many threads with --saved_model (two keep both cores of a small "
+                          "machine busy while one batch's search waits on its step's chain of small ops).",
+                          lower_bound=1)
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "server", "model_name", "timeout", "input", "output",
                                              "lines_per_batch", "n_best"))
 
@@ -105,14 +110,16 @@ def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignm
 
 
 def translate_lines(client, lines, out, batch_size: int, n_best: int, with_scores: bool,
-                    with_alignments: bool, progress: Progress | None = None, sort_window: int = 1) -> int:
+                    with_alignments: bool, progress: Progress | None = None, sort_window: int = 1,
+                    parallel_batches: int = 1) -> int:
     """Translates an iterable of byte lines into the text stream `out` with a
     `nmt_tf.client.SignatureClient` of the serving_default signature; returns lines done.
 
     Lines are read `sort_window` at a time (at least `batch_size`); a window
     is translated in batches of `batch_size` lines of similar length (by
     words, shortest first; with a window of one batch, in input order) and
-    written in input order."""
+    written in input order. `parallel_batches` batches are translated at
+    once (requests in flight, or signature calls on as many threads)."""
     exported = client.output_size("nbest_scores", 1)
     if n_best > exported:
         raise TranslationError(f"--n_best={n_best} but the model was exported with n-best "
@@ -126,9 +133,10 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
         if window_size > batch_size:
             order.sort(key=lambda i: len(window[i].split()))
         rows = [None] * len(window)          # (batch result, row) of each line of the window
-        for start in range(0, len(order), batch_size):
-            index = order[start:start + batch_size]
-            result = client(text=[window[i] for i in index])
+        batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+        results = pool.map(lambda index: client(text=[window[i] for i in index]), batches) if pool else \
+            map(lambda index: client(text=[window[i] for i in index]), batches)
+        for index, result in zip(batches, results):
             for row, i in enumerate(index):
                 rows[i] = (result, row)
             if progress:
@@ -142,12 +150,17 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
         done += len(window)
         window.clear()
 
-    for line in lines:
-        window.append(line)
-        if len(window) == window_size:
+    pool = concurrent.futures.ThreadPoolExecutor(parallel_batches) if parallel_batches > 1 else None
+    try:
+        for line in lines:
+            window.append(line)
+            if len(window) == window_size:
+                flush()
+        if window:
             flush()
-    if window:
-        flush()
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)
     return done
 
 
@@ -165,7 +178,8 @@ def main(argv):
         out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
         try:
             translate_lines(client, read_lines(FLAGS.input), out, FLAGS.lines_per_batch, FLAGS.n_best,
-                            FLAGS.with_scores, FLAGS.with_alignments, progress, FLAGS.sort_window)
+                            FLAGS.with_scores, FLAGS.with_alignments, progress, FLAGS.sort_window,
+                            FLAGS.parallel_batches)
         finally:
             progress.close()
             if FLAGS.output:

@@ -296,24 +296,43 @@ class RecordingClient:
                 "truncated": np.zeros(len(text), bool)}
 
 
+@pytest.mark.parametrize("parallel_batches", [1, 2])
 @pytest.mark.parametrize("sort_window", [1, 3, 7, 100])
-def test_translate_batches_a_window_by_length_and_writes_in_input_order(sort_window):
+def test_translate_batches_a_window_by_length_and_writes_in_input_order(sort_window, parallel_batches):
     """--sort_window lines are translated shortest first in batches of
-    --lines_per_batch; the output is in input order whatever the window (a
-    window of at most one batch keeps the input's order in the batches)."""
+    --lines_per_batch, --parallel_batches at once; the output is in input
+    order whatever the window (a window of at most one batch keeps the
+    input's order in the batches)."""
     lines = [b"a b c d e", b"f", b"g h h h h h h", b"", b"i j", b"k l m", b"n", b"o p q r"]
     client = RecordingClient()
     out = io.StringIO()
-    assert translate.translate_lines(client, lines, out, 3, 1, False, False, sort_window=sort_window) == len(lines)
+    assert translate.translate_lines(client, lines, out, 3, 1, False, False, sort_window=sort_window,
+                                     parallel_batches=parallel_batches) == len(lines)
     assert out.getvalue().splitlines() == [" ".join(line.decode().split()[::-1]) for line in lines]
-    assert sorted(line for batch in client.batches for line in batch) == sorted(lines)
-    assert all(len(batch) <= 3 for batch in client.batches)
     window = max(sort_window, 3)
+    expected = []
     for start in range(0, len(lines), window):
         chunk = lines[start:start + window]
-        sent = [line for batch in client.batches for line in batch][start:start + window]
-        expected = sorted(chunk, key=lambda line: len(line.split())) if window > 3 else chunk
-        assert sent == expected
+        chunk = sorted(chunk, key=lambda line: len(line.split())) if window > 3 else chunk
+        expected += [chunk[i:i + 3] for i in range(0, len(chunk), 3)]
+    if parallel_batches == 1:
+        assert client.batches == expected
+    else:        # the batches of a window may reach the client in either order
+        assert sorted(client.batches) == sorted(expected)
+
+
+def test_translate_stops_with_the_error_of_a_failed_batch_in_flight():
+    from nmt_tf.client import ClientError
+
+    class Failing(RecordingClient):
+        def __call__(self, text):
+            if b"x" in text:
+                raise ClientError("the server said no")
+            return super().__call__(text)
+
+    with pytest.raises(ClientError, match="the server said no"):
+        translate.translate_lines(Failing(), [b"a", b"b c", b"x", b"d e f"] * 3, io.StringIO(), 2, 1, False, False,
+                                  sort_window=12, parallel_batches=2)
 
 
 @pytest.mark.parametrize("onednn", [False, True])
