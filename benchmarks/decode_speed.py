@@ -15,6 +15,8 @@ are exported to a temporary directory first. Each configuration runs
   seconds (median), runs (all runs' sentences/s)
 
 --limit_batch1 bounds the sentences decoded one at a time (default: all).
+--parallel_batches=2 translates two batches at once, on two threads, as
+nmt_tf.translate does by default.
 
   python benchmarks/decode_speed.py --compare=old/1,new/1 --batch_sizes=80 --sort_by_length
 
@@ -54,23 +56,30 @@ absl_flags.DEFINE_list("compare", [], "SavedModels to compare side by side, each
                        "in turn (see the module docstring); replaces --saved_model_beam / --saved_model_greedy.")
 absl_flags.DEFINE_integer("intra_op_threads", 0, "Threads one TensorFlow op may use (0: TensorFlow's default; "
                           "nmt_tf.serve uses 1).", lower_bound=0)
+absl_flags.DEFINE_integer("parallel_batches", 1, "Batches translated at once, on as many threads (nmt_tf.translate's "
+                          "--parallel_batches; not with --compare).", lower_bound=1)
 absl_flags.DEFINE_boolean("sort_by_length", False, "Batch the sentences in order of length (as nmt_tf.translate and "
                           "nmt_tf.evaluate do) instead of in file order.")
 
 
-def measure(signature, lines, batch_size, runs):
+def measure(signature, lines, batch_size, runs, parallel_batches=1):
+    import concurrent.futures
+
     import tensorflow as tf
 
     signature(text=tf.constant(lines[:batch_size]))          # warm-up (tracing, allocation)
+
+    def tokens_of(i):
+        out = signature(text=tf.constant(lines[i:i + batch_size]))
+        return int(tf.reduce_sum(tf.cast(out["target_tokens"] != b"", tf.int32)))
+
     results = []
-    for _ in range(runs):
-        tokens = 0
-        start = time.perf_counter()
-        for i in range(0, len(lines), batch_size):
-            out = signature(text=tf.constant(lines[i:i + batch_size]))
-            tokens += int(tf.reduce_sum(tf.cast(out["target_tokens"] != b"", tf.int32)))
-        seconds = time.perf_counter() - start
-        results.append((len(lines) / seconds, tokens / seconds, seconds))
+    with concurrent.futures.ThreadPoolExecutor(parallel_batches) as pool:
+        for _ in range(runs):
+            start = time.perf_counter()
+            tokens = sum(pool.map(tokens_of, range(0, len(lines), batch_size)))
+            seconds = time.perf_counter() - start
+            results.append((len(lines) / seconds, tokens / seconds, seconds))
     results.sort()
     sent, tok, seconds = results[len(results) // 2]
     return {"sentences": len(lines), "sentences_per_sec": round(sent, 2),
@@ -129,7 +138,7 @@ def main(argv):
         lines.sort(key=lambda line: len(line.split()))
     result = {"source": os.path.relpath(FLAGS.source, REPO), "tensorflow": tf.__version__,
               "cpu_count": os.cpu_count(), "cpu_flags": vector_flags(), "order": "length-sorted" if FLAGS.sort_by_length else "file",
-              "intra_op_threads": FLAGS.intra_op_threads,
+              "intra_op_threads": FLAGS.intra_op_threads, "parallel_batches": FLAGS.parallel_batches,
               "onednn": {"0": "off (Eigen kernels)", "1": "on"}.get(os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
                                                                 "TensorFlow's default"), "configs": {}}
     subset = lambda batch_size: lines[:FLAGS.limit_batch1] if batch_size == 1 and FLAGS.limit_batch1 else lines
@@ -146,7 +155,7 @@ def main(argv):
         signature = load_signature(path)      # registers tensorflow-text's ops (SentencePiece exports)
         for batch_size in map(int, FLAGS.batch_sizes):
             result["configs"][f"{name}_batch{batch_size}"] = measure(signature, subset(batch_size), batch_size,
-                                                                     FLAGS.runs)
+                                                                     FLAGS.runs, FLAGS.parallel_batches)
     print(json.dumps(result))
 
 
