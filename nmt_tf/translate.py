@@ -10,8 +10,9 @@ lines go to a TF Serving-compatible server over gRPC (the official
 tensorflow_model_server or nmt_tf.serve) through the tensorflow-serving-api
 stub. Lines are read --sort_window (1,000) at a time and sent in batches of
 --lines_per_batch (64) lines of similar length, --parallel_batches (2) at
-once; the output keeps the input's order. The input, from --input or standard input, is plain text or gzip
-(recognized by its first bytes, not its name).
+once; the output keeps the input's order. The input, from --input or
+standard input, is plain text or gzip (recognized by its first bytes, not
+its name).
 
 Output: plain text, one translation per line. With --with_scores,
 --with_alignments or --n_best > 1, one JSON object per line instead:
@@ -134,8 +135,7 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
             order.sort(key=lambda i: len(window[i].split()))
         rows = [None] * len(window)          # (batch result, row) of each line of the window
         batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-        results = pool.map(lambda index: client(text=[window[i] for i in index]), batches) if pool else \
-            map(lambda index: client(text=[window[i] for i in index]), batches)
+        results = (pool.map if pool else map)(lambda index: client(text=[window[i] for i in index]), batches)
         for index, result in zip(batches, results):
             for row, i in enumerate(index):
                 rows[i] = (result, row)

@@ -11,6 +11,7 @@ order.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -352,38 +353,53 @@ def compiled_translate(translator: Translator):
 
 
 def translate_lines(translate_fn, lines, batch_size: int = 64, progress=None,
-                    keys=("translation", "score", "source_tokens", "target_tokens", "alignment")) -> dict:
+                    keys=("translation", "score", "source_tokens", "target_tokens", "alignment"),
+                    parallel_batches: int = 2) -> dict:
     """Translates all `lines` (str or bytes) and returns {key: list in input order}.
 
     Sentences are sorted by length and batched (less padding, fewer wasted
-    decoding steps); the results come back in the order of `lines`.
-    Token lists drop their "" padding and alignments are cut to
-    [target tokens, source tokens].
+    decoding steps), `parallel_batches` batches at once on as many threads
+    (one batch's search leaves the cores part of the time idle; see
+    `nmt_tf.translate --parallel_batches`); the results come back in the
+    order of `lines`. Token lists drop their "" padding and alignments are
+    cut to [target tokens, source tokens].
     """
     lines = [l.encode("utf-8") if isinstance(l, str) else l for l in lines]
     order = sorted(range(len(lines)), key=lambda i: len(lines[i].split()))
     results = {k: [None] * len(lines) for k in keys}
-    for start in range(0, len(order), batch_size):
-        index = order[start:start + batch_size]
-        out = {k: np.asarray(v) for k, v in translate_fn([lines[i] for i in index]).items()}   # tensors or arrays
-        for row, i in enumerate(index):
-            src = [t.decode("utf-8") for t in out["source_tokens"][row] if t]
-            tgt = [t.decode("utf-8") for t in out["target_tokens"][row] if t]
-            for key in keys:
-                value = out[key][row]
-                if key == "source_tokens":
-                    value = src
-                elif key == "target_tokens":
-                    value = tgt
-                elif key == "alignment":
-                    value = np.asarray(value[:len(tgt), :len(src)])
-                elif isinstance(value, bytes):
-                    value = value.decode("utf-8")
-                elif isinstance(value, np.ndarray) and value.dtype.kind == "O":
-                    value = [v.decode("utf-8") for v in value]
-                else:
-                    value = value.item() if hasattr(value, "item") else value
-                results[key][i] = value
-        if progress is not None:
-            progress.update(len(index))
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+    def run(index):
+        return {k: np.asarray(v) for k, v in translate_fn([lines[i] for i in index]).items()}   # tensors or arrays
+
+    pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
+    try:
+        for index, out in zip(batches, pool.map(run, batches)):
+            _collect(out, index, keys, results)
+            if progress is not None:
+                progress.update(len(index))
+    finally:
+        pool.shutdown(cancel_futures=True)     # after an error, the batches not started are dropped
     return results
+
+
+def _collect(out: dict, index: list, keys, results: dict) -> None:
+    """Rows of one batch's `out` into `results` at the lines' positions `index`."""
+    for row, i in enumerate(index):
+        src = [t.decode("utf-8") for t in out["source_tokens"][row] if t]
+        tgt = [t.decode("utf-8") for t in out["target_tokens"][row] if t]
+        for key in keys:
+            value = out[key][row]
+            if key == "source_tokens":
+                value = src
+            elif key == "target_tokens":
+                value = tgt
+            elif key == "alignment":
+                value = np.asarray(value[:len(tgt), :len(src)])
+            elif isinstance(value, bytes):
+                value = value.decode("utf-8")
+            elif isinstance(value, np.ndarray) and value.dtype.kind == "O":
+                value = [v.decode("utf-8") for v in value]
+            else:
+                value = value.item() if hasattr(value, "item") else value
+            results[key][i] = value

@@ -20,6 +20,39 @@ def png_shape(png: bytes):
     return tuple(tf.image.decode_png(png).shape[:2])
 
 
+@pytest.mark.parametrize("parallel_batches", [1, 3])
+def test_translate_lines_batches_by_length_and_returns_input_order(parallel_batches):
+    """nmt_tf.translator.translate_lines: batches of similar length, several
+    at once, results in the order of the lines; an error stops it."""
+    from nmt_tf.translator import translate_lines
+
+    sent = []
+
+    def reverse_words(batch):             # a translate function's outputs, padded with b""
+        sent.append(list(batch))
+        if b"fail" in batch:
+            raise RuntimeError("this batch failed")
+        words = [line.split() for line in batch]
+        width = max(len(w) for w in words) + 1
+        pad = lambda ws: ws + [b""] * (width - len(ws))
+        return {"translation": np.array([b" ".join(w[::-1]) for w in words], object),
+                "source_tokens": np.array([pad(w) for w in words], object),
+                "target_tokens": np.array([pad(w[::-1]) for w in words], object)}
+
+    lines = ["a b c", "d", "e f g h", "i j", "k", "l m n o p", "q r"]
+    out = translate_lines(reverse_words, lines, batch_size=2, keys=("translation", "target_tokens"),
+                          parallel_batches=parallel_batches)
+    assert out["translation"] == [" ".join(line.split()[::-1]) for line in lines]
+    assert out["target_tokens"] == [line.split()[::-1] for line in lines]
+    by_length = sorted((line.encode() for line in lines), key=lambda line: len(line.split()))
+    expected = [by_length[i:i + 2] for i in range(0, len(lines), 2)]
+    assert (sent if parallel_batches == 1 else sorted(sent)) == (expected if parallel_batches == 1
+                                                                 else sorted(expected))
+    with pytest.raises(RuntimeError, match="this batch failed"):
+        translate_lines(reverse_words, lines + ["fail"], batch_size=2, keys=("translation",),
+                        parallel_batches=parallel_batches)
+
+
 def test_scores_equal_sacrebleus_own_api():
     got = metrics.corpus_scores(HYPS, REFS)
     assert got["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
