@@ -30,7 +30,6 @@ terminal, progress with an ETA goes to stderr.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import sys
 
@@ -41,6 +40,7 @@ from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, -
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, count_lines, input_lines
 from nmt_tf.progress import Progress
+from nmt_tf.translator import batches_by_length
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
@@ -130,13 +130,9 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
 
     def flush():
         nonlocal done
-        order = list(range(len(window)))
-        if window_size > batch_size:
-            order.sort(key=lambda i: len(window[i].split()))
         rows = [None] * len(window)          # (batch result, row) of each line of the window
-        batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-        results = (pool.map if pool else map)(lambda index: client(text=[window[i] for i in index]), batches)
-        for index, result in zip(batches, results):
+        for index, result in batches_by_length(lambda batch: client(text=batch), window, batch_size,
+                                               parallel_batches, by_length=window_size > batch_size):
             for row, i in enumerate(index):
                 rows[i] = (result, row)
             if progress:
@@ -150,17 +146,12 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
         done += len(window)
         window.clear()
 
-    pool = concurrent.futures.ThreadPoolExecutor(parallel_batches) if parallel_batches > 1 else None
-    try:
-        for line in lines:
-            window.append(line)
-            if len(window) == window_size:
-                flush()
-        if window:
+    for line in lines:
+        window.append(line)
+        if len(window) == window_size:
             flush()
-    finally:
-        if pool:
-            pool.shutdown(cancel_futures=True)
+    if window:
+        flush()
     return done
 
 

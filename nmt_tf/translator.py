@@ -365,22 +365,30 @@ def translate_lines(translate_fn, lines, batch_size: int = 64, progress=None,
     cut to [target tokens, source tokens].
     """
     lines = [l.encode("utf-8") if isinstance(l, str) else l for l in lines]
-    order = sorted(range(len(lines)), key=lambda i: len(lines[i].split()))
     results = {k: [None] * len(lines) for k in keys}
+    run = lambda batch: {k: np.asarray(v) for k, v in translate_fn(batch).items()}   # tensors or arrays
+    for index, out in batches_by_length(run, lines, batch_size, parallel_batches):
+        _collect(out, index, keys, results)
+        if progress is not None:
+            progress.update(len(index))
+    return results
+
+
+def batches_by_length(call, lines: list, batch_size: int, parallel_batches: int = 1, by_length: bool = True):
+    """Yields (index, call([lines[i] for i in index])) for the batches of
+    `batch_size` lines, in order: with `by_length`, batches of similar length
+    (by words, shortest first), else in the order of `lines`.
+    `parallel_batches` calls run at once on as many threads; after an error
+    the batches not started are dropped."""
+    order = list(range(len(lines)))
+    if by_length:
+        order.sort(key=lambda i: len(lines[i].split()))
     batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-
-    def run(index):
-        return {k: np.asarray(v) for k, v in translate_fn([lines[i] for i in index]).items()}   # tensors or arrays
-
     pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
     try:
-        for index, out in zip(batches, pool.map(run, batches)):
-            _collect(out, index, keys, results)
-            if progress is not None:
-                progress.update(len(index))
+        yield from zip(batches, pool.map(lambda index: call([lines[i] for i in index]), batches))
     finally:
-        pool.shutdown(cancel_futures=True)     # after an error, the batches not started are dropped
-    return results
+        pool.shutdown(cancel_futures=True)
 
 
 def _collect(out: dict, index: list, keys, results: dict) -> None:
