@@ -56,8 +56,10 @@ absl_flags.DEFINE_list("compare", [], "SavedModels to compare side by side, each
                        "in turn (see the module docstring); replaces --saved_model_beam / --saved_model_greedy.")
 absl_flags.DEFINE_integer("intra_op_threads", 0, "Threads one TensorFlow op may use (0: TensorFlow's default; "
                           "nmt_tf.serve uses 1).", lower_bound=0)
-absl_flags.DEFINE_integer("parallel_batches", 1, "Batches translated at once, on as many threads (nmt_tf.translate's "
-                          "--parallel_batches; not with --compare).", lower_bound=1)
+# --parallel_batches (nmt_tf.flags, nmt_tf.translate's): batches translated at
+# once, on as many threads; here one by default, as the earlier rows of
+# BUILD_NOTES were measured (not with --compare).
+absl_flags.FLAGS.set_default("parallel_batches", 1)
 absl_flags.DEFINE_boolean("sort_by_length", False, "Batch the sentences in order of length (as nmt_tf.translate and "
                           "nmt_tf.evaluate do) instead of in file order.")
 

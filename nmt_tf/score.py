@@ -8,8 +8,10 @@ Usage:
   python -m nmt_tf.score --server=localhost:8500 --model_name=nmt ...      # through TF Serving
 
 Every pair goes through the SavedModel's `score` signature (forced decoding:
-log p(target | source), [EOS] included), in batches of --lines_per_batch,
-locally (--saved_model) or on a TF Serving-compatible server (--server).
+log p(target | source), [EOS] included), locally (--saved_model) or on a TF
+Serving-compatible server (--server): --sort_window pairs (1,000) at a time,
+in batches of --lines_per_batch pairs of similar length, --parallel_batches
+(2) at once.
 Inputs stream (plain or gzip, chosen by content); the output is gzipped when
 its name ends in .gz. Line order is always kept.
 
@@ -45,6 +47,7 @@ from absl import flags as absl_flags
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --model_name, ...
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import open_binary
+from nmt_tf.translator import batches_by_length
 
 absl_flags.DEFINE_string("phrase_table", None, "A Moses phrase table to extend with the model's score.")
 absl_flags.DEFINE_string("nbest", None, "A Moses n-best list to add the model's score to (needs --source).")
@@ -57,7 +60,7 @@ absl_flags.DEFINE_string("feature_name", "NMT", "Name of the n-best feature.")
 absl_flags.DEFINE_boolean("moses_unescape", True, "Undo Moses' escaping of special characters before scoring.")
 absl_flags.DEFINE_boolean("strict", False, "Stop at the first malformed line instead of copying it through.")
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "server", "model_name", "timeout", "output",
-                                             "lines_per_batch"))
+                                             "lines_per_batch", "sort_window", "parallel_batches"))
 
 _MOSES_ESCAPES = ((b"&#124;", b"|"), (b"&lt;", b"<"), (b"&gt;", b">"), (b"&apos;", b"'"), (b"&quot;", b'"'),
                   (b"&#91;", b"["), (b"&#93;", b"]"), (b"&amp;", b"&"))
@@ -95,12 +98,17 @@ class OrderedScorer:
     """Collects lines that need a score and lines that pass through, writes them in order.
 
     `add(pair, finish)`: a line whose text is finish(result_row) once scored;
-    `add_ready(text)`: a line written as it is. Scores are requested in
-    batches of `batch_size` pairs.
+    `add_ready(text)`: a line written as it is. Pairs are collected
+    `sort_window` at a time (at least `batch_size`) and scored in batches of
+    `batch_size` pairs of similar length (by target, then source words; in
+    input order for a window of one batch), `parallel_batches` batches at once.
     """
 
-    def __init__(self, scorer, out, batch_size: int, unescape: bool):
+    def __init__(self, scorer, out, batch_size: int, unescape: bool, sort_window: int = 1,
+                 parallel_batches: int = 1):
         self.scorer, self.out, self.batch_size, self.unescape = scorer, out, batch_size, unescape
+        self.window = max(sort_window, batch_size)
+        self.parallel_batches = parallel_batches
         self.pending = []          # (pair or None, finish or ready text)
         self.pairs = 0
         self.scored = 0
@@ -110,7 +118,7 @@ class OrderedScorer:
             source, target = moses_unescape(source), moses_unescape(target)
         self.pending.append(((source.strip(), target.strip()), finish))
         self.pairs += 1
-        if self.pairs >= self.batch_size:
+        if self.pairs >= self.window:
             self.flush()
 
     def add_ready(self, text: bytes) -> None:
@@ -120,14 +128,20 @@ class OrderedScorer:
 
     def flush(self) -> None:
         pairs = [p for p, _ in self.pending if p is not None]
-        result = self.scorer([s for s, _ in pairs], [t for _, t in pairs]) if pairs else {}
-        row = 0
+        rows = [None] * len(pairs)       # (batch result, row) of each pair
+        score = lambda batch: self.scorer([s for s, _ in batch], [t for _, t in batch])
+        for index, result in batches_by_length(score, pairs, self.batch_size, self.parallel_batches,
+                                               by_length=self.window > self.batch_size,
+                                               length=lambda pair: (len(pair[1].split()), len(pair[0].split()))):
+            for row, i in enumerate(index):
+                rows[i] = (result, row)
+        scored = iter(rows)
         for pair, item in self.pending:
             if pair is None:
                 self.out.write(item + b"\n")
             else:
+                result, row = next(scored)
                 self.out.write(item({k: v[row] for k, v in result.items()}) + b"\n")
-                row += 1
         self.scored += len(pairs)
         self.pending, self.pairs = [], 0
 
@@ -242,7 +256,7 @@ def main(argv):
         out = open_output(FLAGS.output)
         try:
             ordered = OrderedScorer(scorer, out, FLAGS.lines_per_batch, FLAGS.moses_unescape and modes[0] != "pairs"
-                                    and modes[0] != "tsv")
+                                    and modes[0] != "tsv", FLAGS.sort_window, FLAGS.parallel_batches)
             mode = modes[0]
             if mode == "phrase_table":
                 malformed = Malformed("phrase table", FLAGS.strict)

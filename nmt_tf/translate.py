@@ -45,16 +45,8 @@ from nmt_tf.translator import batches_by_length
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
 absl_flags.DEFINE_boolean("with_alignments", False, "Write JSON lines with tokens and the attention matrix.")
-absl_flags.DEFINE_integer("sort_window", 1000, "Lines read ahead and translated shortest first, in batches of "
-                          "--lines_per_batch, then written in input order: less padding and fewer search steps "
-                          "per batch (at most --lines_per_batch: batches in input order, each written as soon "
-                          "as it is translated).", lower_bound=1)
-absl_flags.DEFINE_integer("parallel_batches", 2, "Batches translated at once: requests in flight with --server, "
-                          "signature calls on as many threads with --saved_model (two keep both cores of a small "
-                          "machine busy while one batch's search waits on its step's chain of small ops).",
-                          lower_bound=1)
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "server", "model_name", "timeout", "input", "output",
-                                             "lines_per_batch", "n_best"))
+                                             "lines_per_batch", "sort_window", "parallel_batches", "n_best"))
 
 
 class TranslationError(RuntimeError):

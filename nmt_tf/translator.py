@@ -374,15 +374,16 @@ def translate_lines(translate_fn, lines, batch_size: int = 64, progress=None,
     return results
 
 
-def batches_by_length(call, lines: list, batch_size: int, parallel_batches: int = 1, by_length: bool = True):
+def batches_by_length(call, lines: list, batch_size: int, parallel_batches: int = 1, by_length: bool = True,
+                      length=lambda line: len(line.split())):
     """Yields (index, call([lines[i] for i in index])) for the batches of
     `batch_size` lines, in order: with `by_length`, batches of similar length
-    (by words, shortest first), else in the order of `lines`.
-    `parallel_batches` calls run at once on as many threads; after an error
-    the batches not started are dropped."""
+    (by `length`, words by default; shortest first), else in the order of
+    `lines`. `parallel_batches` calls run at once on as many threads; after
+    an error the batches not started are dropped."""
     order = list(range(len(lines)))
     if by_length:
-        order.sort(key=lambda i: len(lines[i].split()))
+        order.sort(key=lambda i: length(lines[i]))
     batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
     pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
     try:

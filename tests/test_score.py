@@ -104,3 +104,42 @@ def test_unequal_pair_files_are_an_error(exported, tmp_path):
     result = run_cli("-m", "nmt_tf.score", f"--saved_model={exported[2]}", f"--source={tmp_path / 's'}",
                      f"--target={tmp_path / 't'}", f"--output={tmp_path / 'o'}")
     assert result.returncode == 1 and "different numbers of lines" in result.stderr
+
+
+@pytest.mark.parametrize("parallel_batches", [1, 2])
+@pytest.mark.parametrize("sort_window", [1, 7, 100])
+def test_pairs_are_scored_in_batches_by_length_and_written_in_order(sort_window, parallel_batches):
+    """--sort_window pairs are scored in batches of similar length (target,
+    then source words), --parallel_batches at once; lines that pass through
+    and scored lines come out in input order."""
+    sent = []
+
+    def fake(sources, targets):            # log p = -(target words) - (source words) / 10
+        sent.append(list(targets))
+        return {"log_prob": [-len(t.split()) - len(s.split()) / 10 for s, t in zip(sources, targets)]}
+
+    lines = [line if line == b"broken" else line + b" ||| 0.5" for line in (
+        b"a b ||| x y z", b"c ||| w", b"broken", b"d e f ||| u v", b"g ||| p q r s t", b"h i ||| o",
+        b"j ||| n m", b"k l m n ||| k l m n o p", b"o ||| q")]
+    out = io.BytesIO()
+    malformed = score.Malformed("phrase table", strict=False, log=lambda m: None)
+    ordered = score.OrderedScorer(fake, out, batch_size=3, unescape=False, sort_window=sort_window,
+                                  parallel_batches=parallel_batches)
+    score.score_phrase_table(lines, ordered, malformed)
+    written = out.getvalue().split(b"\n")[:-1]
+    assert len(written) == len(lines) and written[2] == b"broken" and malformed.lines == [3]
+    for line, got in zip(lines, written):
+        if b"|||" in line:
+            source, target, _ = line.split(b" ||| ")
+            assert float(got.split(b" ||| ")[2].split()[-1]) == pytest.approx(
+                -len(target.split()) - len(source.split()) / 10)
+    pairs = [line.split(b" ||| ")[:2] for line in lines if b"|||" in line]
+    window = max(sort_window, 3)
+    expected = []
+    for start in range(0, len(pairs), window):
+        chunk = pairs[start:start + window]
+        if window > 3:
+            chunk = sorted(chunk, key=lambda p: (len(p[1].split()), len(p[0].split())))
+        expected += [[t for _, t in chunk[i:i + 3]] for i in range(0, len(chunk), 3)]
+    assert (sent if parallel_batches == 1 else sorted(sent)) == (expected if parallel_batches == 1
+                                                                 else sorted(expected))
