@@ -65,23 +65,23 @@ absl_flags.DEFINE_boolean("sort_by_length", False, "Batch the sentences in order
 
 
 def measure(signature, lines, batch_size, runs, parallel_batches=1):
-    import concurrent.futures
-
     import tensorflow as tf
+
+    from nmt_tf.translator import batches_by_length
 
     signature(text=tf.constant(lines[:batch_size]))          # warm-up (tracing, allocation)
 
-    def tokens_of(i):
-        out = signature(text=tf.constant(lines[i:i + batch_size]))
+    def tokens_of(batch):
+        out = signature(text=tf.constant(batch))
         return int(tf.reduce_sum(tf.cast(out["target_tokens"] != b"", tf.int32)))
 
     results = []
-    with concurrent.futures.ThreadPoolExecutor(parallel_batches) as pool:
-        for _ in range(runs):
-            start = time.perf_counter()
-            tokens = sum(pool.map(tokens_of, range(0, len(lines), batch_size)))
-            seconds = time.perf_counter() - start
-            results.append((len(lines) / seconds, tokens / seconds, seconds))
+    for _ in range(runs):
+        start = time.perf_counter()
+        batched = batches_by_length(tokens_of, lines, batch_size, parallel_batches, by_length=False)
+        tokens = sum(count for _, count in batched)
+        seconds = time.perf_counter() - start
+        results.append((len(lines) / seconds, tokens / seconds, seconds))
     results.sort()
     sent, tok, seconds = results[len(results) // 2]
     return {"sentences": len(lines), "sentences_per_sec": round(sent, 2),

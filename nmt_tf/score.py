@@ -47,7 +47,7 @@ from absl import flags as absl_flags
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --model_name, ...
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import open_binary
-from nmt_tf.translator import batches_by_length
+from nmt_tf.translator import batches_by_length, rows_by_line
 
 absl_flags.DEFINE_string("phrase_table", None, "A Moses phrase table to extend with the model's score.")
 absl_flags.DEFINE_string("nbest", None, "A Moses n-best list to add the model's score to (needs --source).")
@@ -128,14 +128,11 @@ class OrderedScorer:
 
     def flush(self) -> None:
         pairs = [p for p, _ in self.pending if p is not None]
-        rows = [None] * len(pairs)       # (batch result, row) of each pair
         score = lambda batch: self.scorer([s for s, _ in batch], [t for _, t in batch])
-        for index, result in batches_by_length(score, pairs, self.batch_size, self.parallel_batches,
-                                               by_length=self.window > self.batch_size,
-                                               length=lambda pair: (len(pair[1].split()), len(pair[0].split()))):
-            for row, i in enumerate(index):
-                rows[i] = (result, row)
-        scored = iter(rows)
+        batched = batches_by_length(score, pairs, self.batch_size, self.parallel_batches,
+                                    by_length=self.window > self.batch_size,
+                                    length=lambda pair: (len(pair[1].split()), len(pair[0].split())))
+        scored = iter(rows_by_line(batched, len(pairs)))
         for pair, item in self.pending:
             if pair is None:
                 self.out.write(item + b"\n")

@@ -40,7 +40,7 @@ from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, -
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, count_lines, input_lines
 from nmt_tf.progress import Progress
-from nmt_tf.translator import batches_by_length
+from nmt_tf.translator import batches_by_length, rows_by_line
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
@@ -122,14 +122,9 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
 
     def flush():
         nonlocal done
-        rows = [None] * len(window)          # (batch result, row) of each line of the window
-        for index, result in batches_by_length(lambda batch: client(text=batch), window, batch_size,
-                                               parallel_batches, by_length=window_size > batch_size):
-            for row, i in enumerate(index):
-                rows[i] = (result, row)
-            if progress:
-                progress.update(len(index))
-        for i, (result, row) in enumerate(rows):
+        batched = batches_by_length(lambda batch: client(text=batch), window, batch_size, parallel_batches,
+                                    by_length=window_size > batch_size)
+        for i, (result, row) in enumerate(rows_by_line(batched, len(window), progress and progress.update)):
             if not (with_alignments or with_scores or n_best > 1) and result["truncated"][row]:
                 print(f"warning: line {done + i + 1} was longer than the model's input limit and was cut",
                       file=sys.stderr)

@@ -392,6 +392,19 @@ def batches_by_length(call, lines: list, batch_size: int, parallel_batches: int 
         pool.shutdown(cancel_futures=True)
 
 
+def rows_by_line(batched, count: int, on_batch=None) -> list:
+    """The (batch result, row) of each of `count` lines, in the lines' order,
+    from `batches_by_length`'s (index, result) pairs; `on_batch(n)` is called
+    after each batch of n lines (progress)."""
+    rows = [None] * count
+    for index, result in batched:
+        for row, i in enumerate(index):
+            rows[i] = (result, row)
+        if on_batch:
+            on_batch(len(index))
+    return rows
+
+
 def _collect(out: dict, index: list, keys, results: dict) -> None:
     """Rows of one batch's `out` into `results` at the lines' positions `index`."""
     for row, i in enumerate(index):
