@@ -64,7 +64,8 @@ def test_the_readme_flag_table_shows_the_real_defaults():
 @pytest.mark.parametrize("script,own_flag", [("train_throughput.py", "window_steps"),
                                              ("decode_speed.py", "sort_by_length"),
                                              ("serve_load.py", "clients_list"),
-                                             ("train_ab.py", "round_steps")])
+                                             ("train_ab.py", "round_steps"),
+                                             ("versus_joeynmt.py", "joeynmt_updates")])
 def test_benchmark_scripts_define_their_flags(script, own_flag):
     """A benchmark whose flags clash with nmt_tf's dies before measuring anything."""
     from conftest import run_cli
