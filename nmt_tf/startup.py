@@ -27,6 +27,11 @@ restores standard error:
   comes, line by line.
 
 Later TensorFlow messages are not filtered.
+
+While that import runs, scikit-learn looks missing (`_WithoutScikitLearn`):
+Keras, which TensorFlow's import loads, would import it (and SciPy's
+statistics) for its scikit-learn wrappers alone, about a second of every
+tool's start; the tools import it themselves where they need it.
 """
 
 from __future__ import annotations
@@ -133,6 +138,21 @@ class _Capture:
         self.out.flush()
 
 
+class _WithoutScikitLearn(importlib.abc.MetaPathFinder):
+    """scikit-learn as missing while TensorFlow's import runs. That import
+    loads Keras, and Keras imports scikit-learn (with SciPy's statistics)
+    only for its scikit-learn wrappers, which then say it is not installed:
+    about a second of every tool's start, for wrappers no tool uses. Later
+    imports of scikit-learn (`nmt_tf.representations`' t-SNE) find it as
+    usual."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "sklearn" or name.startswith("sklearn."):
+            raise ModuleNotFoundError(f"No module named {name!r} while TensorFlow loads (nmt_tf.startup)",
+                                      name=name)
+        return None
+
+
 class _QuietLoader(importlib.abc.Loader):
     """TensorFlow's own loader, run with standard error captured (_Capture),
     followed by the device probe that prints the CUDA lines."""
@@ -149,10 +169,13 @@ class _QuietLoader(importlib.abc.Loader):
         except OSError:                  # no standard error to redirect
             return self.loader.exec_module(module)
         gpu_found = False
+        deferred = _WithoutScikitLearn()
+        sys.meta_path.insert(0, deferred)
         try:
             self.loader.exec_module(module)
             gpu_found = bool(module.config.list_physical_devices("GPU"))
         finally:
+            sys.meta_path[:] = [f for f in sys.meta_path if f is not deferred]
             capture.close(gpu_found)
 
     def __getattr__(self, name):         # get_resource_reader, is_package, ...

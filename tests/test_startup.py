@@ -78,3 +78,33 @@ def test_a_cli_starts_without_tensorflow_start_up_lines():
     assert "Total parameters" in result.stdout
     for noise in NOISE:
         assert noise not in result.stderr, result.stderr
+
+
+def test_scikit_learn_is_missing_only_while_tensorflow_loads(tmp_path):
+    """TensorFlow's import loads Keras, which imports scikit-learn for its
+    scikit-learn wrappers alone (a second of every tool's start). Stand-ins
+    for both: through nmt_tf.startup the `tensorflow` import finds no
+    scikit-learn, and the tools' own later import (t-SNE) finds it."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(textwrap.dedent("""
+        import types
+        try:
+            from sklearn.base import BaseEstimator     # as keras/src/wrappers does
+            sklearn_seen = True
+        except ImportError:
+            sklearn_seen = False
+        config = types.SimpleNamespace(list_physical_devices=lambda kind: [])
+    """))
+    (tmp_path / "sklearn").mkdir()
+    (tmp_path / "sklearn" / "__init__.py").write_text("")
+    (tmp_path / "sklearn" / "base.py").write_text("BaseEstimator = object\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    quiet = ("from nmt_tf import startup; startup.quiet_tensorflow_import(); import tensorflow, sys; "
+             "print(tensorflow.sklearn_seen, 'sklearn' in sys.modules); from sklearn.base import BaseEstimator; "
+             "print('later', BaseEstimator)")
+    result = subprocess.run([sys.executable, "-c", quiet], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "False False\nlater <class 'object'>\n"
+    plain = subprocess.run([sys.executable, "-c", "import tensorflow; print(tensorflow.sklearn_seen)"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert plain.stdout == "True\n", plain.stderr
