@@ -151,7 +151,8 @@ def joeynmt_training() -> float:
 
 def joeynmt_decoding(config: str, sentences: int) -> float:
     FLAGS = absl_flags.FLAGS
-    seed = re.search(r"random_seed:\s*(\d+)", open(config, encoding="utf-8").read())
+    with open(config, encoding="utf-8") as f:
+        seed = re.search(r"random_seed:\s*(\d+)", f.read())
     python = FLAGS.joeynmt_python or "/tmp/joey/bin/python"      # run.sh's default PY
     with tempfile.TemporaryDirectory() as tmp:
         command = [python, os.path.join(FLAGS.joeynmt, "joey_seeded.py"), seed.group(1) if seed else "42", "test",

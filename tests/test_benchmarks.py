@@ -58,8 +58,7 @@ def test_train_ab_names_a_side_that_is_neither_directory_nor_revision():
 VERSUS = os.path.join(REPO, "benchmarks", "versus_joeynmt.py")
 
 
-def fake_joeynmt(tmp_path, speed="SPEED target_tokens_per_sec=500 (steps 100 after 1 warm-up interval(s))",
-                 generation_seconds=4.0):
+def fake_joeynmt(tmp_path):
     """A stand-in for the JoeyNMT harness: run.sh and joey_seeded.py print
     what the real ones print and note how they were called."""
     harness = tmp_path / "harness"
@@ -67,11 +66,11 @@ def fake_joeynmt(tmp_path, speed="SPEED target_tokens_per_sec=500 (steps 100 aft
     (harness / "run.sh").write_text(
         '#!/usr/bin/env bash\n'
         f'echo "run.sh $* THREADS=$THREADS WORK=$WORK" >> {harness}/calls.log\n'
-        f'echo "{speed}"\n')
+        'echo "SPEED target_tokens_per_sec=500 (steps 100 after 1 warm-up interval(s), 9.1s)"\n')
     (harness / "joey_seeded.py").write_text(
         "import sys\n"
         f"open({str(harness / 'calls.log')!r}, 'a').write('joey_seeded.py ' + ' '.join(sys.argv[1:]) + '\\n')\n"
-        f"print('2026-11-26 05:38:09,799 - INFO - joeynmt.prediction - Generation took {generation_seconds}[sec].')\n")
+        "print('2026-11-26 05:38:09,799 - INFO - joeynmt.prediction - Generation took 4.0[sec].')\n")
     work = tmp_path / "work"
     (work / "configs").mkdir(parents=True)
     (work / "configs" / "test.yaml").write_text("name: test\nrandom_seed: 7\n")
@@ -102,8 +101,8 @@ def test_versus_joeynmt_decoding_alternates_the_sides_and_takes_ratios_per_round
     assert result["cpu_flags"] == vector_flags() and result["saved_model"] == version
     # JoeyNMT decoded with its own work folder's config and seed, twice.
     calls = (harness / "calls.log").read_text().splitlines()
-    assert calls == [f"joey_seeded.py 7 test {work}/configs/test.yaml -o {call.split(' -o ')[1]}" for call in calls]
     assert len(calls) == 2
+    assert all(call.startswith(f"joey_seeded.py 7 test {work}/configs/test.yaml -o ") for call in calls), calls
 
 
 def test_versus_joeynmt_training_reads_both_sides_rates(tmp_path, tiny_corpus):
@@ -123,7 +122,7 @@ def test_versus_joeynmt_training_reads_both_sides_rates(tmp_path, tiny_corpus):
 
 
 def test_versus_joeynmt_names_the_side_that_failed(tmp_path):
-    harness, work = fake_joeynmt(tmp_path, speed="ModuleNotFoundError: No module named torch")
+    harness, work = fake_joeynmt(tmp_path)
     (harness / "run.sh").write_text('#!/usr/bin/env bash\necho "No module named torch"; exit 3\n')
     done = run_cli(VERSUS, f"--joeynmt={harness}", f"--joeynmt_work={work}", timeout=120)
     assert done.returncode != 0
