@@ -114,19 +114,20 @@ def side_by_side(rounds: int, peer, ours: dict, log=lambda message: None) -> dic
                               for name in ours}}
 
 
-def run(command: list, what: str, env: dict | None = None, cwd: str | None = None) -> str:
-    """The command's output (stdout and stderr together); SideFailed naming
-    `what` and the command, with the output's last lines, if it fails."""
+def run(command: list, what: str, env: dict | None = None, cwd: str | None = None):
+    """The finished command (its stdout and stderr); SideFailed naming `what`
+    and the command, with the last lines of its output, if it fails."""
     done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})})
-    output = done.stdout + done.stderr
     if done.returncode != 0:
-        tail = "\n".join(output.splitlines()[-25:])
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
         raise SideFailed(f"{what} failed (exit {done.returncode}): {shlex.join(command)}\n{tail}")
-    return output
+    return done
 
 
-def last_json(output: str, what: str) -> dict:
-    for line in reversed(output.splitlines()):
+def last_json(stdout: str, what: str) -> dict:
+    """The result line of one of nmt_tf's benchmarks (its standard output's
+    last JSON line; TensorFlow's messages go to standard error)."""
+    for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
     raise SideFailed(f"{what} printed no JSON result")
@@ -142,7 +143,8 @@ def joeynmt_env() -> dict:
 def joeynmt_training() -> float:
     FLAGS = absl_flags.FLAGS
     command = ["bash", os.path.join(FLAGS.joeynmt, "run.sh"), "speed", str(FLAGS.joeynmt_updates)]
-    output = run(command, "JoeyNMT's training", joeynmt_env())
+    done = run(command, "JoeyNMT's training", joeynmt_env())
+    output = done.stdout + done.stderr
     found = re.search(r"SPEED target_tokens_per_sec=([\d.]+)", output)
     if not found:
         raise SideFailed(f"JoeyNMT's training printed no 'SPEED target_tokens_per_sec=' line: {shlex.join(command)}")
@@ -158,8 +160,9 @@ def joeynmt_decoding(config: str, sentences: int) -> float:
         command = [python, os.path.join(FLAGS.joeynmt, "joey_seeded.py"), seed.group(1) if seed else "42", "test",
                    config, "-o", os.path.join(tmp, "hyp")]
         threads = str(os.cpu_count())
-        output = run(command, "JoeyNMT's decoding", {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-                                                     "PYTHONWARNINGS": "ignore"}, cwd=tmp)
+        done = run(command, "JoeyNMT's decoding", {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+                                                   "PYTHONWARNINGS": "ignore"}, cwd=tmp)
+    output = done.stdout + done.stderr      # JoeyNMT logs to either
     found = re.findall(r"Generation took ([\d.]+)\[sec\]", output)
     if not found:
         raise SideFailed(f"JoeyNMT's decoding printed no 'Generation took' line: {shlex.join(command)}")
@@ -172,7 +175,7 @@ def nmt_tf_training(precision: str) -> float:
                f"--flagfile={FLAGS.nmt_tf_flagfile}", f"--mixed_precision={precision}",
                f"--windows={FLAGS.windows}", *shlex.split(FLAGS.nmt_tf_args)]
     what = f"nmt_tf's training (--mixed_precision={precision})"
-    return float(last_json(run(command, what, cwd=REPO), what)["target_tokens_per_sec"])
+    return float(last_json(run(command, what, cwd=REPO).stdout, what)["target_tokens_per_sec"])
 
 
 def nmt_tf_decoding(parallel: str) -> float:
@@ -181,7 +184,8 @@ def nmt_tf_decoding(parallel: str) -> float:
                f"--saved_model_beam={FLAGS.saved_model}", "--batch_sizes=80", "--sort_by_length",
                f"--runs={FLAGS.decode_runs}", f"--parallel_batches={parallel}", *shlex.split(FLAGS.nmt_tf_args)]
     what = f"nmt_tf's decoding (--parallel_batches={parallel})"
-    return float(last_json(run(command, what, cwd=REPO), what)["configs"]["beam10_batch80"]["sentences_per_sec"])
+    result = last_json(run(command, what, cwd=REPO).stdout, what)
+    return float(result["configs"]["beam10_batch80"]["sentences_per_sec"])
 
 
 def commit() -> str:
