@@ -201,6 +201,44 @@ def check_batch_size(alias: str, items: int, max_batch_size: int) -> None:
                            f"accepts at most {max_batch_size} per request")
 
 
+# Bytes per element of the numeric dtypes a request may declare (DataType enum values; strings are counted by value).
+_DTYPE_BYTES = {1: 4, 2: 8, 3: 4, 4: 1, 5: 2, 6: 1, 8: 8, 9: 8, 10: 1, 14: 2, 17: 2, 18: 16, 19: 2, 22: 4, 23: 8}
+_DT_STRING = 7
+
+
+def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes: int | None) -> None:
+    """Refuses an input by what its TensorProto declares, before any tensor is
+    built from it: an unknown rank, a negative dimension, a rank other than
+    the signature's, a batch over `max_batch_size`, more values than
+    elements, or more than `max_bytes` once expanded. (A TensorProto may give
+    one value for a whole shape, which tf.make_ndarray repeats: 31 bytes on
+    the wire can declare 100 million strings.)"""
+    shape = proto.tensor_shape
+    if shape.unknown_rank:
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"input {alias} has an unknown rank")
+    dims = [d.size for d in shape.dim]
+    if any(d < 0 for d in dims):
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"input {alias} has a negative dimension: {dims}")
+    rank = len(info.tensor_shape.dim)
+    if not info.tensor_shape.unknown_rank and len(dims) != rank:
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"input {alias} must have rank {rank}, got shape {dims}")
+    if dims:
+        check_batch_size(alias, dims[0], max_batch_size)
+    elements = math.prod(dims)
+    if proto.dtype == _DT_STRING:
+        values = proto.string_val
+        if len(values) > elements:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"input {alias} has {len(values)} values for shape {dims} ({elements} elements)")
+        size = sum(len(v) for v in values) + (elements - len(values)) * (len(values[-1]) if values else 0)
+    else:
+        size = elements * _DTYPE_BYTES.get(proto.dtype, 16)
+    if max_bytes is not None and size > max_bytes:
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"input {alias} of shape {dims} would take {size:,} bytes, more than this server's "
+                           f"message limit of {max_bytes:,}")
+
+
 def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_message_bytes: int | None = None,
                 can_filter: bool = True):
     """Predict, following TF Serving's checks and messages (predict_util.cc);
@@ -240,16 +278,11 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_messa
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"Expects arg[{i}] to be {_dtype_name(info.dtype)} but "
                                f"{_dtype_name(proto.dtype) if proto.dtype else 'invalid'} is provided")
+        check_declared_size(alias, proto, info, max_batch_size, max_message_bytes)
         try:
             value = tf.make_ndarray(proto)
         except Exception as e:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor parsing error: {alias}") from e
-        rank = len(info.tensor_shape.dim)
-        if not info.tensor_shape.unknown_rank and value.ndim != rank:
-            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"input {alias} must have rank {rank}, got shape {list(value.shape)}")
-        if value.ndim:
-            check_batch_size(alias, value.shape[0], max_batch_size)
         feeds[alias] = tf.constant(value)
     sizes = {v.shape[0] for v in feeds.values() if v.shape.rank}
     if len(sizes) > 1:

@@ -108,11 +108,45 @@ def test_metadata_and_status(server):
     (lambda: request(text=tf.make_tensor_proto([["a", "b"]])), grpc.StatusCode.INVALID_ARGUMENT, "rank 1"),
     (lambda: request(["x"] * 51), grpc.StatusCode.INVALID_ARGUMENT, "at most 50"),
     (lambda: request(["word " * 300000]), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),   # 1.5 MB > 1 MiB
+    (lambda: request(text=declared([-5])), grpc.StatusCode.INVALID_ARGUMENT, "negative dimension: [-5]"),
+    (lambda: request(text=declared(None)), grpc.StatusCode.INVALID_ARGUMENT, "unknown rank"),
+    (lambda: request(text=declared([1], [b"a", b"b"])), grpc.StatusCode.INVALID_ARGUMENT, "2 values for shape [1]"),
+    (lambda: request(text=declared([50], [b"x" * 100_000])), grpc.StatusCode.INVALID_ARGUMENT,
+     "would take 5,000,000 bytes"),     # one 100 kB value for 50 elements: 5 MB once repeated, over 1 MiB
 ])
 def test_malformed_requests_get_tf_serving_status_codes(server, make, code, fragment):
     got, details = status_of(lambda: server["predict"].Predict(make(), timeout=60))
     assert got == code, details
     assert fragment in (details or ""), details
+    still_serving(server)
+
+
+def declared(dims, values=(b"x",)):
+    """A string TensorProto declaring the shape `dims` (None: unknown rank) with only `values` in it."""
+    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+
+    shape = tensor_shape_pb2.TensorShapeProto(unknown_rank=dims is None,
+                                              dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims or []])
+    return tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=shape, string_val=list(values))
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_shape_bomb_is_refused_before_any_tensor_is_built(server):
+    """31 bytes declaring 100 million strings: refused from the declared shape at
+    once (it used to take 8 s and over 1 GB of memory to build the tensor first)."""
+    bomb = request(text=declared([100_000_000]))
+    assert len(bomb.inputs["text"].SerializeToString()) < 40
+    server["predict"].Predict(request(), timeout=60)          # warm: the first request's own allocations
+    before, start = rss_bytes(), time.monotonic()
+    for _ in range(4):
+        code, details = status_of(lambda: server["predict"].Predict(bomb, timeout=60))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "at most 50" in details, details
+    assert time.monotonic() - start < 2.0
+    assert rss_bytes() - before < 10 * 2**20
     still_serving(server)
 
 
