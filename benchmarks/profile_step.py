@@ -208,7 +208,7 @@ def profile_search(config, logdir: str, policy: str) -> dict:
         model.freeze_step_weights()
     options = nmt_flags.search_options()
     # The exported signature's source ids: tokenized, [EOS] appended, padded.
-    prepare = translator.Translator(model, src_tok, tgt_tok, options, max_input_length=FLAGS.max_input_length)
+    prepare = translator.TranslationGraph(model, src_tok, tgt_tok, options, max_input_length=FLAGS.max_input_length)
     lines = tf.constant(read_lines(FLAGS.source)[:FLAGS.search_sentences])
     source_ids = prepare._dense(prepare._ids(src_tok, lines)[0])
     lexical = lexicon.for_search(FLAGS.model_dir, model, options) if FLAGS.model_dir else None

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from nmt_tf import checkpoints, data, metrics, plots
 from nmt_tf.flags import learning_rate
-from nmt_tf.translator import Translator, compiled_translate, translate_lines
+from nmt_tf.translator import TranslationGraph, compiled_translate, translate_lines
 
 
 class TrainingState(tf.Module):
@@ -102,7 +102,7 @@ class DevBleu:
         self.tokenized_references = metrics.moses_lc_tokenize(self.references, self.lang)
         self.attention_examples = attention_examples
         self.batch_size = batch_size
-        translator = Translator(model, source_tokenizer, target_tokenizer, options, max_input_length=250)
+        translator = TranslationGraph(model, source_tokenizer, target_tokenizer, options, max_input_length=250)
         self.translate = compiled_translate(translator)
 
     def __call__(self) -> dict:

@@ -59,7 +59,7 @@ from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import read_lines, write_atomically
 from nmt_tf.lexicon import for_search
 from nmt_tf.progress import Progress
-from nmt_tf.translator import (Translator, UnkReplacement, compiled_translate, read_metadata, restore_ensemble,
+from nmt_tf.translator import (TranslationGraph, UnkReplacement, compiled_translate, read_metadata, restore_ensemble,
                                translate_lines)
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
@@ -117,7 +117,7 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
     restored = restore_ensemble(model_dirs, weights, log=log, precision=precision)
     model, src_tok, tgt_tok, config = restored[:4]
     shortlist = for_search(model_dir, model, options)
-    make = lambda o: compiled_translate(Translator(model, src_tok, tgt_tok, o, max_input_length, unk_replacement,
+    make = lambda o: compiled_translate(TranslationGraph(model, src_tok, tgt_tok, o, max_input_length, unk_replacement,
                                                    shortlist))
     words = data.word_shortlist_paths(model_dir)
     if not all(os.path.exists(p) for p in words):

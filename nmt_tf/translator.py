@@ -1,6 +1,6 @@
 """Translation with a trained model, exactly as the exported graph does it.
 
-`Translator` builds the functions that nmt_tf.export saves as signatures
+`TranslationGraph` builds the functions that nmt_tf.export saves as signatures
 (raw text in, detokenized text, scores, tokens and alignments out), so
 nmt_tf.evaluate, nmt_tf.visualize and the training callbacks translate with
 the same graph code that TF Serving runs. `restore_model` loads a trained
@@ -104,7 +104,7 @@ def check_dictionary(path: str) -> int:
     return len(seen)
 
 
-class Translator:
+class TranslationGraph:
     """Builds the serving functions around a model and its tokenizers.
 
     `module()` returns the tf.Module that is saved: it holds the model's
@@ -345,7 +345,7 @@ def load_signature(path: str, name: str = "serving_default"):
     return signatures[name]
 
 
-def compiled_translate(translator: Translator):
+def compiled_translate(translator: TranslationGraph):
     """`translator.translate` as a tf.function over a [batch] string vector."""
     import tensorflow as tf
 

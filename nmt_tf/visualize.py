@@ -50,7 +50,7 @@ from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, input_lines
 from nmt_tf.representations import PHRASE_VECTORS, RepresentationError
 from nmt_tf.lexicon import for_search
-from nmt_tf.translator import Translator, compiled_translate, restore_model, translate_lines
+from nmt_tf.translator import TranslationGraph, compiled_translate, restore_model, translate_lines
 
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
 absl_flags.DEFINE_string("out", None, "PNG file (--text) or directory (--input, --representations); default "
@@ -88,7 +88,7 @@ def translate_function(saved_model: str | None, model_dir: str | None, options, 
         client = SignatureClient(saved_model=saved_model)
         return lambda lines: client(text=lines)
     model, src_tok, tgt_tok = restore_model(model_dir, checkpoint, log=lambda *a: None)[:3]
-    return compiled_translate(Translator(model, src_tok, tgt_tok, options, max_input_length,
+    return compiled_translate(TranslationGraph(model, src_tok, tgt_tok, options, max_input_length,
                                          shortlist=for_search(model_dir, model, options)))
 
 

@@ -318,21 +318,21 @@ class ScriptedModel:
 
 def test_unk_replacement_copies_the_attended_source_word_or_its_dictionary_translation(tmp_path):
     from nmt_tf import text
-    from nmt_tf.translator import Translator, UnkReplacement
+    from nmt_tf.translator import TranslationGraph, UnkReplacement
 
     vocab = list(text.SPECIAL_TOKENS) + ["le", "chat"]
     src_tok = text.Tokenizer(list(text.SPECIAL_TOKENS) + ["Hello", "."], "word", "en")
     tgt_tok = text.Tokenizer(vocab, "word", "fr")
     sentences = tf.constant(["Hello Ziegler .", "Dr Who ."])
     options = SearchOptions(beam_size=1, min_length_ratio=0.0)
-    plain = Translator(ScriptedModel(), src_tok, tgt_tok, options, 20).translate(sentences)
+    plain = TranslationGraph(ScriptedModel(), src_tok, tgt_tok, options, 20).translate(sentences)
     assert plain["translation"].numpy().tolist() == [b"[UNK] le", b"[UNK] le"]
-    copied = Translator(ScriptedModel(), src_tok, tgt_tok, options, 20, UnkReplacement()).translate(sentences)
+    copied = TranslationGraph(ScriptedModel(), src_tok, tgt_tok, options, 20, UnkReplacement()).translate(sentences)
     assert copied["translation"].numpy().tolist() == [b"Ziegler le", b"Who le"]
     assert copied["target_tokens"].numpy()[0].tolist()[:3] == [b"[UNK]", b"le", b"[EOS]"]     # the model's own
     dictionary = tmp_path / "dict.tsv"
     dictionary.write_text("Ziegler\tZieglère\nHello\tBonjour\n", encoding="utf-8")
-    translated = Translator(ScriptedModel(), src_tok, tgt_tok, options, 20,
+    translated = TranslationGraph(ScriptedModel(), src_tok, tgt_tok, options, 20,
                             UnkReplacement(str(dictionary))).translate(sentences)
     assert [t.decode() for t in translated["translation"].numpy()] == ["Zieglère le", "Who le"]
     for content, problem in (("Ziegler\tA\nZiegler\tB\n", "line 2: 'Ziegler' has an entry already"),

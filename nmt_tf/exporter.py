@@ -1,0 +1,148 @@
+"""Writes a trained model as a versioned SavedModel for TensorFlow Serving.
+
+The library half of nmt_tf.export (whose docstring lists the signatures and
+their outputs): `export()` restores the weights, builds the signature graph
+(nmt_tf.translator.TranslationGraph), saves it atomically as
+<export_dir>/<version>/, and writes the warm-up requests and nmt_tf.json
+into its assets.extra/. nmt_tf.presets builds its SavedModels with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+
+from nmt_tf.files import WriteFailed
+from nmt_tf.lexicon import for_search
+from nmt_tf.translator import EXPORT_METADATA, TranslationGraph, restore_ensemble
+
+WARMUP_SENTENCES = ["A man is walking his dog in the park.", "Two children are playing.", ""]
+
+
+def next_version(export_dir: str) -> int:
+    versions = [int(d) for d in os.listdir(export_dir) if re.fullmatch(r"\d+", d)] if os.path.isdir(export_dir) else []
+    return max(versions, default=0) + 1
+
+
+def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
+    """assets.extra/tf_serving_warmup_requests: one PredictionLog for serving_default."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    extra = os.path.join(saved_model_dir, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    path = os.path.join(extra, "tf_serving_warmup_requests")
+    request = predict_pb2.PredictRequest()
+    request.model_spec.signature_name = "serving_default"
+    request.inputs["text"].CopyFrom(tf.make_tensor_proto(sentences, dtype=tf.string))
+    log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+    with tf.io.TFRecordWriter(path) as writer:
+        writer.write(log.SerializeToString())
+    return path
+
+
+def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options, max_input_length: int,
+                   weights: str, unk_replacement=None, precision: str = "float32") -> None:
+    """assets.extra/nmt_tf.json (languages, tokenizer, search settings, precision, which
+    weights) and the training word shortlists (of the first model), for
+    nmt_tf.evaluate / visualize on the export."""
+    from nmt_tf import data
+
+    model_dir = model_dirs[0]
+    extra = os.path.join(saved_model_dir, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    meta = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
+            "model": config.model, "search": dataclasses.asdict(options), "max_input_length": max_input_length,
+            "checkpoint": weights, "precision": precision, "model_dirs": [os.path.abspath(d) for d in model_dirs],
+            "replace_unk": unk_replacement is not None,
+            "unk_dictionary": unk_replacement.dictionary if unk_replacement is not None else None}
+    with open(os.path.join(extra, EXPORT_METADATA), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    for path in data.word_shortlist_paths(model_dir):
+        if os.path.exists(path):
+            shutil.copy(path, os.path.join(extra, os.path.basename(path)))
+
+
+def remove_stale_temporaries(export_dir: str, log=print) -> list[str]:
+    """Removes the `.tmp-<version>-<pid>` folders of exports whose process is
+    gone (killed before its rename); an export still running keeps its own.
+    Returns the removed paths."""
+    removed = []
+    for name in sorted(os.listdir(export_dir)):
+        match = re.fullmatch(r"\.tmp-\d+-(\d+)", name)
+        if not match or _process_alive(int(match.group(1))):
+            continue
+        path = os.path.join(export_dir, name)
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"Removed {path}, left by an export that did not finish.")
+        removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # someone else's process
+        return True
+    return True
+
+
+def export(model_dir, export_dir: str, options, version: int = 0, weights="best",
+           max_input_length: int = 100, log=print, freeze_step_weights: bool = True,
+           unk_replacement=None, precision: str = "float32", freeze_token_products: bool = True) -> str:
+    """Writes export_dir/<version>/ atomically; returns its path.
+
+    `model_dir`: a model directory, or a list of several (an ensemble).
+    `weights`: a `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value.
+    `unk_replacement`: a `nmt_tf.translator.UnkReplacement`, or None.
+    `freeze_step_weights`, `freeze_token_products`: see
+    `Seq2SeqModel.freeze_step_weights` (its `token_products`; only with
+    `freeze_step_weights`).
+    `precision`: the Keras dtype policy the SavedModel computes in
+    ("mixed_bfloat16": bfloat16 arithmetic, and its frozen step matrices
+    stored in bfloat16)."""
+    import tensorflow as tf
+
+    model_dirs = [model_dir] if isinstance(model_dir, str) else list(model_dir)
+    version = version or next_version(export_dir)
+    final = os.path.join(export_dir, str(version))
+    if os.path.exists(final):     # before the (slow) restore
+        raise FileExistsError(f"{final} already exists; choose another --version")
+    os.makedirs(export_dir, exist_ok=True)
+    remove_stale_temporaries(export_dir, log)
+    model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log,
+                                                                        precision=precision)
+    tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
+    shortlist = for_search(model_dirs[0], model, options)
+    # A shortlist's search gathers its output columns itself: the whole layer's blocks are not stored.
+    step_weights = (model.freeze_step_weights(freeze_token_products, output_layer=shortlist is None)
+                    if freeze_step_weights else [])
+    module = TranslationGraph(model, src_tok, tgt_tok, options, max_input_length, unk_replacement, shortlist).module()
+    module.step_weights = step_weights
+    try:
+        tf.saved_model.save(module, tmp, signatures={
+            "serving_default": module.translate.get_concrete_function(),
+            "translate": module.translate.get_concrete_function(),
+            "score": module.score.get_concrete_function()})
+        write_warmup(tmp)
+        write_metadata(tmp, model_dirs, config, options, max_input_length, checkpoint_path, unk_replacement,
+                       precision)
+        os.rename(tmp, final)
+    except (tf.errors.OpError, OSError) as e:      # a full disk: no version appears, none is damaged
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteFailed(final, e, kept="no new version was made; the existing versions are unchanged") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}"
+        f"{f', shortlist of {options.shortlist_size}' if shortlist is not None else ''}"
+        f"{'' if precision == 'float32' else f', {precision}'}"
+        f"{f', an ensemble of {len(model_dirs)} models' if len(model_dirs) > 1 else ''}).\n"
+        f"  saved_model_cli show --dir {final} --all\n"
+        f"  python -m nmt_tf.translate --saved_model={final} < input.txt")
+    return final
