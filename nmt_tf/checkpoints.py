@@ -217,13 +217,35 @@ def _step_of(prefix: str) -> int:
 
 
 def _move_aside(prefix: str, model_dir: str) -> str:
-    """Moves the files of checkpoint `prefix` into <model_dir>/damaged/<dir>-<name>.*; returns that prefix."""
+    """Moves the files of checkpoint `prefix` into <model_dir>/damaged/<dir>-<name>.*
+    (<dir>-<name>~2.*, ~3, ... when an earlier damaged copy has that name: none
+    is ever overwritten); returns that prefix."""
     target_dir = os.path.join(model_dir, DAMAGED)
     tf.io.gfile.makedirs(target_dir)
-    target = os.path.join(target_dir, f"{os.path.basename(os.path.dirname(prefix))}-{os.path.basename(prefix)}")
+    base = os.path.join(target_dir, f"{os.path.basename(os.path.dirname(prefix))}-{os.path.basename(prefix)}")
+    target, copy = base, 1
+    while tf.io.gfile.glob(target + ".*"):
+        copy += 1
+        target = f"{base}~{copy}"
     for path in tf.io.gfile.glob(prefix + ".*"):
-        tf.io.gfile.rename(path, target + path[len(prefix):], overwrite=True)
+        tf.io.gfile.rename(path, target + path[len(prefix):], overwrite=False)
     return target
+
+
+def remove_unfinished_saves(model_dir: str, log=print) -> list[str]:
+    """Removes the `<name>-<step>_temp*` folders that TensorFlow writes a
+    checkpoint into before renaming it, left in checkpoints/ and best/ by a
+    run killed while saving (kill -9, power loss); returns their paths. Only
+    for the run that is about to write there (the chief): it is the only
+    writer, so no save is in progress."""
+    removed = []
+    for directory in (checkpoints_dir(model_dir), best_dir(model_dir)):
+        for path in sorted(tf.io.gfile.glob(os.path.join(directory, "*_temp*"))):
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+                log(f"Removed {path}, left by a checkpoint save that did not finish.")
+                removed.append(path)
+    return removed
 
 
 def newest_intact(model_dir: str, log=print) -> tuple[str | None, str | None]:

@@ -388,6 +388,7 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, state=state)
     # Before the manager reads the state file: damaged checkpoints are moved aside.
     if worker.is_chief:
+        checkpoints.remove_unfinished_saves(model_dir, log=log)
         restore_from, kind = checkpoints.newest_intact(model_dir, log=log)    # or NoIntactCheckpointError
     distribution.barrier(strategy)     # damaged ones are moved aside: the others read the chief's choice
     if not worker.is_chief:

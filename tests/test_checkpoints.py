@@ -144,3 +144,28 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_run_resumes_from_the_newest
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"error: {model_dir} holds no intact checkpoint" in result.stderr and "Traceback" not in result.stderr
     assert len(os.listdir(os.path.join(model_dir, "damaged"))) > len(kept_aside)
+
+
+def test_damaged_copies_of_one_name_are_all_kept_and_unfinished_saves_removed(tmp_path):
+    """damaged/ never overwrites an earlier copy; the `_temp` folders of a save
+    killed half-way are removed when the run resumes (nothing else is)."""
+    model_dir = str(tmp_path / "m")
+    regular = os.path.join(model_dir, "checkpoints")
+    os.makedirs(regular)
+    for generation in (1, 2, 3):
+        for suffix in (".index", ".data-00000-of-00001"):
+            open(os.path.join(regular, "ckpt-6" + suffix), "w").write(f"copy {generation}")
+        checkpoints._move_aside(os.path.join(regular, "ckpt-6"), model_dir)
+    aside = sorted(os.listdir(os.path.join(model_dir, "damaged")))
+    assert aside == sorted(f"checkpoints-ckpt-6{tag}{suffix}" for tag in ("", "~2", "~3")
+                           for suffix in (".index", ".data-00000-of-00001"))
+    assert {open(os.path.join(model_dir, "damaged", name)).read() for name in aside} == {"copy 1", "copy 2", "copy 3"}
+
+    os.makedirs(os.path.join(regular, "ckpt-8_temp", "part-00000-of-00001"))
+    os.makedirs(os.path.join(model_dir, "best", "best-4_temp"))
+    open(os.path.join(regular, "ckpt-6.index"), "w").write("kept")
+    said = []
+    removed = checkpoints.remove_unfinished_saves(model_dir, log=said.append)
+    assert sorted(os.path.basename(p) for p in removed) == ["best-4_temp", "ckpt-8_temp"]
+    assert os.listdir(regular) == ["ckpt-6.index"] and os.listdir(os.path.join(model_dir, "best")) == []
+    assert said[0].startswith("Removed ") and "a checkpoint save that did not finish" in said[0]
