@@ -87,19 +87,43 @@ class ModelRegistry:
         self.name, self.base_path, self.log = name, base_path, log
         self._current: LoadedVersion | None = None
         self._failed: dict[int, tuple[tuple, str]] = {}     # version -> (its files' stamp, error)
+        self._ignored: set[str] = set()                      # folder names that are no int64, logged once
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
     def available_versions(self) -> list[int]:
+        """The version folders with a saved_model.pb. Names that are no
+        int64 (TF Serving's version type, e.g. 99999999999999999999) are
+        ignored, with one log line per name."""
         if not os.path.isdir(self.base_path):
             return []
-        return sorted(int(d) for d in os.listdir(self.base_path)
-                      if re.fullmatch(r"\d+", d) and os.path.exists(os.path.join(self.base_path, d, "saved_model.pb")))
+        versions = []
+        for name in os.listdir(self.base_path):
+            if not re.fullmatch(r"\d+", name) or not os.path.exists(os.path.join(self.base_path, name, "saved_model.pb")):
+                continue
+            if int(name) >= 2**63:
+                if name not in self._ignored:
+                    self._ignored.add(name)
+                    self.log(f"ignoring {os.path.join(self.base_path, name)}: a version number must fit in int64")
+                continue
+            versions.append(int(name))
+        return sorted(versions)
 
     def poll(self) -> None:
-        """Loads the highest version if it is newer than the one served."""
+        """Loads the highest version if it is newer than the one served, or
+        if the served one's folder is gone (as TF Serving's latest-version
+        policy: removing a version unloads it, and the highest remaining one
+        is served; with none left, none is)."""
         versions = self.available_versions()
-        if not versions or (self._current and versions[-1] <= self._current.version):
+        current = self._current
+        if current and current.version in versions and versions[-1] <= current.version:
+            return
+        if not versions:
+            if current:
+                with self._lock:
+                    self._current = None
+                self.log(f"{self.name} version {current.version} was removed and no other version is left: "
+                         "nothing is served until one appears")
             return
         version = versions[-1]
         path = os.path.join(self.base_path, str(version))
@@ -115,6 +139,11 @@ class ModelRegistry:
                 self._failed[version] = (stamp, message)
             self.log(f"could not load {self.name} version {version} ({message}); "
                      "it is tried again when its files change")
+            if current and current.version not in versions:
+                with self._lock:
+                    self._current = None
+                self.log(f"{self.name} version {current.version} was removed: nothing is served until a "
+                         "version loads")
             return
         with self._lock:
             self._current = loaded

@@ -415,3 +415,35 @@ def test_one_client_for_a_signature_here_or_on_the_server(server, exported):
         SignatureClient("nope", server=address, model_name="nmt")
     with pytest.raises(ClientError, match="NOT_FOUND"):
         SignatureClient(server=address, model_name="other")
+
+
+def test_a_removed_version_falls_back_to_the_highest_left_and_odd_names_are_ignored(exported, tmp_path):
+    """As TF Serving's latest-version policy: deleting the served version serves
+    the highest remaining one (none left: none served, NOT_FOUND); a folder
+    whose name is no int64 is ignored with one log line, and never breaks
+    the served versions."""
+    from nmt_tf.serving import ModelRegistry, ServingError
+    from tensorflow_serving.apis import model_pb2
+
+    base = tmp_path / "nmt"
+    for version in (1, 2):
+        shutil.copytree(exported[2], base / str(version))
+    lines = []
+    registry = ModelRegistry("nmt", str(base), log=lines.append)
+    registry.poll()
+    assert registry.current.version == 2
+    shutil.copytree(exported[2], base / "99999999999999999999")
+    registry.poll()
+    registry.poll()
+    assert registry.current.version == 2
+    assert [line for line in lines if "int64" in line] == [
+        f"ignoring {base / '99999999999999999999'}: a version number must fit in int64"]
+    shutil.rmtree(base / "2")
+    registry.poll()
+    assert registry.current.version == 1
+    shutil.rmtree(base / "1")
+    registry.poll()
+    assert registry.current is None and "no other version is left" in lines[-1]
+    with pytest.raises(ServingError) as e:
+        registry.get(model_pb2.ModelSpec(name="nmt"))
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
