@@ -92,6 +92,16 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def _remove_new(tmp: str, export_dir: str | None) -> None:
+    """A failed export's temporary folder, and `export_dir` if it made it and it is empty."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    if export_dir:
+        try:
+            os.rmdir(export_dir)
+        except OSError:        # not empty (another export's version appeared): kept
+            pass
+
+
 def export(model_dir, export_dir: str, options, version: int = 0, weights="best",
            max_input_length: int = 100, log=print, freeze_step_weights: bool = True,
            unk_replacement=None, precision: str = "float32", freeze_token_products: bool = True) -> str:
@@ -113,10 +123,11 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
     final = os.path.join(export_dir, str(version))
     if os.path.exists(final):     # before the (slow) restore
         raise FileExistsError(f"{final} already exists; choose another --version")
-    os.makedirs(export_dir, exist_ok=True)
-    remove_stale_temporaries(export_dir, log)
     model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log,
                                                                         precision=precision)
+    created = not os.path.isdir(export_dir)         # a failed first export leaves no empty folder behind
+    os.makedirs(export_dir, exist_ok=True)
+    remove_stale_temporaries(export_dir, log)
     tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     shortlist = for_search(model_dirs[0], model, options)
     # A shortlist's search gathers its output columns itself: the whole layer's blocks are not stored.
@@ -134,10 +145,10 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
                        precision)
         os.rename(tmp, final)
     except (tf.errors.OpError, OSError) as e:      # a full disk: no version appears, none is damaged
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_new(tmp, export_dir if created else None)
         raise WriteFailed(final, e, kept="no new version was made; the existing versions are unchanged") from e
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_new(tmp, export_dir if created else None)
         raise
     log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}"
         f"{f', shortlist of {options.shortlist_size}' if shortlist is not None else ''}"

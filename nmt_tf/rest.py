@@ -517,7 +517,12 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
             self._reply(411, error_json("Length Required: send the request body with a Content-Length header "
                                         "(chunked transfer encoding is not accepted)"))
             return None
-        declared = self.headers.get("Content-Length", "0").strip()
+        lengths = {value.strip() for value in self.headers.get_all("Content-Length") or ["0"]}
+        if len(lengths) > 1:         # which one frames the body? (RFC 9110 §8.6: a 400; request smuggling otherwise)
+            self._to_drain = limit
+            self._reply(400, error_json(f"Bad Content-Length: the request has conflicting values {sorted(lengths)}"))
+            return None
+        declared = lengths.pop()
         if not (declared.isascii() and declared.isdigit()):
             self._to_drain = limit
             self._reply(400, error_json(f"Bad Content-Length: {declared!r}"))

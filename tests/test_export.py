@@ -85,6 +85,9 @@ def test_versions_are_numbered_and_written_atomically(exported, tmp_path):
     assert sorted(os.listdir(copy)) == [running, "1", "2"]   # no temporary folder of its own left behind
     with pytest.raises(FileExistsError):      # refused before the model is loaded
         export.export(str(tmp_path / "no-such-model"), copy, OPTIONS, version=2, log=lambda *a: None)
+    with pytest.raises(FileNotFoundError):    # a model that cannot be loaded: no empty --export_dir is left
+        export.export(str(tmp_path / "no-such-model"), str(tmp_path / "new-exports"), OPTIONS, log=lambda *a: None)
+    assert not os.path.exists(tmp_path / "new-exports")
 
 
 def test_translate_signature_outputs(signatures):

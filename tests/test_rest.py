@@ -278,6 +278,15 @@ def test_a_body_over_the_limit_is_refused_unread_and_chunked_bodies_need_a_lengt
     reply = conn.getresponse()
     assert reply.status == 411 and "Content-Length" in json.loads(reply.read())["error"]
     conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", server["rest_port"], timeout=30)
+    conn.putrequest("POST", "/v1/models/nmt:predict")
+    conn.putheader("Content-Length", "20")
+    conn.putheader("Content-Length", "5")          # two framings of one body: refused, neither is trusted
+    conn.endheaders(b'{"instances": ["a"]}')
+    reply = conn.getresponse()
+    assert reply.status == 400 and json.loads(reply.read())["error"] == (
+        "Bad Content-Length: the request has conflicting values ['20', '5']")
+    conn.close()
     still_serving(server)
 
 
