@@ -36,6 +36,10 @@ class ServingError(Exception):
         self.message = message
 
 
+WARMUP_FILE = "tf_serving_warmup_requests"      # in a version's assets.extra/, as TF Serving reads it
+WARMUP_RECORDS = 1000                           # TF Serving's limit
+
+
 class LoadedVersion:
     """One SavedModel version: its signatures and their SignatureDefs."""
 
@@ -50,6 +54,34 @@ class LoadedVersion:
             proto.ParseFromString(f.read())
         self.signature_defs = dict(proto.meta_graphs[0].signature_def)
         self.alignment_shape = _alignment_bound(path)
+        self.warmed_up = self._warm_up()
+
+    def _warm_up(self) -> int:
+        """Replays the version's assets.extra/tf_serving_warmup_requests (TF
+        Serving's format: PredictionLog records; nmt_tf.export writes one)
+        before the version is served, so that its first real request does not
+        pay for graph optimisation. At most WARMUP_RECORDS records, as TF
+        Serving; a record that fails fails the load, as in TF Serving.
+        Returns the number of requests replayed."""
+        import tensorflow as tf
+        from tensorflow_serving.apis import prediction_log_pb2
+
+        path = os.path.join(self.path, "assets.extra", WARMUP_FILE)
+        if not os.path.exists(path):
+            return 0
+        replayed = 0
+        for number, record in enumerate(tf.data.TFRecordDataset(path).take(WARMUP_RECORDS), 1):
+            try:
+                log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+                if log.WhichOneof("log_type") != "predict_log":
+                    continue
+                request = log.predict_log.request
+                signature = self.signatures[request.model_spec.signature_name or DEFAULT_SIGNATURE]
+                signature(**{name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()})
+            except Exception as e:
+                raise ValueError(f"warm-up request {number} of {path} failed: {type(e).__name__}: {e}") from e
+            replayed += 1
+        return replayed
 
 
 def _alignment_bound(path: str) -> tuple[int, int] | None:

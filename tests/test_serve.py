@@ -447,3 +447,27 @@ def test_a_removed_version_falls_back_to_the_highest_left_and_odd_names_are_igno
     with pytest.raises(ServingError) as e:
         registry.get(model_pb2.ModelSpec(name="nmt"))
     assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_version_is_warmed_up_before_it_is_served_and_a_failing_warm_up_fails_its_load(exported, tmp_path):
+    """TF Serving's warm-up: the export's assets.extra/tf_serving_warmup_requests
+    are replayed when a version loads, before it answers; a record that fails
+    (here: an input the signature does not have) makes the load fail."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from nmt_tf.serving import ModelRegistry
+
+    base = tmp_path / "nmt"
+    shutil.copytree(exported[2], base / "1")
+    registry = ModelRegistry("nmt", str(base), log=lambda *a: None)
+    registry.poll()
+    assert registry.current.warmed_up == 1        # nmt_tf.export writes one request (3 sentences)
+
+    shutil.copytree(exported[2], base / "2")
+    bad = request(sentence=tf.make_tensor_proto(["x"]))
+    log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=bad))
+    with tf.io.TFRecordWriter(str(base / "2" / "assets.extra" / "tf_serving_warmup_requests")) as writer:
+        writer.write(log.SerializeToString())
+    registry.poll()
+    assert registry.current.version == 1
+    assert "warm-up request 1 of" in registry.failed[2] and "failed" in registry.failed[2]
