@@ -8,13 +8,16 @@ front end calls (nmt_tf.serving), so that both answer alike:
                                                          {"inputs": ...}      -> {"outputs": ...}
   GET  /v1/models/NAME[/versions/N|/labels/L]           model status (GetModelStatus as JSON)
   GET  /v1/models/NAME[/versions/N|/labels/L]/metadata  {"model_spec": ..., "metadata": {"signature_def": ...}}
+  GET  /                                                 the translation page (nmt_tf.page; not TF Serving's)
 
 with TF Serving's JSON encoding (strings as JSON strings, {"b64": ...} for
 binary input and for outputs whose alias ends with "_bytes") and its errors:
 {"error": "..."} with the HTTP status TF Serving maps from the gRPC one
-(`HTTP_STATUS`). The HTTP layer is the standard library's http.server with a
-fixed pool of worker threads; a request body larger than the message limit
-is refused with 413 before it is read.
+(`HTTP_STATUS`). The HTTP layer is the standard library's http.server: one
+receiver thread reads every connection's request whole (nmt_tf.http_receiver,
+with deadlines and a connection cap, so slow clients hold no worker), then a
+fixed pool of worker threads answers; a request body larger than the message
+limit is refused with 413 before it is read.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import concurrent.futures
 import errno
 import functools
 import http.server
+import io
 import json
 import math
 import re
@@ -41,6 +45,8 @@ from absl import logging
 from google.protobuf import json_format
 from tensorflow_serving.apis import model_pb2
 
+from nmt_tf.http_receiver import PrefetchedReader, Receiver, error_reply
+from nmt_tf.page import PAGE_HEADERS, page_file
 from nmt_tf.serving import (DEFAULT_SIGNATURE, ModelRegistry, ServingError, _dtype_name, check_batch_size,
                             model_metadata, model_status, run_predict)
 
@@ -505,6 +511,15 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
     body_seconds = 120.0            # and the most it may take to send the body
     _answered = False
     _to_drain = 0                   # bytes of a refused body to read and drop before closing
+    _continued = False              # the receiver answered "Expect: 100-continue" already
+
+    def setup(self):
+        """Reads first what the server's receiver read of the request (nmt_tf.http_receiver)."""
+        super().setup()
+        prefetched = self.server.take_prefetched(self.request)
+        if prefetched is not None:
+            self._continued = prefetched.continued
+            self.rfile = io.BufferedReader(PrefetchedReader(prefetched.data, self.rfile))
 
     def _declared_length(self) -> int | None:
         """The body's Content-Length; None once a body this server will not
@@ -537,7 +552,9 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
 
     def handle_expect_100(self):
         """Refuses a body that is too large before the client sends it."""
-        return self._declared_length() is not None and super().handle_expect_100()
+        if self._declared_length() is None:
+            return False
+        return self._continued or super().handle_expect_100()
 
     def _read_body(self, length: int) -> bytes | None:
         """The body; None if the client closed the connection or took longer
@@ -563,7 +580,11 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
         if body is None:
             return
         path = self.path.split("?", 1)[0].split("#", 1)[0]
-        self._reply(*self.server.answer(self.command, path, body))
+        page = self.server.page(self.command, path) if self.server.page else None
+        if page is not None:
+            self._reply(200, *page, headers=PAGE_HEADERS)
+        else:
+            self._reply(*self.server.answer(self.command, path, body))
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _handle
 
@@ -571,11 +592,13 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
         """http.server's own errors (bad request line, header too long, unknown method) in JSON too."""
         self._reply(code, error_json(message or http.HTTPStatus(code).phrase))
 
-    def _reply(self, status: int, payload: bytes):
+    def _reply(self, status: int, payload: bytes, content_type: str = "application/json", headers=None):
         self._answered = True
         self.close_connection = True
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(payload)))
         self.send_header("Connection", "close")
         self.end_headers()
@@ -608,31 +631,66 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
 
 
 class RestServer(socketserver.TCPServer):
-    """TF Serving's REST API over HTTP (the standard library's http.server)
-    with a fixed pool of `threads` workers: further connections wait in the
-    listen backlog until one is free. Serves from a thread of its own; stop()
-    ends it."""
+    """TF Serving's REST API over HTTP (the standard library's http.server).
+
+    Requests are read whole by one receiver thread (nmt_tf.http_receiver:
+    a connection costs no thread while its client sends, however slowly,
+    within the deadlines) and answered by a fixed pool of `threads` workers.
+    At most `max_connections` connections are open at once (being read,
+    waiting for a worker, or answered); one more is answered 503 at once.
+    Serves from a thread of its own; stop() ends it."""
 
     allow_reuse_address = True   # rebind at once after a restart (TIME_WAIT); a port in use is still refused
     request_queue_size = socket.SOMAXCONN
 
-    def __init__(self, host: str, port: int, threads: int, answer, max_body_bytes: int):
+    def __init__(self, host: str, port: int, threads: int, answer, max_body_bytes: int, page=None,
+                 max_connections: int = 64, header_seconds: float = 30.0):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.answer, self.max_body_bytes = answer, max_body_bytes
-        self._slots = threading.BoundedSemaphore(threads)
-        self._closing = threading.Event()
+        self.page = page        # (method, path) -> (body, Content-Type) of the translation page, or None
+        self.max_connections = max_connections
+        self._connections, self._count_lock = 0, threading.Lock()
+        self._prefetched: dict = {}
         super().__init__((host, port), _RestHandler)
         self.port = self.server_address[1]
         self._workers = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="rest-api")
+        self._receiver = Receiver(self._deliver, self._release, max_body_bytes, header_seconds,
+                                  _RestHandler.body_seconds)
         threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
                          name="rest-api-accept").start()
 
     def process_request(self, request, client_address):
-        while not self._slots.acquire(timeout=0.2):
-            if self._closing.is_set():
-                self.shutdown_request(request)
-                return
+        with self._count_lock:
+            full = self._connections >= self.max_connections
+            self._connections += 0 if full else 1
+        if not full:
+            self._receiver.add(request, client_address)
+            return
+        try:
+            request.settimeout(1.0)
+            request.sendall(error_reply(503, "Service Unavailable", (
+                f"Service Unavailable: this server has {self.max_connections} connections open, its limit "
+                "(--rest_max_connections); try again")))
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def _deliver(self, request, client_address, prefetched):
+        self._prefetched[request] = prefetched
         self._workers.submit(self._serve, request, client_address)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections being read, waiting for a worker or answered."""
+        with self._count_lock:
+            return self._connections
+
+    def take_prefetched(self, request):
+        return self._prefetched.pop(request, None)
+
+    def _release(self, request=None):
+        with self._count_lock:
+            self._connections -= 1
 
     def _serve(self, request, client_address):
         try:
@@ -641,23 +699,27 @@ class RestServer(socketserver.TCPServer):
             logging.warning(f"REST connection from {client_address[0]} ended: {type(e).__name__}: {e}")
         finally:
             self.shutdown_request(request)
-            self._slots.release()
+            self._release()
 
     def stop(self):
-        self._closing.set()
         self.shutdown()
         self.server_close()
+        self._receiver.stop()
         self._workers.shutdown(wait=False)
 
 
 def start_rest_server(registry: ModelRegistry, port: int, host: str = "0.0.0.0", threads: int = 8,
-                      max_message_mb: float = 32.0, max_batch_size: int = 1024) -> RestServer:
+                      max_message_mb: float = 32.0, max_batch_size: int = 1024, page: bool = True,
+                      max_connections: int = 64, header_seconds: float = 30.0) -> RestServer:
     """Serves TF Serving's REST API for `registry` on `port` (0: a free one,
-    then in .port); a port that another process holds is refused."""
+    then in .port), and with `page` the translation page at / (nmt_tf.page);
+    a port that another process holds is refused. See RestServer for
+    `threads`, `max_connections` and `header_seconds`."""
     limit = int(max_message_mb * 1024 * 1024)
     answer = functools.partial(rest_response, registry, max_batch_size=max_batch_size, max_message_bytes=limit)
     try:
-        return RestServer(host, port, threads, answer, limit)
+        return RestServer(host, port, threads, answer, limit, functools.partial(page_file, registry) if page else None,
+                          max_connections, header_seconds)
     except OSError as e:
         reason = {errno.EADDRINUSE: "the port is in use",
                   errno.EADDRNOTAVAIL: "the address is not this machine's"}.get(e.errno, e.strerror or str(e))

@@ -17,15 +17,23 @@ tensorflow-serving-api package), so clients cannot tell the difference:
 and, with --rest_api_port (off by default, as in TF Serving), TF Serving's
 REST API on the same functions (POST /v1/models/NAME:predict, GET
 /v1/models/NAME[/metadata]; see nmt_tf.rest), with TF Serving's JSON and its
-errors as {"error": "..."} with the HTTP status it maps from the gRPC one. A
+errors as {"error": "..."} with the HTTP status it maps from the gRPC one,
+and at / a page that translates what you type and shows the n-best list and
+the attention as a heatmap, through that REST API (nmt_tf.page). A
 request body larger than --max_message_mb is refused with 413 before it is
-read. Each front end answers --threads requests at a time; further REST
-connections wait in the listen backlog. The model versions and the requests'
+read. Each front end answers --threads requests at a time; the REST API
+reads each request whole on one receiver thread before a worker takes it (a
+slow or idle client holds no worker; 30 s for the headers, 120 s for the
+body, then 408), with at most --rest_max_connections connections open (one
+more: 503 at once). The model versions and the requests'
 checks (the same for both) are nmt_tf.serving.
 
 It serves the highest numbered version under --model_base_path and loads a
 new version when one appears (checked every --poll_seconds; like TF Serving's
-default "latest" policy, the older version is then unloaded). Requests follow
+default "latest" policy, the older version is then unloaded); removing the
+served version's folder serves the highest one left (none left: NOT_FOUND
+until one appears), and folders whose number does not fit in an int64 are
+ignored with one log line. Requests follow
 TF Serving's rules: an empty signature name means "serving_default"; an
 unknown model or version is NOT_FOUND, an unknown signature
 FAILED_PRECONDITION; a wrong, missing or extra input alias, an unknown
@@ -65,6 +73,11 @@ absl_flags.DEFINE_string("model_base_path", None, "Directory holding numbered Sa
 absl_flags.DEFINE_float("poll_seconds", 2.0, "How often to look for a new version.", lower_bound=0.1)
 absl_flags.DEFINE_integer("threads", 8, "Concurrent requests served, by gRPC and by the REST API each.",
                           lower_bound=1)
+absl_flags.DEFINE_integer(
+    "rest_max_connections", 64,
+    "REST connections open at once (being read, waiting for a --threads worker, or answered); one more is "
+    "answered 503 at once. A request is read whole before a worker takes it, so slow or idle clients hold "
+    "only their connection, for at most 30 s of headers and 120 s of body.", lower_bound=1)
 absl_flags.DEFINE_float("max_message_mb", 32.0,
                         "Largest request or response message (gRPC) and largest REST request body, in MiB.",
                         lower_bound=0.01)
@@ -192,7 +205,8 @@ def main(argv):
     if FLAGS.rest_api_port:
         try:
             rest = start_rest_server(registry, FLAGS.rest_api_port, FLAGS.host, FLAGS.threads,
-                                     FLAGS.max_message_mb, FLAGS.max_batch_size)
+                                     FLAGS.max_message_mb, FLAGS.max_batch_size,
+                                     max_connections=FLAGS.rest_max_connections)
         except OSError as e:
             server.stop(grace=0)
             registry.stop()
@@ -200,6 +214,9 @@ def main(argv):
     ports = f"port {port} (TF Serving gRPC API)" + (f" and {rest.port} (REST API)" if rest else "")
     print(f"Serving model '{FLAGS.model_name}' version {registry.current.version} on {ports}; "
           "production deployments use tensorflow_model_server, see export/README.md", flush=True)
+    if rest:
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(FLAGS.host, FLAGS.host)
+        print(f"Translation page: http://{f'[{host}]' if ':' in host else host}:{rest.port}/", flush=True)
     try:
         server.wait_for_termination()
     except KeyboardInterrupt:

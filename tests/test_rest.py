@@ -6,7 +6,9 @@ import concurrent.futures
 import http.client
 import json
 import shutil
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -385,3 +387,58 @@ def test_a_second_server_on_a_taken_rest_port_exits_with_a_clear_error(server):
             "choose another --rest_api_port") in second.stderr.splitlines()
     assert "Serving model" not in second.stdout
     still_serving(server)
+
+
+def test_slow_and_idle_clients_hold_no_worker_and_meet_a_deadline(exported, tmp_path):
+    """16 clients sending one header line every 0.3 s and 8 that send nothing, on
+    a REST API with 2 workers: a normal request is answered at once (these used to
+    hold every worker until their 30 s read timeout); past the header deadline
+    they get 408; a connection over --rest_max_connections gets 503 at once."""
+    base = str(tmp_path / "nmt")
+    shutil.copytree(exported[1], base)
+    srv, registry, _ = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
+    rest_server = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2, max_connections=26,
+                                             header_seconds=3.0)
+    address = ("127.0.0.1", rest_server.port)
+    stop, extra = threading.Event(), []
+    slow = [socket.create_connection(address, timeout=10) for _ in range(16)]
+    idle = [socket.create_connection(address, timeout=10) for _ in range(8)]
+    connected = time.monotonic()
+
+    def drip():
+        for s in slow:
+            s.sendall(b"POST /v1/models/nmt:predict HTTP/1.1\r\n")
+        while not stop.wait(0.3):
+            for s in slow:
+                try:
+                    s.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+    dripping = threading.Thread(target=drip)
+    dripping.start()
+    try:
+        time.sleep(0.5)
+        start = time.monotonic()
+        code, body = rest({"rest_port": rest_server.port}, "/v1/models/nmt:predict", TEXT)
+        assert code == 200 and "predictions" in body
+        assert time.monotonic() - start < 2.0
+        while rest_server.open_connections > 24:          # the answered one is closed just after its reply
+            time.sleep(0.01)
+        extra = [socket.create_connection(address, timeout=10) for _ in range(2)]       # 26 open: the cap
+        while rest_server.open_connections < 26:
+            time.sleep(0.01)
+        over = socket.create_connection(address, timeout=10)
+        assert over.recv(4096).startswith(b"HTTP/1.1 503 Service Unavailable")
+        over.close()
+        time.sleep(max(0.0, connected + 3.5 - time.monotonic()))
+        for s in slow + idle:
+            reply = s.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 408 Request Timeout") and b"took more than 3 s" in reply, reply
+    finally:
+        stop.set()
+        dripping.join()
+        for s in slow + idle + extra:
+            s.close()
+        rest_server.stop()
+        registry.stop()
+        srv.stop(grace=0)

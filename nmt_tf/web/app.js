@@ -1,0 +1,180 @@
+// The translation page of nmt_tf.serve: one sentence to the server's REST API
+// (TF Serving's predict, serving_default signature), the answer drawn as text,
+// an n-best list and an attention heatmap. No library, nothing from elsewhere.
+"use strict";
+
+const TIMEOUT_MS = 60000;
+const body = document.body;
+const modelName = body.dataset.modelName;
+const maxInputTokens = Number(body.dataset.maxInputTokens) || 0;
+const maxLineCharacters = Number(body.dataset.maxLineCharacters) || 2000;
+const form = document.getElementById("form");
+const source = document.getElementById("source");
+const submit = document.getElementById("submit");
+const message = document.getElementById("message");
+const result = document.getElementById("result");
+
+function say(text, kind) {
+  message.textContent = text;
+  message.className = kind === "notice" ? "notice" : "";
+  message.hidden = !text;
+}
+
+function busy(on) {
+  submit.disabled = on;
+  submit.textContent = on ? "Translating…" : "Translate";
+}
+
+async function translate() {
+  const text = source.value;
+  if (!text.trim()) {
+    result.hidden = true;
+    say("The line is empty: type a sentence to translate.");
+    return;
+  }
+  if (text.length > maxLineCharacters) {
+    result.hidden = true;
+    say(`The line is ${text.length.toLocaleString()} characters long; this page translates lines of at most ` +
+        `${maxLineCharacters.toLocaleString()} characters. Split it into sentences.`);
+    return;
+  }
+  say("");
+  busy(true);
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), TIMEOUT_MS);
+  const started = performance.now();
+  try {
+    let response;
+    try {
+      response = await fetch(`/v1/models/${encodeURIComponent(modelName)}:predict`, {
+        method: "POST",
+        headers: {"Content-Type": "application/json"},
+        body: JSON.stringify({signature_name: "serving_default", instances: [text]}),
+        signal: controller.signal,
+      });
+    } catch (error) {
+      result.hidden = true;
+      say(error.name === "AbortError"
+        ? `The server did not answer within ${TIMEOUT_MS / 1000} s.`
+        : "The server cannot be reached: is nmt_tf.serve still running?");
+      return;
+    }
+    let payload = null;
+    try {
+      payload = await response.json();
+    } catch (error) {
+      payload = null;
+    }
+    const elapsed = performance.now() - started;
+    if (!response.ok || !payload || !Array.isArray(payload.predictions)) {
+      result.hidden = true;
+      const reason = payload && payload.error ? payload.error : response.statusText || "no readable answer";
+      say(`The server answered with an error (HTTP ${response.status}): ${reason}`);
+      return;
+    }
+    show(payload.predictions[0], elapsed);
+  } finally {
+    clearTimeout(timer);
+    busy(false);
+  }
+}
+
+function show(prediction, elapsed) {
+  document.getElementById("translation").textContent = prediction.translation || "(the model wrote nothing)";
+  document.getElementById("timing").textContent =
+    `${Math.round(elapsed).toLocaleString()} ms from pressing Enter to the answer ` +
+    `(log-probability ${Number(prediction.log_prob).toFixed(2)}, score ${Number(prediction.score).toFixed(3)})`;
+  if (prediction.truncated) {
+    say(`The line is longer than the model's input limit of ${maxInputTokens || "its"} tokens: only its ` +
+        "beginning was translated.", "notice");
+  }
+  const nbest = document.getElementById("nbest");
+  nbest.replaceChildren();
+  const texts = prediction.nbest_translations || [prediction.translation];
+  const scores = prediction.nbest_scores || [prediction.score];
+  texts.forEach((hypothesis, i) => {
+    if (scores[i] <= -1e8) return;          // fewer hypotheses finished than the n-best size
+    const item = document.createElement("li");
+    item.textContent = hypothesis;
+    const score = document.createElement("span");
+    score.className = "score";
+    score.textContent = Number(scores[i]).toFixed(3);
+    item.append(score);
+    nbest.append(item);
+  });
+  drawHeatmap(prediction);
+  result.hidden = false;
+}
+
+function tokens(list) {
+  return (list || []).filter((token) => token !== "");
+}
+
+function drawHeatmap(prediction) {
+  const sourceTokens = tokens(prediction.source_tokens);
+  const targetTokens = tokens(prediction.target_tokens);
+  const alpha = (prediction.alignment || []).slice(0, targetTokens.length)
+    .map((row) => row.slice(0, sourceTokens.length));
+  const table = document.getElementById("heatmap");
+  table.replaceChildren();
+  const head = table.createTHead().insertRow();
+  head.append(document.createElement("th"));
+  const columns = sourceTokens.map((token) => {
+    const th = document.createElement("th");
+    th.scope = "col";
+    th.textContent = token;
+    head.append(th);
+    return th;
+  });
+  const rows = [];
+  const tbody = table.createTBody();
+  targetTokens.forEach((token, i) => {
+    const tr = tbody.insertRow();
+    const th = document.createElement("th");
+    th.scope = "row";
+    th.textContent = token;
+    tr.append(th);
+    rows.push(th);
+    sourceTokens.forEach((_, j) => {
+      const td = tr.insertCell();
+      const a = alpha[i] ? Number(alpha[i][j]) || 0 : 0;
+      td.className = "cell";
+      td.title = `${token} ← ${sourceTokens[j]}: α = ${a.toFixed(3)}`;
+      td.style.backgroundColor = `rgba(36, 86, 200, ${Math.min(1, Math.max(0, a)).toFixed(3)})`;
+      td.addEventListener("mouseenter", () => link(i, j));
+      td.addEventListener("mouseleave", unlink);
+    });
+    th.addEventListener("mouseenter", () => link(i, null));
+    th.addEventListener("mouseleave", unlink);
+  });
+  columns.forEach((th, j) => {
+    th.addEventListener("mouseenter", () => link(null, j));
+    th.addEventListener("mouseleave", unlink);
+  });
+
+  // A target token links to the source tokens holding at least a fifth of its
+  // largest weight, a source token to the target tokens that attended to it so.
+  function strongest(values) {
+    const top = Math.max(...values, 0);
+    return values.map((v) => top > 0 && v >= top / 5);
+  }
+  function link(i, j) {
+    unlink();
+    if (i !== null) {
+      rows[i].classList.add("active");
+      strongest(alpha[i] || []).forEach((on, k) => on && columns[k].classList.add("linked"));
+    }
+    if (j !== null) {
+      columns[j].classList.add("active");
+      if (i === null) strongest(alpha.map((row) => row[j] || 0)).forEach((on, k) => on && rows[k].classList.add("linked"));
+    }
+  }
+  function unlink() {
+    table.querySelectorAll("th.active, th.linked").forEach((th) => th.classList.remove("active", "linked"));
+  }
+}
+
+form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  translate();
+});

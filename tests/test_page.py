@@ -1,0 +1,202 @@
+"""The translation page of nmt_tf.serve (nmt_tf.page): its files over HTTP,
+and the page driven in a real headless Chromium (Debian's chromium and
+chromium-driver, which .ci/run installs): a sentence in, the translation,
+n-best list and heatmap out, hover links, and a message for every failure."""
+
+import functools
+import os
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+
+from nmt_tf import page
+from nmt_tf import rest as rest_api
+from nmt_tf import serve
+from nmt_tf.client import SignatureClient
+
+SENTENCE = "A man in a blue shirt is running."
+
+
+def start(exported, tmp_path_factory, name="nmt"):
+    """An nmt_tf.serve (gRPC and REST) of the tiny export: (grpc server, registry, REST server)."""
+    base = str(tmp_path_factory.mktemp("page") / "nmt")
+    shutil.copytree(exported[1], base)
+    srv, registry, _ = serve.start_server(name, base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
+    return srv, registry, rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2)
+
+
+def stop(servers):
+    srv, registry, rest = servers
+    rest.stop()
+    registry.stop()
+    srv.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def server(exported, tmp_path_factory):
+    servers = start(exported, tmp_path_factory)
+    yield f"http://127.0.0.1:{servers[2].port}"
+    stop(servers)
+
+
+def fetch(url, method="GET", data=None):
+    """(status, headers, body) of one request."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=30) as reply:
+            return reply.status, reply.headers, reply.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def test_the_page_files_are_served_with_their_types_and_a_strict_policy(server):
+    status, headers, body = fetch(server + "/")
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "default-src 'none'" in headers["Content-Security-Policy"] and headers["X-Content-Type-Options"] == "nosniff"
+    assert b'data-model-name="nmt"' in body and b'data-max-input-tokens="20"' in body and b"{{" not in body
+    assert b"English" in body and b"French" in body
+    for path, kind in (("/page/app.js", "text/javascript"), ("/page/style.css", "text/css")):
+        status, headers, body = fetch(server + path)
+        assert status == 200 and headers["Content-Type"].startswith(kind) and len(body) > 500
+    status, headers, body = fetch(server + "/", method="HEAD")
+    assert status == 200 and body == b""
+    for method, path in (("POST", "/"), ("GET", "/page/missing.js"), ("GET", "/index.html")):
+        status, headers, body = fetch(server + path, method=method, data=b"{}" if method == "POST" else None)
+        assert status == 404 and headers["Content-Type"] == "application/json", (method, path)
+
+
+def test_what_the_page_shows_of_the_model_is_escaped():
+    html = page.index_html('<script>"x"', {"src_lang": "en", "tgt_lang": "x<y", "model": "rnnsearch"}, 3).decode()
+    assert "<script>\"x\"" not in html and "&lt;script&gt;&quot;x&quot;" in html and "x&lt;y" in html
+
+
+def test_a_server_without_the_page_answers_its_path_as_the_rest_api(exported, tmp_path_factory):
+    srv, registry, rest = start(exported, tmp_path_factory)
+    rest.stop()
+    bare = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2, page=False)
+    try:
+        status, headers, _ = fetch(f"http://127.0.0.1:{bare.port}/")
+        assert status == 404 and headers["Content-Type"] == "application/json"
+    finally:
+        bare.stop()
+        registry.stop()
+        srv.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium through Selenium, with Debian's chromium and chromedriver
+    (never a downloaded driver). Missing outside CI: skipped; in CI: an error."""
+    if os.environ.get("CI"):
+        from selenium import webdriver
+    else:
+        webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not (binary and driver_path):
+        if os.environ.get("CI"):
+            pytest.fail("chromium and chromedriver are needed (.ci/run installs Debian's chromium and chromium-driver)")
+        pytest.skip("no chromium / chromedriver here (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1000,1200"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    yield driver
+    driver.quit()
+
+
+def submit(browser, url, text):
+    """Loads the page, types `text` and presses Enter; waits for a result or a message."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(url)
+    box = browser.find_element(By.ID, "source")
+    browser.execute_script("arguments[0].value = arguments[1];", box, text)     # long lines fast
+    box.send_keys(Keys.END, Keys.ENTER)
+    shown = lambda b: (not b.find_element(By.ID, "result").get_attribute("hidden")
+                       or not b.find_element(By.ID, "message").get_attribute("hidden"))
+    WebDriverWait(browser, 60).until(shown)
+    return browser
+
+
+def test_a_sentence_is_translated_with_its_nbest_list_and_heatmap(server, browser, exported):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    submit(browser, server + "/", SENTENCE)
+    expected = SignatureClient(saved_model=exported[2])(text=[SENTENCE])
+    source_tokens = [t for t in expected["source_tokens"][0] if t]
+    target_tokens = [t for t in expected["target_tokens"][0] if t]
+    assert browser.find_element(By.ID, "message").get_attribute("hidden")
+    written = expected["translation"][0].decode().strip() or "(the model wrote nothing)"
+    assert browser.find_element(By.ID, "translation").text == written
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#heatmap td.cell")) == len(source_tokens) * len(target_tokens)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#heatmap thead th")) == len(source_tokens) + 1
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#nbest li")) == sum(s > -1e8 for s in expected["nbest_scores"][0])
+    assert "ms from pressing Enter" in browser.find_element(By.ID, "timing").text
+    row = browser.find_elements(By.CSS_SELECTOR, "#heatmap tbody th")[0]
+    ActionChains(browser).move_to_element(row).perform()
+    assert "active" in row.get_attribute("class")
+    assert browser.find_elements(By.CSS_SELECTOR, "#heatmap thead th.linked")      # its source tokens
+    column = browser.find_elements(By.CSS_SELECTOR, "#heatmap thead th")[1]
+    ActionChains(browser).move_to_element(column).perform()
+    assert not browser.find_elements(By.CSS_SELECTOR, "#heatmap thead th.linked")
+    assert "active" in column.get_attribute("class")
+    assert browser.find_elements(By.CSS_SELECTOR, "#heatmap tbody th.linked")      # the outputs attending to it
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors          # no script error, nothing refused by the page's policy, no missing file
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("   ", "The line is empty"),
+    ("word " * 500, "this page translates lines of at most 2,000 characters"),
+])
+def test_an_empty_or_overlong_line_gets_a_message_and_no_request(server, browser, text, fragment):
+    from selenium.webdriver.common.by import By
+
+    submit(browser, server + "/", text)
+    assert fragment in browser.find_element(By.ID, "message").text
+    assert browser.find_element(By.ID, "result").get_attribute("hidden")
+
+
+def test_a_line_cut_to_the_input_limit_is_translated_with_a_notice(server, browser):
+    from selenium.webdriver.common.by import By
+
+    submit(browser, server + "/", " ".join(["dog"] * 40))       # the tiny export reads at most 20 tokens
+    assert "input limit of 20 tokens" in browser.find_element(By.ID, "message").text
+    assert not browser.find_element(By.ID, "result").get_attribute("hidden")
+
+
+def test_a_stopped_server_and_a_failing_one_get_a_message(exported, tmp_path_factory, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    servers = start(exported, tmp_path_factory)
+    url = f"http://127.0.0.1:{servers[2].port}/"
+    browser.get(url)
+    stop(servers)
+    box = browser.find_element(By.ID, "source")
+    box.send_keys(SENTENCE)
+    box.submit()
+    WebDriverWait(browser, 30).until(lambda b: not b.find_element(By.ID, "message").get_attribute("hidden"))
+    assert "The server cannot be reached" in browser.find_element(By.ID, "message").text
+
+    # A server whose API answers an error: its message is shown with the HTTP status.
+    srv, registry, rest = start(exported, tmp_path_factory)
+    rest.stop()
+    failing = rest_api.RestServer("127.0.0.1", 0, 2, lambda *a: (500, rest_api.error_json("INTERNAL: the model broke")),
+                                  1 << 20, functools.partial(page.page_file, registry))
+    try:
+        submit(browser, f"http://127.0.0.1:{failing.port}/", SENTENCE)
+        assert ("The server answered with an error (HTTP 500): INTERNAL: the model broke"
+                in browser.find_element(By.ID, "message").text)
+    finally:
+        failing.stop()
+        registry.stop()
+        srv.stop(grace=0)
