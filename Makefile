@@ -1,4 +1,5 @@
-# Quick start: `make train` and `make test`; both set up .venv first.
+# Quick start: `make setup` (then translate with the shipped model), `make demo`, `make train`
+# and `make test`; each sets up .venv and the shipped model first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,11 @@ MODEL_DIR ?= runs/multi30k_en_fr_rnnsearch
 # Test processes (pytest-xdist); each test file runs whole in one of them.
 TEST_WORKERS ?= 2
 
-.PHONY: setup train test
+# The model shipped in nmt_tf/presets/ that `make setup` builds, and the page's port.
+PRESET ?= multi30k_en_fr
+DEMO_PORT ?= 8501
+
+.PHONY: setup train test demo
 
 # Reinstalls when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -16,7 +21,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
+# Builds the shipped model's SavedModel into the cache (~/.cache/nmt_tf) once;
+# later runs find it there at once (rebuilt when the preset or the code changes).
 setup: $(VENV)/.installed
+	$(PY) -m nmt_tf.presets --build=$(PRESET) > /dev/null
+
+# The translation page of the shipped model: http://127.0.0.1:$(DEMO_PORT)/ (Ctrl-C stops it).
+demo: setup
+	$(PY) -m nmt_tf.serve --preset=$(PRESET) --host=127.0.0.1 --port=0 --rest_api_port=$(DEMO_PORT)
 
 train: setup
 	$(PY) -m nmt_tf.train --flagfile=$(FLAGFILE) --model_dir=$(MODEL_DIR)

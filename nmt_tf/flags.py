@@ -180,6 +180,7 @@ SEARCH_FLAGS = tuple(sorted(set(f.name for f in FLAGS.get_flags_for_module(__nam
 # ---------------------------------------------------------------- using a trained model (export, translate, evaluate, visualize, serve)
 flags.DEFINE_string("model_name", "nmt", "Model name in TF Serving requests (ModelSpec.name).")
 flags.DEFINE_string("saved_model", None, "A SavedModel version directory written by nmt_tf.export (instead of --model_dir).")
+flags.DEFINE_string("preset", None, "A model shipped with nmt_tf, by name (python -m nmt_tf.presets --list; multi30k_en_fr: Multi30k English->French), or a preset folder: its SavedModel is built on first use and cached, then used as --saved_model would be.")
 flags.DEFINE_string("checkpoint", "best", "Weights to use from --model_dir: best (by the dev metric; falls back to last), last, averaged (written by nmt_tf.average), or a checkpoint path.")
 flags.DEFINE_integer("average_checkpoints", 1, "Use the mean of the weights of this many checkpoints of --model_dir, taken from --average_from, instead of --checkpoint (1: no averaging).", lower_bound=1)
 flags.DEFINE_multi_string("ensemble", None, "Further model directories decoded together with --model_dir as one ensemble: their log-probabilities are averaged at every search step (nmt_tf.export puts the ensemble into one SavedModel). Repeat the flag for each; the models must share their vocabularies.")

@@ -3,6 +3,7 @@ r"""A server speaking TensorFlow Serving's gRPC and REST APIs, for machines with
 Usage:
   python -m nmt_tf.serve --port=8500 --model_name=nmt --model_base_path=exports/nmt
   python -m nmt_tf.serve --port=8500 --rest_api_port=8501 --model_name=nmt --model_base_path=exports/nmt
+  python -m nmt_tf.serve --preset=multi30k_en_fr --rest_api_port=8501     # the shipped model; page at :8501/
 
 Production deployments should use the official `tensorflow_model_server`
 (see export/README.md: docker-compose, models.config, batching parameters).
@@ -52,13 +53,15 @@ another process holds is refused at start (exit code 1), as TF Serving refuses i
 from __future__ import annotations
 
 import concurrent.futures
+import os
 
 import grpc
 from absl import app
 from absl import flags as absl_flags
 from absl import logging
 
-from nmt_tf import flags as nmt_flags  # also defines --model_name
+from nmt_tf import flags as nmt_flags  # also defines --model_name, --preset
+from nmt_tf import presets
 from nmt_tf.hardware import set_onednn
 from nmt_tf.rest import start_rest_server
 from nmt_tf.serving import ModelRegistry, ServingError, model_metadata, model_status, run_predict
@@ -100,7 +103,7 @@ absl_flags.DEFINE_integer(
     "TensorFlow ops run at once (inter-op parallelism; 0: TensorFlow's default, one per core). "
     "TF Serving's flag: --tensorflow_inter_op_parallelism.", lower_bound=0)
 
-TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_name",))
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_name", "preset"))
 
 
 def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_bytes: int | None = None):
@@ -191,13 +194,19 @@ def set_threads(inter_op: int, intra_op: int) -> str:
 def main(argv):
     nmt_flags.start_cli(argv, verbose=True, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
-    if not FLAGS.model_base_path:
-        return nmt_flags.user_error("--model_base_path is required.")
+    if bool(FLAGS.model_base_path) == bool(FLAGS.preset):
+        return nmt_flags.user_error("give --model_base_path or --preset (a model shipped with nmt_tf).")
     print(f"CPU kernels: {choose_kernels(FLAGS.onednn)}", flush=True)
     print(f"TensorFlow threads: {set_threads(FLAGS.inter_op_threads, FLAGS.intra_op_threads)}", flush=True)
+    model_base_path = FLAGS.model_base_path
+    if FLAGS.preset:      # after the kernels' choice: building imports TensorFlow
+        try:
+            model_base_path = os.path.dirname(presets.build(FLAGS.preset))
+        except presets.PresetError as e:
+            return nmt_flags.user_error(e)
     try:
         server, registry, port = start_server(
-            FLAGS.model_name, FLAGS.model_base_path, FLAGS.port, FLAGS.host, FLAGS.threads,
+            FLAGS.model_name, model_base_path, FLAGS.port, FLAGS.host, FLAGS.threads,
             FLAGS.max_message_mb, FLAGS.max_batch_size, FLAGS.poll_seconds, log=print)
     except (FileNotFoundError, OSError) as e:
         return nmt_flags.user_error(e)

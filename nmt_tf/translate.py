@@ -2,10 +2,13 @@ r"""Translates a file or stdin, one line in, one line out, order kept.
 
 Usage:
   python -m nmt_tf.translate --saved_model=exports/nmt/1 < input.en > output.fr
+  python -m nmt_tf.translate --preset=multi30k_en_fr < input.en > output.fr      # the shipped model
   python -m nmt_tf.translate --server=localhost:8500 --model_name=nmt --input=input.en --output=out.fr
   python -m nmt_tf.translate --saved_model=E --input=in.en --n_best=5 --with_scores --with_alignments
 
-With --saved_model the SavedModel runs in this process; with --server the
+With --saved_model the SavedModel runs in this process (--preset: the
+SavedModel of a model shipped with nmt_tf, built on first use; see
+`python -m nmt_tf.presets --list`); with --server the
 lines go to a TF Serving-compatible server over gRPC (the official
 tensorflow_model_server or nmt_tf.serve) through the tensorflow-serving-api
 stub. Lines are read --sort_window (1,000) at a time and sent in batches of
@@ -37,6 +40,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --n_best, ...
+from nmt_tf import presets
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, count_lines, input_lines
 from nmt_tf.progress import Progress
@@ -45,8 +49,8 @@ from nmt_tf.translator import batches_by_length, rows_by_line
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
 absl_flags.DEFINE_boolean("with_alignments", False, "Write JSON lines with tokens and the attention matrix.")
-TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "server", "model_name", "timeout", "input", "output",
-                                             "lines_per_batch", "sort_window", "parallel_batches", "n_best"))
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", "model_name", "timeout", "input",
+                                             "output", "lines_per_batch", "sort_window", "parallel_batches", "n_best"))
 
 
 class TranslationError(RuntimeError):
@@ -146,10 +150,12 @@ def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS,
                         reasons={name: nmt_flags.FIXED_AT_EXPORT_REASON for name in nmt_flags.FIXED_AT_EXPORT})
     FLAGS = absl_flags.FLAGS
-    if bool(FLAGS.saved_model) == bool(FLAGS.server):
-        return nmt_flags.user_error("give exactly one of --saved_model and --server.")
+    if sum(bool(x) for x in (FLAGS.saved_model, FLAGS.preset, FLAGS.server)) != 1:
+        return nmt_flags.user_error("give exactly one of --saved_model, --preset and --server.")
     try:
-        client = SignatureClient(saved_model=FLAGS.saved_model, server=FLAGS.server, model_name=FLAGS.model_name,
+        saved_model = presets.saved_model_for(FLAGS.saved_model, FLAGS.preset,
+                                              log=lambda *a: print(*a, file=sys.stderr))
+        client = SignatureClient(saved_model=saved_model, server=FLAGS.server, model_name=FLAGS.model_name,
                                  version=FLAGS.model_version, timeout=FLAGS.timeout,
                                  outputs=needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments))
         progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() and FLAGS.input else None)
@@ -162,7 +168,7 @@ def main(argv):
             progress.close()
             if FLAGS.output:
                 out.close()
-    except (TranslationError, ClientError, FileNotFoundError) as e:
+    except (TranslationError, ClientError, FileNotFoundError, presets.PresetError) as e:
         return nmt_flags.user_error(e)
     return 0
 

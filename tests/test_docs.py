@@ -14,16 +14,22 @@ def readme():
     return open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
 
 
-def test_readme_quick_start_is_the_two_make_commands():
+def test_readme_quick_start_is_set_up_translate_demo_train_test():
     quick = readme().split("## Quick start", 1)[1].split("##", 1)[0]
     commands = re.findall(r"^make \w+", quick, flags=re.M)
-    assert commands == ["make train", "make test"]
+    assert commands == ["make setup", "make demo", "make train", "make test"]
+    assert re.search(r"^echo .* \| \.venv/bin/python -m nmt_tf\.translate --preset=multi30k_en_fr$", quick, flags=re.M)
+    makefile = open(os.path.join(REPO, "Makefile"), encoding="utf-8").read()
+    for command in commands:
+        assert re.search(rf"^{command.split()[1]}:", makefile, flags=re.M), command
+    assert os.path.exists(os.path.join(REPO, "docs", "page.png"))
 
 
 def all_cli_flags():
     """Every flag defined by nmt_tf's modules (training, search, serving, each CLI)."""
     import nmt_tf.evaluate  # noqa: F401  (each CLI module defines its own flags)
     import nmt_tf.export  # noqa: F401
+    import nmt_tf.presets.__main__  # noqa: F401
     import nmt_tf.score  # noqa: F401
     import nmt_tf.serve  # noqa: F401
     import nmt_tf.shortlist  # noqa: F401
@@ -32,7 +38,8 @@ def all_cli_flags():
     import nmt_tf.visualize  # noqa: F401
 
     modules = ("nmt_tf.flags", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.translate", "nmt_tf.evaluate",
-               "nmt_tf.visualize", "nmt_tf.score", "nmt_tf.unk_dictionary", "nmt_tf.shortlist")
+               "nmt_tf.visualize", "nmt_tf.score", "nmt_tf.unk_dictionary", "nmt_tf.shortlist",
+               "nmt_tf.presets.__main__")
     return sorted({f.name for m in modules for f in flags.FLAGS.get_flags_for_module(m)})
 
 

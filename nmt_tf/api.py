@@ -1,0 +1,196 @@
+"""The Python API: translate and score with a trained model in three lines.
+
+    import nmt_tf
+    translator = nmt_tf.Translator.from_preset("multi30k_en_fr")     # the shipped model, no training
+    result = translator.translate("A man is riding a bicycle.")
+    result.text, result.score, result.nbest, result.alignment
+
+`Translator.from_preset(name)` builds the preset's SavedModel on first use
+(nmt_tf.presets, cached), `from_saved_model(path)` loads any nmt_tf export,
+`from_model_dir(model_dir, ...)` translates with a training run's weights
+(best, last, averaged or the mean of several) and search settings of your
+choice, `from_server("host:8500")` sends the sentences to a TF Serving (or
+nmt_tf.serve) gRPC endpoint. All four run the same graph code as TF Serving
+does: the translations are the ones the exported model gives.
+
+`translate(sentences)` returns a `Translation` per sentence (one for a
+single string): the best translation, its score (log-probability divided
+by the length penalty) and log-probability, the n-best list with scores,
+the source and output tokens the model saw and produced (each ending with
+"[EOS]"), the attention matrix alpha (one row per output token, one column
+per source token) and whether the source was cut to the model's input
+limit. `score(sources, targets)` returns log p(target | source) per pair.
+Sentences are batched by length internally (`batch_size`); the results come
+back in input order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+
+from nmt_tf import presets, startup
+from nmt_tf.client import SignatureClient
+from nmt_tf.lexicon import for_search
+from nmt_tf.translator import (TranslationGraph, batches_by_length, load_saved_model, read_metadata, restore_model,
+                               rows_by_line)
+
+
+@dataclasses.dataclass
+class Translation:
+    text: str                                 # the best translation, detokenized
+    score: float                              # its log-probability / length penalty (the beam's ranking)
+    log_prob: float                           # its log-probability, [EOS] included
+    nbest: list[tuple[str, float]]            # (translation, score), best first; nbest[0] is `text`
+    source_tokens: list[str]                  # what the model read, ending with "[EOS]"
+    target_tokens: list[str]                  # what it wrote, ending with "[EOS]"
+    alignment: np.ndarray                     # [len(target_tokens), len(source_tokens)] attention weights
+    truncated: bool                           # the source was cut to the model's input limit
+
+
+@dataclasses.dataclass
+class PairScore:
+    log_prob: float                           # log p(target | source), [EOS] included
+    log_prob_per_token: float                 # log_prob / target_length
+    target_length: int                        # target tokens with [EOS]
+    token_log_probs: list[float]              # one per target token
+    truncated: bool                           # either side cut to the model's input limit
+
+
+def _quiet_import() -> None:
+    """TensorFlow's first import without its start-up notices (nmt_tf.startup), as the tools have it."""
+    startup.quiet_tensorflow_import()
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _strings(items) -> list[str]:
+    return [_text(t) for t in items if t]
+
+
+class Translator:
+    """Translates and scores with one nmt_tf model; make one with a `from_*` class method."""
+
+    def __init__(self, translate_fn, score_fn, n_best: int, description: str, metadata: dict | None = None):
+        self._translate, self._score = translate_fn, score_fn
+        self.n_best = n_best                  # n-best size the model returns at most
+        self.description = description
+        self.metadata = metadata or {}        # languages, tokenizer, search settings (an export's nmt_tf.json)
+
+    def __repr__(self):
+        return f"Translator({self.description})"
+
+    @classmethod
+    def from_preset(cls, name: str, cache_dir: str | None = None, log=None) -> "Translator":
+        """A shipped model by name (`nmt_tf.presets.available()`), or a preset
+        folder; its first use builds its SavedModel (about a minute, said on
+        standard error, or to `log`)."""
+        _quiet_import()
+        log = log or (lambda *a: print(*a, file=sys.stderr))
+        return cls.from_saved_model(presets.build(name, cache_dir, log=log), _description=f"preset {name}")
+
+    @classmethod
+    def from_saved_model(cls, path: str, _description: str | None = None) -> "Translator":
+        """An nmt_tf SavedModel version directory (nmt_tf.export's output)."""
+        _quiet_import()
+        import tensorflow as tf
+
+        signatures = load_saved_model(path).signatures
+        translate, score = signatures["serving_default"], signatures["score"]
+        n_best = translate.structured_outputs["nbest_scores"].shape[1]
+        return cls(lambda text: _numpy(translate(text=tf.constant(text, tf.string))),
+                   lambda source, target: _numpy(score(source=tf.constant(source, tf.string),
+                                                       target=tf.constant(target, tf.string))),
+                   n_best, _description or f"SavedModel {path}", read_metadata(path))
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str, checkpoint: str = "best", average_checkpoints: int = 1,
+                       average_from: str = "best", max_input_length: int = 100, precision: str = "float32",
+                       log=None, **search) -> "Translator":
+        """A training run's weights: `checkpoint` (best, last, averaged or a
+        path) or the mean of `average_checkpoints` of `average_from`;
+        `search`: nmt_tf.search.SearchOptions fields (beam_size=10 and n_best=5
+        unless given); `precision`: the Keras dtype policy of the search
+        ("mixed_bfloat16" is faster on CPUs with bfloat16 instructions)."""
+        _quiet_import()
+        import tensorflow as tf
+
+        from nmt_tf.checkpoints import WeightsChoice
+        from nmt_tf.search import SearchOptions
+
+        options = SearchOptions(**{"n_best": min(5, search.get("beam_size", 10)), **search})
+        restored = restore_model(model_dir, WeightsChoice(checkpoint, average_checkpoints, average_from),
+                                 log=log or (lambda *a: None), precision=precision)
+        graph = TranslationGraph(restored.model, restored.source_tokenizer, restored.target_tokenizer, options,
+                                 max_input_length, shortlist=for_search(model_dir, restored.model, options))
+        string = tf.TensorSpec([None], tf.string)
+        translate = tf.function(graph.translate, input_signature=[string])
+        score = tf.function(graph.score, input_signature=[string, string])
+        config = restored.config
+        metadata = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
+                    "model": config.model, "search": dataclasses.asdict(options),
+                    "max_input_length": max_input_length, "checkpoint": restored.checkpoint, "precision": precision}
+        return cls(lambda text: _numpy(translate(tf.constant(text, tf.string))),
+                   lambda source, target: _numpy(score(tf.constant(source, tf.string),
+                                                       tf.constant(target, tf.string))),
+                   options.n_best, f"{model_dir}, {restored.checkpoint}", metadata)
+
+    @classmethod
+    def from_server(cls, address: str, model_name: str = "nmt", version: int = 0,
+                    timeout: float = 60.0) -> "Translator":
+        """A model served over TF Serving's gRPC API (tensorflow_model_server or nmt_tf.serve)."""
+        _quiet_import()
+        translate = SignatureClient(server=address, model_name=model_name, version=version, timeout=timeout)
+        score = SignatureClient("score", server=address, model_name=model_name, version=version, timeout=timeout)
+        return cls(lambda text: translate(text=text), lambda source, target: score(source=source, target=target),
+                   translate.output_size("nbest_scores", 1) or 1, f"{model_name} at {address}")
+
+    def translate(self, sentences, n_best: int | None = None, batch_size: int = 64, parallel_batches: int = 2):
+        """A `Translation` per sentence (a list for a list; one for a str),
+        with at most `n_best` hypotheses (default: all the model returns).
+        Sentences go in batches of `batch_size` of similar length,
+        `parallel_batches` at once (as nmt_tf.translate does)."""
+        single = isinstance(sentences, (str, bytes))
+        lines = [sentences] if single else list(sentences)
+        n_best = self.n_best if n_best is None else n_best
+        if not 1 <= n_best <= self.n_best:
+            raise ValueError(f"n_best={n_best}: this model returns 1 to {self.n_best} hypotheses "
+                             "(export it again with a larger --n_best)")
+        encoded = [s.encode("utf-8") if isinstance(s, str) else s for s in lines]
+        batched = batches_by_length(self._translate, encoded, batch_size, parallel_batches)
+        results = [_translation(out, row, n_best) for out, row in rows_by_line(batched, len(encoded))]
+        return results[0] if single else results
+
+    def score(self, sources, targets, batch_size: int = 64) -> list[PairScore]:
+        """log p(target | source) of each pair (lists of equal length)."""
+        sources, targets = list(sources), list(targets)
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        pairs = [(s.encode("utf-8") if isinstance(s, str) else s, t.encode("utf-8") if isinstance(t, str) else t)
+                 for s, t in zip(sources, targets)]
+        call = lambda batch: self._score([s for s, _ in batch], [t for _, t in batch])
+        batched = batches_by_length(call, pairs, batch_size, length=lambda pair: len(pair[1].split()))
+        out = []
+        for result, row in rows_by_line(batched, len(pairs)):
+            length = int(result["target_length"][row])
+            out.append(PairScore(float(result["log_prob"][row]), float(result["log_prob_per_token"][row]), length,
+                                 [float(x) for x in result["token_log_probs"][row][:length]],
+                                 bool(result["truncated"][row])))
+        return out
+
+
+def _numpy(outputs: dict) -> dict:
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+def _translation(out: dict, row: int, n_best: int) -> Translation:
+    source, target = _strings(out["source_tokens"][row]), _strings(out["target_tokens"][row])
+    nbest = [(_text(t), float(s)) for t, s in zip(out["nbest_translations"][row][:n_best],
+                                                  out["nbest_scores"][row][:n_best]) if s > -1e8]
+    return Translation(_text(out["translation"][row]), float(out["score"][row]), float(out["log_prob"][row]), nbest,
+                       source, target, np.asarray(out["alignment"][row][:len(target), :len(source)]),
+                       bool(out["truncated"][row]))

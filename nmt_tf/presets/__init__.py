@@ -1,0 +1,323 @@
+"""Trained models shipped with nmt_tf, ready to translate without training.
+
+A preset is one folder: what is needed to rebuild a model directory and its
+exported SavedModel offline, and nothing that can be rebuilt.
+
+    preset.json          name, languages, architecture, parameter count, the
+                         weights' storage dtype and origin, the export settings
+                         (beam, n-best, input limit), and the SHA-256 of every
+                         file below
+    weights.npz          the model's weights by variable path (float16,
+                         bfloat16 as raw uint16 bits, or float32)
+    flags.json           the training flags (model sizes, tokenizer, languages)
+    vocab.{src,tgt}.txt, sentencepiece.{src,tgt}.model, words.{src,tgt}.txt
+                         the vocabularies, tokenizer models and word shortlists
+                         of the training run, as nmt_tf.train wrote them
+    checks.json          what the model must still do (not a build input):
+                         BLEU of a test set and log-probabilities of fixed
+                         pairs, the figures tests/test_presets.py holds it to
+    MODEL_CARD.md        data and licence, recipe, training, quality, checksums
+
+The presets shipped with the package live beside this file
+(`nmt_tf/presets/<name>/`); any folder of this layout can be named by path
+instead. `build(name)` checks every file's SHA-256, writes a model directory
+(the weights as an averaged/ checkpoint, so that --model_dir tools read it)
+and exports it (nmt_tf.export) into a cache folder, once: later calls return
+the cached SavedModel. The cache key is the preset's content and nmt_tf's
+own source, so a new model of record or a change to the code rebuilds.
+Nothing is ever downloaded. `create(model_dir, out_dir)` makes a preset from
+a trained model directory (python -m nmt_tf.presets --create=...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+
+import ml_dtypes
+import numpy as np
+
+from nmt_tf import exporter
+from nmt_tf import flags as nmt_flags
+from nmt_tf.models import build_model
+from nmt_tf.translator import dtype_policy, restore_model
+
+PRESETS_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(PRESETS_DIR)
+MANIFEST, WEIGHTS, CHECKS, MODEL_CARD = "preset.json", "weights.npz", "checks.json", "MODEL_CARD.md"
+FORMAT = 1
+WEIGHT_DTYPES = ("float16", "bfloat16", "float32")
+# Model-directory files a preset carries (those that exist in the source run).
+_RUN_FILES = ("flags.json", "vocab.src.txt", "vocab.tgt.txt", "sentencepiece.src.model", "sentencepiece.tgt.model",
+              "words.src.txt", "words.tgt.txt")
+EXPORT_VERSION = 1
+
+
+class PresetError(ValueError):
+    """A preset that is missing, damaged or does not match its model, in one sentence."""
+
+
+def available() -> list[str]:
+    """Names of the presets shipped with the package."""
+    return sorted(name for name in os.listdir(PRESETS_DIR)
+                  if os.path.isfile(os.path.join(PRESETS_DIR, name, MANIFEST)))
+
+
+def preset_dir(name: str) -> str:
+    """The folder of the shipped preset `name`, or `name` itself if it is a
+    folder holding a preset.json."""
+    if os.path.isfile(os.path.join(name, MANIFEST)):
+        return os.path.abspath(name)
+    if os.sep not in name and os.path.isfile(os.path.join(PRESETS_DIR, name, MANIFEST)):
+        return os.path.join(PRESETS_DIR, name)
+    raise PresetError(f"no preset named {name!r}: the shipped presets are {', '.join(available()) or 'none'} "
+                      "(or give the path of a folder with a preset.json)")
+
+
+def read_manifest(folder: str) -> dict:
+    path = os.path.join(folder, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PresetError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
+    if manifest.get("format") != FORMAT:
+        raise PresetError(f"{path} has format {manifest.get('format')!r}; this nmt_tf reads format {FORMAT}")
+    return manifest
+
+
+def sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(folder: str) -> dict:
+    """The manifest of the preset in `folder`, after checking that every file
+    it lists is there with its SHA-256 (a PresetError names the first that is
+    not: missing, cut short, or a Git LFS pointer instead of the file)."""
+    manifest = read_manifest(folder)
+    for name, expected in manifest["files"].items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise PresetError(f"{path} is missing: the preset is incomplete")
+        actual = sha256(path)
+        if actual != expected:
+            size = os.path.getsize(path)
+            raise PresetError(f"{path} is damaged: its SHA-256 is {actual[:16]}..., the preset says "
+                              f"{expected[:16]}... ({size:,} bytes{'; a Git LFS pointer?' if size < 1024 else ''})")
+    return manifest
+
+
+def cache_root() -> str:
+    """Where built presets go: $NMT_TF_CACHE, else $XDG_CACHE_HOME/nmt_tf, else ~/.cache/nmt_tf."""
+    if os.environ.get("NMT_TF_CACHE"):
+        return os.environ["NMT_TF_CACHE"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "nmt_tf")
+
+
+def code_digest() -> str:
+    """SHA-256 over nmt_tf's Python source (this package's data excluded): an
+    export built by other code is not reused."""
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(PACKAGE_DIR):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, PACKAGE_DIR).encode())
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+    return digest.hexdigest()
+
+
+def build_dir(folder: str, manifest: dict, cache_dir: str | None = None) -> str:
+    """The cache folder of this preset's build (its key: the manifest, which
+    holds every file's SHA-256, and nmt_tf's source)."""
+    key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode() + code_digest().encode()).hexdigest()
+    return os.path.join(cache_dir or cache_root(), "presets", f"{manifest['name']}-{key[:16]}")
+
+
+def build(name: str, cache_dir: str | None = None, log=print) -> str:
+    """The SavedModel version directory of preset `name` (a shipped name or a
+    folder), built on first use and cached; see the module docstring.
+    Returns <build>/export/1; the model directory is <build>/model."""
+    folder = preset_dir(name)
+    manifest = verify(folder)
+    target = build_dir(folder, manifest, cache_dir)
+    saved_model = os.path.join(target, "export", str(EXPORT_VERSION))
+    if os.path.isfile(os.path.join(saved_model, "saved_model.pb")):
+        return saved_model
+    start = time.monotonic()
+    log(f"Building preset {manifest['name']} into {target} (once; later uses load it from there)...")
+    tmp = f"{target}.tmp-{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _write_model_dir(folder, manifest, os.path.join(tmp, "model"))
+        _export(manifest, os.path.join(tmp, "model"), os.path.join(tmp, "export"))
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not os.path.isfile(os.path.join(saved_model, "saved_model.pb")):   # not another process's build
+                raise
+    except OSError as e:        # a read-only or full cache
+        raise PresetError(f"cannot build preset {manifest['name']} in {target} ({type(e).__name__}: {e}); "
+                          "set NMT_TF_CACHE to a writable folder with room for it") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"Built preset {manifest['name']} in {time.monotonic() - start:.0f} s: {saved_model}")
+    return saved_model
+
+
+def model_dir(name: str, cache_dir: str | None = None, log=print) -> str:
+    """The model directory of preset `name` (built as by `build`)."""
+    return os.path.join(os.path.dirname(os.path.dirname(build(name, cache_dir, log))), "model")
+
+
+def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
+    """A model directory from the preset: its run files, and its weights as
+    the averaged/ checkpoint."""
+    import tensorflow as tf
+
+    from nmt_tf import checkpoints, data
+
+    os.makedirs(out)
+    for name in _RUN_FILES:
+        if name in manifest["files"]:
+            shutil.copy(os.path.join(folder, name), os.path.join(out, name))
+    config = nmt_flags.load_config(out)
+    source_tokenizer, target_tokenizer = data.load_tokenizers(config, out)
+    with dtype_policy("float32"):
+        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+    set_weights(model, load_weights(os.path.join(folder, WEIGHTS), manifest["weights"]["dtype"]))
+    averaged = checkpoints.averaged_dir(out)
+    os.makedirs(averaged)
+    path = tf.train.Checkpoint(model=model).write(os.path.join(averaged, f"averaged-{manifest['weights']['step']}"))
+    checkpoints.write_state(averaged, [os.path.basename(path)])
+
+
+def _export(manifest: dict, model_dir_path: str, export_dir: str) -> str:
+    from nmt_tf.search import SearchOptions
+
+    settings = dict(manifest["export"])
+    max_input_length = settings.pop("max_input_length")
+    return exporter.export(model_dir_path, export_dir, SearchOptions(**settings), version=EXPORT_VERSION,
+                         weights="averaged", max_input_length=max_input_length, log=lambda *a: None)
+
+
+def weight_arrays(model, dtype: str) -> dict:
+    """{variable path: numpy array} of a built model, floating weights stored in `dtype`."""
+
+    if dtype not in WEIGHT_DTYPES:
+        raise PresetError(f"weights dtype must be one of {', '.join(WEIGHT_DTYPES)}, not {dtype!r}")
+    arrays = {}
+    for variable in model.variables:
+        value = np.asarray(variable.numpy())
+        if variable.path in arrays:
+            raise PresetError(f"two model variables share the path {variable.path!r}")
+        if value.dtype.kind == "f":
+            value = _to_storage(value.astype(np.float32), dtype)
+        arrays[variable.path] = value
+    return arrays
+
+
+def _to_storage(value, dtype: str):
+
+    if dtype == "bfloat16":          # numpy files have no bfloat16: its bits as uint16
+        return value.astype(ml_dtypes.bfloat16).view(np.uint16)
+    return value.astype(dtype)
+
+
+def _from_storage(value, dtype: str):
+
+    if dtype == "bfloat16" and value.dtype == np.uint16:
+        return value.view(ml_dtypes.bfloat16).astype(np.float32)
+    return value.astype(np.float32) if value.dtype.kind == "f" else value
+
+
+def load_weights(path: str, dtype: str) -> dict:
+    """{variable path: float32 (or integer) array} from a preset's weights.npz."""
+
+    with np.load(path, allow_pickle=False) as stored:
+        return {key: _from_storage(stored[key], dtype) for key in stored.files}
+
+
+def set_weights(model, arrays: dict) -> None:
+    """Assigns `arrays` (by variable path) to a built model; every variable
+    must have its array, of its shape, and no array may be left over."""
+    variables = {v.path: v for v in model.variables}
+    missing, extra = sorted(set(variables) - set(arrays)), sorted(set(arrays) - set(variables))
+    if missing or extra:
+        raise PresetError(f"the preset's weights do not fit the model its flags.json builds: missing "
+                          f"{missing[:3] or 'none'}, unexpected {extra[:3] or 'none'}")
+    for path, variable in variables.items():
+        if tuple(arrays[path].shape) != tuple(variable.shape):
+            raise PresetError(f"weight {path} has shape {arrays[path].shape} in the preset, the model expects "
+                              f"{tuple(variable.shape)}")
+        variable.assign(arrays[path].astype(variable.dtype))
+
+
+def create(model_dir_path: str, out_dir: str, name: str, weights="averaged", weights_dtype: str = "float16",
+           export_settings: dict | None = None, description: str = "", log=print) -> dict:
+    """Writes a preset of a trained model directory to `out_dir` (which must
+    not hold one yet) and returns its manifest. `weights`: a
+    `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value;
+    `export_settings`: SearchOptions fields and max_input_length for the
+    SavedModel that `build` makes (defaults: beam 10, n-best 5, 100 tokens)."""
+
+    from nmt_tf.search import SearchOptions
+
+    if os.path.exists(os.path.join(out_dir, MANIFEST)):
+        raise PresetError(f"{out_dir} holds a preset already; a model of record is replaced deliberately: "
+                          "remove it first")
+    settings = {**dataclasses.asdict(SearchOptions(n_best=5)), "max_input_length": 100, **(export_settings or {})}
+    SearchOptions(**{k: v for k, v in settings.items() if k != "max_input_length"})     # checks them
+    restored = restore_model(model_dir_path, weights, log=log)
+    arrays = weight_arrays(restored.model, weights_dtype)
+    os.makedirs(out_dir, exist_ok=True)
+    np.savez_compressed(os.path.join(out_dir, WEIGHTS), **arrays)
+    copied = [n for n in _RUN_FILES if os.path.exists(os.path.join(model_dir_path, n))]
+    for n in copied:
+        shutil.copy(os.path.join(model_dir_path, n), os.path.join(out_dir, n))
+    config = restored.config
+    step = max([int(s) for s in re.findall(r"-(\d+)\b", restored.checkpoint)] or [0])     # the newest averaged
+    manifest = {
+        "format": FORMAT, "name": name, "description": description,
+        "src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "model": config.model,
+        "tokenizer": config.tokenizer, "parameters": int(restored.model.count_params()),
+        "weights": {"file": WEIGHTS, "dtype": weights_dtype, "from": restored.checkpoint, "step": step},
+        "export": settings,
+        "files": {n: sha256(os.path.join(out_dir, n)) for n in [WEIGHTS, *copied]},
+    }
+    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    log(f"Wrote preset {name} to {out_dir} ({sum(os.path.getsize(os.path.join(out_dir, n)) for n in manifest['files']):,} "
+        f"bytes; weights in {weights_dtype}, from {restored.checkpoint})")
+    return manifest
+
+
+def read_checks(name: str) -> dict:
+    """The preset's checks.json ({} when it has none)."""
+    path = os.path.join(preset_dir(name), CHECKS)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def saved_model_for(saved_model: str | None, preset: str | None, log=print) -> str | None:
+    """What a tool's --saved_model / --preset pair names: the SavedModel
+    directory (a preset is built on first use); None when neither is given."""
+    if saved_model and preset:
+        raise PresetError("give --saved_model or --preset, not both")
+    return build(preset, log=log) if preset else saved_model

@@ -1,0 +1,73 @@
+r"""Lists, builds and creates presets: trained models shipped ready to translate.
+
+Usage:
+  python -m nmt_tf.presets --list
+  python -m nmt_tf.presets --build=multi30k_en_fr       # `make setup` runs this
+  python -m nmt_tf.presets --create=presets/my_model --name=my_model --model_dir=runs/m30k \
+      --average_checkpoints=5 [--weights_dtype=float16] [--beam_size=10 --n_best=5 --max_input_length=100]
+
+--build checks the SHA-256 of every file of the preset, writes its model
+directory and exports its SavedModel into the cache (NMT_TF_CACHE, else
+~/.cache/nmt_tf), once, and prints the SavedModel's path; then
+`nmt_tf.translate --preset=NAME`, `nmt_tf.serve --preset=NAME` and
+`nmt_tf.Translator.from_preset(NAME)` use it without training. --create
+writes a preset of a trained model directory (its --checkpoint or the mean
+of --average_checkpoints, weights stored in --weights_dtype; the search
+flags and --max_input_length are what its SavedModel will be exported with;
+--n_best defaults to 5 here). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from absl import app
+from absl import flags as absl_flags
+
+from nmt_tf import flags as nmt_flags
+from nmt_tf import presets
+
+absl_flags.DEFINE_boolean("list", False, "List the shipped presets with their languages and size.")
+absl_flags.DEFINE_string("build", None, "Build (or find in the cache) the SavedModel of this preset and print its path.")
+absl_flags.DEFINE_string("create", None, "Write a preset of --model_dir into this folder.")
+absl_flags.DEFINE_string("name", None, "With --create: the preset's name (default: the folder's name).")
+absl_flags.DEFINE_enum("weights_dtype", "float16", list(presets.WEIGHT_DTYPES),
+                       "With --create: how the weights are stored (the model computes in float32 either way).")
+absl_flags.DEFINE_string("description", "", "With --create: one line saying what the model is.")
+
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "max_input_length", *nmt_flags.SEARCH_FLAGS,
+                                             *nmt_flags.WEIGHTS_FLAGS))
+
+
+def main(argv):
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
+    FLAGS = absl_flags.FLAGS
+    if sum(bool(x) for x in (FLAGS.list, FLAGS.build, FLAGS.create)) != 1:
+        return nmt_flags.user_error("give one of --list, --build=NAME and --create=FOLDER.")
+    try:
+        if FLAGS.list:
+            for name in presets.available():
+                manifest = presets.read_manifest(presets.preset_dir(name))
+                print(f"{name}\t{manifest['src_lang']}->{manifest['tgt_lang']}\t{manifest['model']}\t"
+                      f"{manifest['parameters']:,} parameters\t{manifest.get('description', '')}")
+        elif FLAGS.build:
+            print(presets.build(FLAGS.build, log=lambda *a: print(*a, file=sys.stderr)))
+        else:
+            if not FLAGS.model_dir:
+                return nmt_flags.user_error("--create needs --model_dir.")
+            options = nmt_flags.search_options()
+            settings = {**dataclasses.asdict(options), "max_input_length": FLAGS.max_input_length}
+            if not FLAGS["n_best"].present:
+                settings["n_best"] = min(5, options.beam_size)
+            presets.create(FLAGS.model_dir, FLAGS.create, FLAGS.name or os.path.basename(
+                os.path.normpath(FLAGS.create)), nmt_flags.weights_choice(), FLAGS.weights_dtype, settings,
+                FLAGS.description)
+    except (OSError, ValueError) as e:      # PresetError, FileNotFoundError, a damaged file
+        return nmt_flags.user_error(e)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,151 @@
+"""Presets (nmt_tf.presets) and the Python API (nmt_tf.Translator) on the tiny
+trained model: a preset rebuilds the model's export exactly, damaged presets
+are refused by name, and the API returns what the signatures do."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from nmt_tf import presets
+from nmt_tf.client import SignatureClient
+
+SENTENCES = ["A man in a blue shirt is running.", "", "Two dogs play in the snow near a tree .",
+             "A little girl climbs into a wooden playhouse."]
+
+
+@pytest.fixture(scope="module")
+def tiny_preset(exported, tmp_path_factory):
+    """The tiny model's best checkpoint as a float32 preset with the `exported`
+    fixture's settings, and its build: (preset folder, cache, SavedModel)."""
+    model_dir, _, _ = exported
+    folder = str(tmp_path_factory.mktemp("presets") / "tiny_en_fr")
+    presets.create(model_dir, folder, "tiny_en_fr", weights="best", weights_dtype="float32",
+                   export_settings={"beam_size": 3, "n_best": 2, "max_input_length": 20}, log=lambda *a: None)
+    cache = str(tmp_path_factory.mktemp("cache"))
+    return folder, cache, presets.build(folder, cache, log=lambda *a: None)
+
+
+def test_a_preset_rebuilds_the_export_of_its_model(tiny_preset, exported):
+    folder, _, saved_model = tiny_preset
+    manifest = json.load(open(os.path.join(folder, "preset.json")))
+    assert manifest["name"] == "tiny_en_fr" and manifest["export"]["beam_size"] == 3
+    assert set(manifest["files"]) >= {"weights.npz", "flags.json", "vocab.src.txt", "vocab.tgt.txt"}
+    original = SignatureClient(saved_model=exported[2])(text=SENTENCES)
+    rebuilt = SignatureClient(saved_model=saved_model)(text=SENTENCES)
+    assert list(rebuilt["translation"]) == list(original["translation"])
+    np.testing.assert_allclose(rebuilt["nbest_scores"], original["nbest_scores"], atol=1e-5)
+    model_dir = os.path.join(os.path.dirname(os.path.dirname(saved_model)), "model")
+    assert os.path.exists(os.path.join(model_dir, "averaged", "checkpoint"))       # --checkpoint=averaged reads it
+
+
+def test_a_built_preset_is_reused_and_a_changed_one_rebuilt(tiny_preset, tmp_path):
+    folder, cache, saved_model = tiny_preset
+    said = []
+    assert presets.build(folder, cache, log=said.append) == saved_model and said == []
+    copy = str(tmp_path / "tiny_en_fr")
+    shutil.copytree(folder, copy)
+    manifest = json.load(open(os.path.join(copy, "preset.json")))
+    manifest["export"]["n_best"] = 1                   # another SavedModel: another build folder
+    json.dump(manifest, open(os.path.join(copy, "preset.json"), "w"))
+    assert presets.build_dir(copy, manifest, cache) != presets.build_dir(folder, presets.read_manifest(folder), cache)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float16", 1e-3), ("bfloat16", 8e-3), ("float32", 0.0)])
+def test_weights_are_stored_in_the_chosen_dtype_and_read_back_as_float32(dtype, tolerance):
+    rng = np.random.default_rng(0)
+    value = rng.normal(size=(7, 5)).astype(np.float32)
+    stored = presets._to_storage(value, dtype)
+    assert stored.dtype == {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}[dtype]
+    back = presets._from_storage(stored, dtype)
+    assert back.dtype == np.float32
+    np.testing.assert_allclose(back, value, rtol=tolerance, atol=0)
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda d: open(os.path.join(d, "vocab.tgt.txt"), "a").write("extra\n"), "vocab.tgt.txt is damaged"),
+    (lambda d: os.remove(os.path.join(d, "weights.npz")), "weights.npz is missing"),
+    (lambda d: open(os.path.join(d, "preset.json"), "w").write("{"), "preset.json cannot be read"),
+])
+def test_a_damaged_preset_is_refused_naming_the_file(tiny_preset, tmp_path, damage, fragment):
+    copy = str(tmp_path / "p")
+    shutil.copytree(tiny_preset[0], copy)
+    damage(copy)
+    with pytest.raises(presets.PresetError, match=fragment):
+        presets.build(copy, str(tmp_path / "cache"), log=lambda *a: None)
+
+
+def test_weights_that_do_not_fit_the_model_are_refused(tiny_preset, exported, tmp_path):
+    from nmt_tf.translator import restore_model
+
+    model = restore_model(exported[0], log=lambda *a: None).model
+    arrays = presets.weight_arrays(model, "float32")
+    name = next(iter(arrays))
+    with pytest.raises(presets.PresetError, match="shape"):
+        presets.set_weights(model, {**arrays, name: np.zeros((1, 2, 3), np.float32)})
+    with pytest.raises(presets.PresetError, match="missing"):
+        presets.set_weights(model, {k: v for k, v in arrays.items() if k != name})
+    with pytest.raises(presets.PresetError, match="holds a preset already"):
+        presets.create(exported[0], tiny_preset[0], "again", log=lambda *a: None)
+
+
+def test_an_unknown_preset_name_lists_the_shipped_ones():
+    with pytest.raises(presets.PresetError, match="multi30k_en_fr"):
+        presets.preset_dir("no_such_model")
+    assert "multi30k_en_fr" in presets.available()
+
+
+def test_the_translator_api_returns_what_the_signature_does(tiny_preset, exported):
+    import nmt_tf
+
+    translator = nmt_tf.Translator.from_saved_model(tiny_preset[2])
+    results = translator.translate(SENTENCES)
+    reference = SignatureClient(saved_model=exported[2])(text=SENTENCES)
+    assert [r.text for r in results] == [t.decode() for t in reference["translation"]]
+    for i, r in enumerate(results):
+        assert r.nbest[0][0] == r.text and len(r.nbest) <= 2
+        assert r.alignment.shape == (len(r.target_tokens), len(r.source_tokens))
+        assert r.score == pytest.approx(float(reference["score"][i]), abs=1e-5)
+    assert results[1].text == "" and results[1].source_tokens == ["[EOS]"]
+    assert results[0].source_tokens[-1] == "[EOS]" and results[0].target_tokens[-1] == "[EOS]"
+    np.testing.assert_allclose(results[0].alignment.sum(axis=1), 1.0, atol=1e-4)   # a distribution per output token
+    single = translator.translate(SENTENCES[0], n_best=1)
+    assert single.text == results[0].text and len(single.nbest) == 1
+    with pytest.raises(ValueError, match="n_best=3"):
+        translator.translate(SENTENCES, n_best=3)
+    scores = translator.score(["A dog runs.", "Two men."], ["Un chien court.", "Deux hommes."])
+    direct = SignatureClient("score", saved_model=exported[2])(source=["A dog runs.", "Two men."],
+                                                               target=["Un chien court.", "Deux hommes."])
+    assert [s.log_prob for s in scores] == pytest.approx(list(direct["log_prob"]), abs=1e-5)
+    assert len(scores[0].token_log_probs) == scores[0].target_length
+
+
+def test_the_translator_of_a_model_dir_or_a_preset_translates_alike(tiny_preset, exported):
+    import nmt_tf
+
+    from_dir = nmt_tf.Translator.from_model_dir(exported[0], beam_size=3, n_best=2, max_input_length=20)
+    from_preset = nmt_tf.Translator.from_preset(tiny_preset[0], cache_dir=tiny_preset[1])
+    assert [r.text for r in from_dir.translate(SENTENCES)] == [r.text for r in from_preset.translate(SENTENCES)]
+    assert from_dir.metadata["search"]["beam_size"] == 3 and from_preset.metadata["src_lang"] == "en"
+
+
+def test_translate_and_presets_cli_with_a_preset(tiny_preset, tmp_path):
+    folder, cache, saved_model = tiny_preset
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(SENTENCES) + "\n")
+    env = {"NMT_TF_CACHE": cache}
+    out = run_cli("-m", "nmt_tf.translate", f"--preset={folder}", f"--input={source}", env=env)
+    assert out.returncode == 0, out.stderr
+    direct = run_cli("-m", "nmt_tf.translate", f"--saved_model={saved_model}", f"--input={source}")
+    assert out.stdout == direct.stdout and len(out.stdout.splitlines()) == len(SENTENCES)
+    both = run_cli("-m", "nmt_tf.translate", f"--preset={folder}", f"--saved_model={saved_model}", env=env)
+    assert both.returncode == 1 and "exactly one of --saved_model, --preset and --server" in both.stderr
+    unknown = run_cli("-m", "nmt_tf.translate", "--preset=no_such_model", env=env)
+    assert unknown.returncode == 1 and "no preset named 'no_such_model'" in unknown.stderr
+    listed = run_cli("-m", "nmt_tf.presets", "--list")
+    assert listed.returncode == 0 and listed.stdout.startswith("multi30k_en_fr\ten->fr\trnnsearch")
+    built = run_cli("-m", "nmt_tf.presets", f"--build={folder}", env=env)
+    assert built.returncode == 0 and built.stdout.strip() == saved_model
