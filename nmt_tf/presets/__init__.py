@@ -178,11 +178,6 @@ def build(name: str, cache_dir: str | None = None, log=print) -> str:
     return saved_model
 
 
-def model_dir(name: str, cache_dir: str | None = None, log=print) -> str:
-    """The model directory of preset `name` (built as by `build`)."""
-    return os.path.join(os.path.dirname(os.path.dirname(build(name, cache_dir, log))), "model")
-
-
 def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
     """A model directory from the preset: its run files, and its weights as
     the averaged/ checkpoint."""
@@ -211,12 +206,11 @@ def _export(manifest: dict, model_dir_path: str, export_dir: str) -> str:
     settings = dict(manifest["export"])
     max_input_length = settings.pop("max_input_length")
     return exporter.export(model_dir_path, export_dir, SearchOptions(**settings), version=EXPORT_VERSION,
-                         weights="averaged", max_input_length=max_input_length, log=lambda *a: None)
+                           weights="averaged", max_input_length=max_input_length, log=lambda *a: None)
 
 
 def weight_arrays(model, dtype: str) -> dict:
     """{variable path: numpy array} of a built model, floating weights stored in `dtype`."""
-
     if dtype not in WEIGHT_DTYPES:
         raise PresetError(f"weights dtype must be one of {', '.join(WEIGHT_DTYPES)}, not {dtype!r}")
     arrays = {}
@@ -231,14 +225,12 @@ def weight_arrays(model, dtype: str) -> dict:
 
 
 def _to_storage(value, dtype: str):
-
     if dtype == "bfloat16":          # numpy files have no bfloat16: its bits as uint16
         return value.astype(ml_dtypes.bfloat16).view(np.uint16)
     return value.astype(dtype)
 
 
 def _from_storage(value, dtype: str):
-
     if dtype == "bfloat16" and value.dtype == np.uint16:
         return value.view(ml_dtypes.bfloat16).astype(np.float32)
     return value.astype(np.float32) if value.dtype.kind == "f" else value
@@ -246,7 +238,6 @@ def _from_storage(value, dtype: str):
 
 def load_weights(path: str, dtype: str) -> dict:
     """{variable path: float32 (or integer) array} from a preset's weights.npz."""
-
     with np.load(path, allow_pickle=False) as stored:
         return {key: _from_storage(stored[key], dtype) for key in stored.files}
 
@@ -273,7 +264,6 @@ def create(model_dir_path: str, out_dir: str, name: str, weights="averaged", wei
     `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value;
     `export_settings`: SearchOptions fields and max_input_length for the
     SavedModel that `build` makes (defaults: beam 10, n-best 5, 100 tokens)."""
-
     from nmt_tf.search import SearchOptions
 
     if os.path.exists(os.path.join(out_dir, MANIFEST)):
