@@ -31,11 +31,11 @@ import sys
 
 import numpy as np
 
-from nmt_tf import presets, startup
+from nmt_tf import exporter, presets, startup
 from nmt_tf.client import SignatureClient
 from nmt_tf.lexicon import for_search
-from nmt_tf.translator import (TranslationGraph, batches_by_length, load_saved_model, read_metadata, restore_model,
-                               rows_by_line)
+from nmt_tf.translator import (TranslationGraph, as_text, batches_by_length, load_saved_model, read_metadata,
+                               restore_model, rows_by_line)
 
 
 @dataclasses.dataclass
@@ -59,17 +59,8 @@ class PairScore:
     truncated: bool                           # either side cut to the model's input limit
 
 
-def _quiet_import() -> None:
-    """TensorFlow's first import without its start-up notices (nmt_tf.startup), as the tools have it."""
-    startup.quiet_tensorflow_import()
-
-
-def _text(value) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def _strings(items) -> list[str]:
-    return [_text(t) for t in items if t]
+    return [as_text(t) for t in items if t]
 
 
 class Translator:
@@ -89,14 +80,14 @@ class Translator:
         """A shipped model by name (`nmt_tf.presets.available()`), or a preset
         folder; its first use builds its SavedModel (about a minute, said on
         standard error, or to `log`)."""
-        _quiet_import()
+        startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         log = log or (lambda *a: print(*a, file=sys.stderr))
         return cls.from_saved_model(presets.build(name, cache_dir, log=log), _description=f"preset {name}")
 
     @classmethod
     def from_saved_model(cls, path: str, _description: str | None = None) -> "Translator":
         """An nmt_tf SavedModel version directory (nmt_tf.export's output)."""
-        _quiet_import()
+        startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         import tensorflow as tf
 
         signatures = load_saved_model(path).signatures
@@ -116,7 +107,7 @@ class Translator:
         `search`: nmt_tf.search.SearchOptions fields (beam_size=10 and n_best=5
         unless given); `precision`: the Keras dtype policy of the search
         ("mixed_bfloat16" is faster on CPUs with bfloat16 instructions)."""
-        _quiet_import()
+        startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         import tensorflow as tf
 
         from nmt_tf.checkpoints import WeightsChoice
@@ -130,10 +121,7 @@ class Translator:
         string = tf.TensorSpec([None], tf.string)
         translate = tf.function(graph.translate, input_signature=[string])
         score = tf.function(graph.score, input_signature=[string, string])
-        config = restored.config
-        metadata = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
-                    "model": config.model, "search": dataclasses.asdict(options),
-                    "max_input_length": max_input_length, "checkpoint": restored.checkpoint, "precision": precision}
+        metadata = exporter.metadata(restored.config, options, max_input_length, restored.checkpoint, precision)
         return cls(lambda text: _numpy(translate(tf.constant(text, tf.string))),
                    lambda source, target: _numpy(score(tf.constant(source, tf.string),
                                                        tf.constant(target, tf.string))),
@@ -143,7 +131,7 @@ class Translator:
     def from_server(cls, address: str, model_name: str = "nmt", version: int = 0,
                     timeout: float = 60.0) -> "Translator":
         """A model served over TF Serving's gRPC API (tensorflow_model_server or nmt_tf.serve)."""
-        _quiet_import()
+        startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         translate = SignatureClient(server=address, model_name=model_name, version=version, timeout=timeout)
         score = SignatureClient("score", server=address, model_name=model_name, version=version, timeout=timeout)
         return cls(lambda text: translate(text=text), lambda source, target: score(source=source, target=target),
@@ -189,8 +177,8 @@ def _numpy(outputs: dict) -> dict:
 
 def _translation(out: dict, row: int, n_best: int) -> Translation:
     source, target = _strings(out["source_tokens"][row]), _strings(out["target_tokens"][row])
-    nbest = [(_text(t), float(s)) for t, s in zip(out["nbest_translations"][row][:n_best],
+    nbest = [(as_text(t), float(s)) for t, s in zip(out["nbest_translations"][row][:n_best],
                                                   out["nbest_scores"][row][:n_best]) if s > -1e8]
-    return Translation(_text(out["translation"][row]), float(out["score"][row]), float(out["log_prob"][row]), nbest,
+    return Translation(as_text(out["translation"][row]), float(out["score"][row]), float(out["log_prob"][row]), nbest,
                        source, target, np.asarray(out["alignment"][row][:len(target), :len(source)]),
                        bool(out["truncated"][row]))

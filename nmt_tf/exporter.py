@@ -44,6 +44,14 @@ def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
     return path
 
 
+def metadata(config, options, max_input_length: int, weights: str, precision: str = "float32") -> dict:
+    """What a model translates with: languages, tokenizer, architecture, search
+    settings, input limit, which weights, precision (nmt_tf.json's core)."""
+    return {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
+            "model": config.model, "search": dataclasses.asdict(options), "max_input_length": max_input_length,
+            "checkpoint": weights, "precision": precision}
+
+
 def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options, max_input_length: int,
                    weights: str, unk_replacement=None, precision: str = "float32") -> None:
     """assets.extra/nmt_tf.json (languages, tokenizer, search settings, precision, which
@@ -54,10 +62,8 @@ def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options,
     model_dir = model_dirs[0]
     extra = os.path.join(saved_model_dir, "assets.extra")
     os.makedirs(extra, exist_ok=True)
-    meta = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
-            "model": config.model, "search": dataclasses.asdict(options), "max_input_length": max_input_length,
-            "checkpoint": weights, "precision": precision, "model_dirs": [os.path.abspath(d) for d in model_dirs],
-            "replace_unk": unk_replacement is not None,
+    meta = {**metadata(config, options, max_input_length, weights, precision),
+            "model_dirs": [os.path.abspath(d) for d in model_dirs], "replace_unk": unk_replacement is not None,
             "unk_dictionary": unk_replacement.dictionary if unk_replacement is not None else None}
     with open(os.path.join(extra, EXPORT_METADATA), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)

@@ -44,7 +44,7 @@ from nmt_tf import presets
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, count_lines, input_lines
 from nmt_tf.progress import Progress
-from nmt_tf.translator import batches_by_length, rows_by_line
+from nmt_tf.translator import as_text, batches_by_length, rows_by_line
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
@@ -79,13 +79,9 @@ def read_lines(path: str | None):
         raise TranslationError(str(e)) from None
 
 
-def _text(value) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool) -> str:
     """One output line for row i of a batch result."""
-    translation = _text(out["translation"][i])
+    translation = as_text(out["translation"][i])
     if not (with_scores or with_alignments or n_best > 1):
         return translation
     record = {"translation": translation}
@@ -93,12 +89,12 @@ def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignm
         record["score"] = float(out["score"][i])
         record["log_prob"] = float(out["log_prob"][i])
     if n_best > 1:
-        record["nbest"] = [{"translation": _text(t), "score": float(s)}
+        record["nbest"] = [{"translation": as_text(t), "score": float(s)}
                            for t, s in zip(out["nbest_translations"][i][:n_best], out["nbest_scores"][i][:n_best])
                            if s > -1e8]
     if with_alignments:
-        src = [_text(t) for t in out["source_tokens"][i] if t]
-        tgt = [_text(t) for t in out["target_tokens"][i] if t]
+        src = [as_text(t) for t in out["source_tokens"][i] if t]
+        tgt = [as_text(t) for t in out["target_tokens"][i] if t]
         record["source_tokens"], record["target_tokens"] = src, tgt
         record["alignment"] = [[round(float(a), 4) for a in row[:len(src)]]
                                for row in out["alignment"][i][:len(tgt)]]

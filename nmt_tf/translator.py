@@ -352,6 +352,11 @@ def compiled_translate(translator: TranslationGraph):
     return tf.function(translator.translate, input_signature=[tf.TensorSpec([None], tf.string)])
 
 
+def as_text(value) -> str:
+    """A signature's string output (bytes; undecodable bytes become U+FFFD) as str."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def translate_lines(translate_fn, lines, batch_size: int = 64, progress=None,
                     keys=("translation", "score", "source_tokens", "target_tokens", "alignment"),
                     parallel_batches: int = 2) -> dict:
