@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from nmt_tf import checkpoints, data, metrics, plots
+from nmt_tf import checkpoints, data, metrics, plots, schedules
 from nmt_tf.flags import learning_rate
 from nmt_tf.translator import TranslationGraph, compiled_translate, translate_lines
 
@@ -132,12 +132,17 @@ class TrainingProgbar(keras.callbacks.ProgbarLogger):
         super().on_epoch_end(epoch, self._shown(logs))
 
 
+# Updates of a run left out of its seconds per update: the first ones trace and compile the step.
+_UNTIMED_STEPS = 5
+
+
 class TrainingController(keras.callbacks.Callback):
     """Runs everything between two updates of a training job.
 
     Every update: counts tokens and time (tokens/s), checks the loss is
     finite, applies the budgets (--max_steps, --max_hours) and SIGINT/SIGTERM;
-    during the first --warmup_steps updates, sets the learning rate.
+    sets the learning rate of --lr_schedule (nmt_tf.schedules): the warm-up,
+    and the decay to the end of the budget of a budgeted schedule.
     Every --log_every_steps: TensorBoard scalars (and a log line when stdout
     is not a terminal). Every --checkpoint_every_steps and at epoch ends:
     a checkpoint. Every --eval_every_steps or at epoch ends: the dev loss,
@@ -165,6 +170,11 @@ class TrainingController(keras.callbacks.Callback):
         self.last_dev = None
         self.run_tokens = 0
         self.run_seconds = 0.0
+        self.run_steps = 0
+        self.schedule = schedules.LearningRateSchedule(
+            config.lr_schedule, learning_rate(config), config.warmup_steps, config.max_steps, config.max_hours,
+            config.final_lr_fraction)
+        self._timed = {"steps": 0, "seconds": 0.0}   # this run's updates after the first few, for seconds_per_step
         self._interrupted = False
         self.received_signal: str | None = None      # name of the signal that stopped the run
         self.votes: StopVotes | None = None           # set under a multi-worker strategy
@@ -255,11 +265,16 @@ class TrainingController(keras.callbacks.Callback):
         if int(self.state.epoch_batches.numpy()) == 0:
             self._reset_epoch()
 
+    @property
+    def seconds_per_step(self) -> float | None:
+        """This run's mean time per update, leaving out its first updates (which
+        trace and compile the step); None until measured."""
+        return self._timed["seconds"] / self._timed["steps"] if self._timed["steps"] else None
+
     def on_train_batch_begin(self, batch, logs=None):
-        warmup = self.config.warmup_steps
-        if warmup and self.step <= warmup:
-            # Linear warm-up: update k (from 0) uses (k + 1) / warmup of the rate.
-            self.model.optimizer.learning_rate.assign(learning_rate(self.config) * min(1.0, (self.step + 1) / warmup))
+        rate = self.schedule.rate(self.step, float(self.state.train_seconds.numpy()), self.seconds_per_step)
+        if rate is not None:
+            self.model.optimizer.learning_rate.assign(rate)
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -276,6 +291,10 @@ class TrainingController(keras.callbacks.Callback):
         self.state.target_tokens.assign_add(int(tokens))
         self.run_tokens += tokens
         self.run_seconds += seconds
+        self.run_steps += 1
+        if self.run_steps > _UNTIMED_STEPS:
+            self._timed["steps"] += 1
+            self._timed["seconds"] += seconds
         for acc, values in ((self._iv, {"nll": loss * tokens, "tokens": tokens, "seconds": seconds,
                                         "grad_norm": float(logs["grad_norm"]), "steps": 1}),
                             (self._ep, {"nll": loss * tokens, "tokens": tokens, "sentences": sentences})):

@@ -111,6 +111,15 @@ flags.DEFINE_float("learning_rate", None, "Learning rate; default per optimizer:
 flags.DEFINE_integer("warmup_steps", 0,
                      "Raise the learning rate linearly from 0 to --learning_rate over this many first updates "
                      "(0: none, as in the paper).", lower_bound=0)
+flags.DEFINE_enum("lr_schedule", "plateau", ["plateau", "linear", "cosine"],
+                  "Learning rate after the warm-up. plateau: --learning_rate, multiplied by --decay_factor when dev "
+                  "stops improving (paper: constant). linear / cosine: budgeted training (Li et al. 2020), the rate "
+                  "falls linearly / along a half cosine to --final_lr_fraction of --learning_rate exactly at the end "
+                  "of the budget, --max_steps or --max_hours (hours are turned into updates from the measured "
+                  "seconds per update, re-estimated at every update); needs one of them and --decay_factor=1.")
+flags.DEFINE_float("final_lr_fraction", 0.0,
+                   "--lr_schedule=linear / cosine: the fraction of --learning_rate reached at the end of the budget.",
+                   lower_bound=0.0, upper_bound=1.0)
 flags.DEFINE_float("adadelta_rho", 0.95, "Adadelta decay rate rho (paper: 0.95).")
 flags.DEFINE_float("adadelta_epsilon", 1e-6, "Adadelta epsilon (paper: 1e-6).")
 flags.DEFINE_float("clip_norm", 1.0, "Rescale the gradient when its global L2 norm exceeds this (paper: 1). 0 disables.", lower_bound=0.0)

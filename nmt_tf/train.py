@@ -59,7 +59,7 @@ from absl import app
 from nmt_tf import distribution
 from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
-from nmt_tf import models
+from nmt_tf import models, schedules
 from nmt_tf.files import WriteFailed, write_atomically
 from nmt_tf.hardware import choose_training_kernels, resolve_precision, step_products_choice, training_kernels
 from nmt_tf.translator import dtype_policy
@@ -107,6 +107,11 @@ def check_config(config) -> None:
     if config.tied_embeddings == "all" and not config.joint_vocabulary:
         raise TrainingError("--tied_embeddings=all shares one embedding matrix between source and target "
                             "words: it needs --joint_vocabulary (with --tokenizer=sentencepiece).")
+    try:
+        schedules.check(config.lr_schedule, config.warmup_steps, config.max_steps, config.max_hours,
+                        config.decay_factor)
+    except schedules.ScheduleError as e:
+        raise TrainingError(str(e)) from None
     try:
         models.model_class(config.model).check_flags(config)
     except ValueError as e:
@@ -449,6 +454,9 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
                                        layout.path(write_dir, layout.LOGS), n_batches, log=log,
                                        print_lines=print_lines, bleu=bleu)
     controller.set_model(model)
+    log(f"Learning rate ({config.lr_schedule}): {controller.schedule.describe()}"
+        + (f"; x{config.decay_factor:g} after every {config.decay_patience} dev evaluations without improvement"
+           if config.decay_factor < 1.0 else "") + ".")
     if worker.workers > 1:
         # Not tracked by the model (a plain object): checkpoints stay as they are.
         model.stop_votes = controller.votes = cb.StopVotes()

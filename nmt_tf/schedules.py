@@ -1,0 +1,115 @@
+"""Learning-rate schedules of `--lr_schedule`, as a function of the update count.
+
+- plateau (the default): --learning_rate after an optional linear warm-up,
+  multiplied by --decay_factor whenever dev stops improving (TrainingController
+  does that part, at evaluations).
+- linear, cosine: budgeted training (Li, Yumer & Ramanan 2020, "Budgeted
+  Training: Rethinking Deep Neural Network Training Under Resource
+  Constraints"). After the warm-up the rate falls from --learning_rate to
+  --final_lr_fraction of it exactly when the budget ends, so a run cut by
+  --max_steps or --max_hours ends annealed instead of at full rate. A step
+  budget is known; an hour budget is converted to updates from the measured
+  seconds per update of this run, re-estimated at every update (a resumed
+  run on another CPU measures its own).
+"""
+
+from __future__ import annotations
+
+import math
+
+SCHEDULES = ("plateau", "linear", "cosine")
+BUDGETED = ("linear", "cosine")
+
+
+class ScheduleError(ValueError):
+    """Flags of the schedule that cannot work together."""
+
+
+def check(schedule: str, warmup_steps: int, max_steps: int, max_hours: float, decay_factor: float) -> None:
+    """Raises ScheduleError for a budgeted schedule without a budget, with
+    plateau decay on top, or with a warm-up as long as its step budget."""
+    if schedule not in SCHEDULES:
+        raise ScheduleError(f"--lr_schedule={schedule}: not one of {', '.join(SCHEDULES)}.")
+    if schedule not in BUDGETED:
+        return
+    if not max_steps and not max_hours:
+        raise ScheduleError(f"--lr_schedule={schedule} decays the learning rate to the end of the training "
+                            "budget: give --max_steps or --max_hours.")
+    if decay_factor < 1.0:
+        raise ScheduleError(f"--lr_schedule={schedule} sets the learning rate at every update, so the plateau "
+                            f"decay of --decay_factor={decay_factor:g} cannot apply: set --decay_factor=1, or use "
+                            "--lr_schedule=plateau.")
+    if max_steps and warmup_steps >= max_steps:
+        raise ScheduleError(f"--warmup_steps={warmup_steps} leaves nothing of --max_steps={max_steps} "
+                            f"for --lr_schedule={schedule} to decay over.")
+
+
+class LearningRateSchedule:
+    """The learning rate of an update, from the update count and the time spent.
+
+    `rate(step, train_seconds, seconds_per_step)` is the rate update `step`
+    (counted from 0) uses, or None where the schedule leaves the optimizer's
+    current rate alone (plateau after its warm-up, whose rate the plateau decay
+    owns). `train_seconds` is the training time summed over resumed runs (what
+    --max_hours bounds) and `seconds_per_step` this run's measured time per
+    update, or None before it is known.
+    """
+
+    def __init__(self, schedule: str, base_rate: float, warmup_steps: int = 0, max_steps: int = 0,
+                 max_hours: float = 0.0, final_fraction: float = 0.0):
+        self.schedule = schedule
+        self.base_rate = float(base_rate)
+        self.warmup_steps = int(warmup_steps)
+        self.max_steps = int(max_steps)
+        self.max_hours = float(max_hours)
+        self.final_fraction = float(final_fraction)
+
+    def describe(self) -> str:
+        """One line for the training log."""
+        warmup = f", warm-up over {self.warmup_steps:,} updates" if self.warmup_steps else ""
+        if not self.budgeted:
+            return f"{self.base_rate:g}{warmup}"
+        ends = " or ".join(([f"update {self.max_steps:,}"] if self.max_steps else [])
+                           + ([f"{self.max_hours:g} training hours"] if self.max_hours else []))
+        return (f"{self.base_rate:g}{warmup}, {self.schedule} decay to {self.final_fraction:g} of it "
+                f"at {ends} (whichever comes first)" if self.max_steps and self.max_hours else
+                f"{self.base_rate:g}{warmup}, {self.schedule} decay to {self.final_fraction:g} of it at {ends}")
+
+    @property
+    def budgeted(self) -> bool:
+        return self.schedule in BUDGETED
+
+    def budget_steps(self, step: int, train_seconds: float, seconds_per_step: float | None) -> float | None:
+        """The update count at which the budget ends: --max_steps, the updates
+        the rest of --max_hours buys at `seconds_per_step`, or the smaller of
+        the two; None while an hour budget has no measured rate yet."""
+        budgets = []
+        if self.max_steps:
+            budgets.append(float(self.max_steps))
+        if self.max_hours:
+            if seconds_per_step is None or seconds_per_step <= 0:
+                if not budgets:
+                    return None
+            else:
+                left = max(self.max_hours * 3600.0 - train_seconds, 0.0)
+                budgets.append(step + left / seconds_per_step)
+        return min(budgets)
+
+    def decay(self, progress: float) -> float:
+        """The factor of --learning_rate at `progress` (0 to 1) through the decay."""
+        progress = min(max(progress, 0.0), 1.0)
+        shape = 1.0 - progress if self.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.final_fraction + (1.0 - self.final_fraction) * shape
+
+    def rate(self, step: int, train_seconds: float = 0.0, seconds_per_step: float | None = None) -> float | None:
+        if self.warmup_steps and step < self.warmup_steps:
+            # Linear warm-up: update k (from 0) uses (k + 1) / warmup of the rate.
+            return self.base_rate * (step + 1) / self.warmup_steps
+        if not self.budgeted:
+            # The last warm-up update has set the full rate; the plateau decay owns it from here.
+            return None
+        budget = self.budget_steps(step, train_seconds, seconds_per_step)
+        if budget is None:
+            return self.base_rate
+        span = budget - self.warmup_steps
+        return self.base_rate * self.decay((step - self.warmup_steps) / span if span > 0 else 1.0)

@@ -1,0 +1,75 @@
+"""Learning-rate schedules (--lr_schedule): plateau, and the budgeted linear / cosine decays."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from nmt_tf import schedules, train
+from test_train import QUIET, read_scalars
+
+
+def test_linear_decay_reaches_the_final_rate_at_the_step_budget():
+    s = schedules.LearningRateSchedule("linear", 1e-3, warmup_steps=100, max_steps=1100)
+    assert s.rate(0) == pytest.approx(1e-5)              # warm-up: (k + 1) / 100 of the rate
+    assert s.rate(99) == pytest.approx(1e-3)
+    assert s.rate(100) == pytest.approx(1e-3)            # the decay starts at the full rate
+    assert s.rate(600) == pytest.approx(5e-4)            # half way through the decay
+    assert s.rate(1099) == pytest.approx(1e-6)           # the last update of the budget
+    assert s.rate(5000) == 0.0                           # a resumed run past its budget stays at the end
+
+
+def test_cosine_decay_to_a_final_fraction():
+    s = schedules.LearningRateSchedule("cosine", 2e-3, max_steps=1000, final_fraction=0.1)
+    assert s.rate(0) == pytest.approx(2e-3)
+    assert s.rate(500) == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5))
+    assert s.rate(250) == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4))))
+    assert s.rate(1000) == pytest.approx(2e-4)
+    rates = [s.rate(k) for k in range(0, 1001, 50)]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
+
+
+def test_an_hour_budget_is_turned_into_updates_from_the_measured_rate():
+    s = schedules.LearningRateSchedule("linear", 1.0, max_hours=1.0)
+    assert s.rate(10, train_seconds=5.0, seconds_per_step=None) == 1.0    # nothing measured yet: full rate
+    # 1,800 s left at 0.5 s per update: 3,600 updates more, the budget ends at update 3,700.
+    assert s.budget_steps(100, 1800.0, 0.5) == pytest.approx(3700.0)
+    assert s.rate(100, 1800.0, 0.5) == pytest.approx(1 - 100 / 3700)
+    # A slower CPU after a resume: the same time left buys fewer updates, and the rate falls faster.
+    assert s.rate(100, 1800.0, 2.0) == pytest.approx(1 - 100 / 1000)
+    assert s.rate(100, 3600.0, 2.0) == 0.0
+    both = schedules.LearningRateSchedule("linear", 1.0, max_steps=500, max_hours=1.0)
+    assert both.budget_steps(100, 1800.0, 0.5) == 500.0                  # the earlier end wins
+    assert both.budget_steps(100, 1800.0, None) == 500.0
+
+
+def test_plateau_leaves_the_rate_alone_after_the_warm_up():
+    s = schedules.LearningRateSchedule("plateau", 1e-3, warmup_steps=10)
+    assert s.rate(4) == pytest.approx(5e-4) and s.rate(9) == pytest.approx(1e-3)
+    assert s.rate(10) is None and schedules.LearningRateSchedule("plateau", 1e-3).rate(0) is None
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(lr_schedule="cosine"), "give --max_steps or --max_hours"),
+    (dict(lr_schedule="linear", max_steps=100, decay_factor=0.5), "set --decay_factor=1"),
+    (dict(lr_schedule="linear", max_steps=100, warmup_steps=100), "leaves nothing of --max_steps=100"),
+])
+def test_schedule_flags_that_cannot_work_are_one_error(tiny_config, tmp_path, overrides, message):
+    with pytest.raises(train.TrainingError, match=message):
+        train.train(tiny_config(model_dir=str(tmp_path / "m"), **overrides), **QUIET)
+    assert not os.path.exists(tmp_path / "m" / "checkpoints")
+
+
+def test_training_with_a_linear_budget_ends_annealed(tiny_config, tmp_path):
+    model_dir = str(tmp_path / "m")
+    lines = []
+    summary = train.train(tiny_config(model_dir=model_dir, max_epochs=5, max_steps=8, warmup_steps=2,
+                                      lr_schedule="linear"), log=lines.append)
+    assert summary["steps"] == 8 and summary["status"] == "max_steps"
+    assert any("Learning rate (linear): 0.01, warm-up over 2 updates, linear decay to 0 of it at update 8"
+               in line for line in lines), lines
+    rates = [v for _, v in sorted(read_scalars(os.path.join(model_dir, "logs", "train"))["learning_rate"])]
+    # Update k (from 0) is logged at step k + 1: warm-up 0.005, 0.01, then 0.01 x (1 - (k - 2) / 6).
+    np.testing.assert_allclose(rates, [0.005, 0.01, 0.01, 0.01 * 5 / 6, 0.01 * 4 / 6, 0.01 * 3 / 6,
+                                       0.01 * 2 / 6, 0.01 * 1 / 6], rtol=1e-5)
