@@ -9,6 +9,15 @@ Predict requests (sentences of the Multi30k test 2016 source, in turn) until
 not timed. Reports throughput (requests/s), latency p50 / p90 / p99 in
 milliseconds and the number of failed requests (which must be 0). With
 --clients_list, runs one measurement per client count.
+
+With --batching_parameters_file (and --model_base_path), two servers are
+started, one without and one with `--enable_batching` and those parameters,
+and each client count is measured on both, --rounds times, alternating which
+goes first; the output gives each round's numbers, the medians, and the
+batched/unbatched ratios of requests/s, with p99 against the unbatched
+one-client p50:
+
+  python benchmarks/serve_load.py --model_base_path=E --batching_parameters_file=export/batching_parameters.txt
 """
 
 from __future__ import annotations
@@ -39,6 +48,10 @@ absl_flags.DEFINE_boolean("server_onednn", False, "Start nmt_tf.serve with --one
 absl_flags.DEFINE_list("server_args", [], "More flags for the nmt_tf.serve it starts, e.g. "
                        "--server_args=--intra_op_threads=0,--inter_op_threads=2.")
 absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_flickr.en.gz"), "Sentences.")
+absl_flags.DEFINE_string("batching_parameters_file", None,
+                         "Also measure a server with --enable_batching and these parameters, side by side.")
+absl_flags.DEFINE_integer("rounds", 1, "With --batching_parameters_file: measurements per server and client "
+                          "count, alternating which server goes first.", lower_bound=1)
 
 
 def free_port() -> int:
@@ -119,9 +132,48 @@ def run(address, model_name, sentences, clients, total, warmup):
             "errors": len(errors)}
 
 
+def compare_batching(sentences, model_name, base_path, onednn, extra_args, params_file, clients_list, rounds,
+                     total, warmup):
+    """Both servers side by side: {"rounds": [...], "median": {...}, "ratios": {...}}."""
+    servers = {"unbatched": start_server(base_path, model_name, onednn, extra_args),
+               "batched": start_server(base_path, model_name, onednn,
+                                       [*extra_args, "--enable_batching", f"--batching_parameters_file={params_file}"])}
+    rounds_out = []
+    try:
+        for r in range(rounds):
+            order = ["unbatched", "batched"] if r % 2 == 0 else ["batched", "unbatched"]
+            rounds_out.append({name: [run(servers[name][1], model_name, sentences, int(c), total, warmup)
+                                      for c in clients_list] for name in order})
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait()
+    median = {name: [{key: statistics.median(r[name][i][key] for r in rounds_out)
+                      for key in ("requests_per_sec", "p50_ms", "p90_ms", "p99_ms", "errors")}
+                     | {"clients": int(c)} for i, c in enumerate(clients_list)]
+              for name in ("unbatched", "batched")}
+    lone_p50 = median["unbatched"][0]["p50_ms"]
+    ratios = [{"clients": int(c),
+               "requests_per_sec_batched_over_unbatched":
+                   round(median["batched"][i]["requests_per_sec"] / median["unbatched"][i]["requests_per_sec"], 2),
+               "batched_p99_over_lone_p50": round(median["batched"][i]["p99_ms"] / lone_p50, 2)}
+              for i, c in enumerate(clients_list)]
+    return {"rounds": rounds_out, "median": median, "ratios": ratios,
+            "lone_request_p50_ms": lone_p50, "batching_parameters": open(params_file).read()}
+
+
 def main(argv):
     FLAGS = absl_flags.FLAGS
     sentences = read_lines(FLAGS.source)
+    if FLAGS.batching_parameters_file:
+        if not FLAGS.model_base_path:
+            raise app.UsageError("--batching_parameters_file needs --model_base_path (both servers are started here)")
+        out = compare_batching(sentences, FLAGS.model_name, FLAGS.model_base_path, FLAGS.server_onednn,
+                               FLAGS.server_args, FLAGS.batching_parameters_file, FLAGS.clients_list,
+                               FLAGS.rounds, FLAGS.requests, FLAGS.warmup)
+        print(json.dumps({"server": " ".join(["nmt_tf.serve"] + (["--onednn"] if FLAGS.server_onednn else [])
+                                             + FLAGS.server_args), **out}))
+        return
     proc = None
     address = FLAGS.server
     if not address:

@@ -449,7 +449,7 @@ def _rest_model_spec(name: str, version: str | None, label: str | None):
 
 
 def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, max_batch_size: int,
-                 max_message_bytes: int | None) -> bytes:
+                 max_message_bytes: int | None, batcher=None) -> bytes:
     from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
     if not _REST_PATH.fullmatch(path):
@@ -464,7 +464,8 @@ def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, m
     if method == "POST":
         if match.group(4) == "predict":
             request, row = predict_request_from_json(registry, spec, body, max_batch_size)
-            response = run_predict(registry, request, max_batch_size, max_message_bytes, can_filter=False)
+            response = run_predict(registry, request, max_batch_size, max_message_bytes, can_filter=False,
+                                   batcher=batcher)
             return predict_response_json(response.outputs, row)
         if match.group(4) in ("classify", "regress"):
             raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
@@ -486,13 +487,14 @@ def error_json(message: str) -> bytes:
 
 
 def rest_response(registry: ModelRegistry, method: str, path: str, body: bytes, max_batch_size: int = 1024,
-                  max_message_bytes: int | None = None) -> tuple[int, bytes]:
+                  max_message_bytes: int | None = None, batcher=None) -> tuple[int, bytes]:
     """(HTTP status, JSON body) of one REST request, as TF Serving's REST API
     answers it (model_servers/http_rest_api_handler.cc): the same functions as
     the gRPC services, their status mapped to HTTP as TF Serving maps it.
-    `path` without the query string, as http.server gives it (ISO-8859-1)."""
+    `path` without the query string, as http.server gives it (ISO-8859-1).
+    `batcher`: nmt_tf.batching's, to join concurrent predictions."""
     try:
-        return 200, _rest_answer(registry, method, path, body, max_batch_size, max_message_bytes)
+        return 200, _rest_answer(registry, method, path, body, max_batch_size, max_message_bytes, batcher)
     except ServingError as e:
         return HTTP_STATUS[e.code.name], error_json(e.message)
     except RecursionError:   # JSON nested deeper than Python's parser or these functions go
@@ -710,13 +712,14 @@ class RestServer(socketserver.TCPServer):
 
 def start_rest_server(registry: ModelRegistry, port: int, host: str = "0.0.0.0", threads: int = 8,
                       max_message_mb: float = 32.0, max_batch_size: int = 1024, page: bool = True,
-                      max_connections: int = 64, header_seconds: float = 30.0) -> RestServer:
+                      max_connections: int = 64, header_seconds: float = 30.0, batcher=None) -> RestServer:
     """Serves TF Serving's REST API for `registry` on `port` (0: a free one,
     then in .port), and with `page` the translation page at / (nmt_tf.page);
     a port that another process holds is refused. See RestServer for
-    `threads`, `max_connections` and `header_seconds`."""
+    `threads`, `max_connections` and `header_seconds`; `batcher` as in rest_response."""
     limit = int(max_message_mb * 1024 * 1024)
-    answer = functools.partial(rest_response, registry, max_batch_size=max_batch_size, max_message_bytes=limit)
+    answer = functools.partial(rest_response, registry, max_batch_size=max_batch_size, max_message_bytes=limit,
+                               batcher=batcher)
     try:
         return RestServer(host, port, threads, answer, limit, functools.partial(page_file, registry) if page else None,
                           max_connections, header_seconds)

@@ -27,7 +27,10 @@ reads each request whole on one receiver thread before a worker takes it (a
 slow or idle client holds no worker; 30 s for the headers, 120 s for the
 body, then 408), with at most --rest_max_connections connections open (one
 more: 503 at once). The model versions and the requests'
-checks (the same for both) are nmt_tf.serving.
+checks (the same for both) are nmt_tf.serving. With --enable_batching
+(or --batching_parameters_file, TF Serving's BatchingParameters text proto)
+concurrent Predict requests of both front ends are joined into one call of
+the signature and their outputs split back (nmt_tf.batching).
 
 It serves the highest numbered version under --model_base_path and loads a
 new version when one appears (checked every --poll_seconds; like TF Serving's
@@ -62,6 +65,7 @@ from absl import logging
 
 from nmt_tf import flags as nmt_flags  # also defines --model_name, --preset
 from nmt_tf import presets
+from nmt_tf.batching import Batcher, BatchingError, BatchingParameters, read_batching_parameters, request_threads
 from nmt_tf.hardware import set_onednn
 from nmt_tf.rest import start_rest_server
 from nmt_tf.serving import ModelRegistry, ServingError, model_metadata, model_status, run_predict
@@ -74,8 +78,20 @@ absl_flags.DEFINE_integer(
 absl_flags.DEFINE_string("host", "0.0.0.0", "Address to listen on.")
 absl_flags.DEFINE_string("model_base_path", None, "Directory holding numbered SavedModel versions (nmt_tf.export's --export_dir).")
 absl_flags.DEFINE_float("poll_seconds", 2.0, "How often to look for a new version.", lower_bound=0.1)
-absl_flags.DEFINE_integer("threads", 8, "Concurrent requests served, by gRPC and by the REST API each.",
-                          lower_bound=1)
+absl_flags.DEFINE_integer("threads", 8, "Concurrent requests served, by gRPC and by the REST API each "
+                          "(with --enable_batching at least max_batch_size x num_batch_threads, at most 512: "
+                          "requests waiting for their batch hold a thread but no CPU).", lower_bound=1)
+absl_flags.DEFINE_boolean(
+    "enable_batching", False,
+    "Join concurrent Predict requests of the same version, signature and outputs into one call of the "
+    "signature and split the replies (TF Serving's flag; nmt_tf.batching). Parameters from "
+    "--batching_parameters_file, else TF Serving's defaults (max_batch_size 1000, batch_timeout_micros 0, "
+    "max_enqueued_batches 10, num_batch_threads one per core).")
+absl_flags.DEFINE_string(
+    "batching_parameters_file", None,
+    "TF Serving's BatchingParameters text proto (max_batch_size, batch_timeout_micros, max_enqueued_batches, "
+    "num_batch_threads, allowed_batch_sizes, pad_variable_length_inputs, thread_pool_name), as in "
+    "export/batching_parameters.txt; implies --enable_batching.")
 absl_flags.DEFINE_integer(
     "rest_max_connections", 64,
     "REST connections open at once (being read, waiting for a --threads worker, or answered); one more is "
@@ -106,8 +122,11 @@ absl_flags.DEFINE_integer(
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_name", "preset"))
 
 
-def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_bytes: int | None = None):
-    """The PredictionService and ModelService implementations."""
+def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_bytes: int | None = None,
+                   batcher: Batcher | None = None):
+    """The PredictionService and ModelService implementations (with a
+    `batcher`, Predict requests are joined in batches, each waiting at most
+    its deadline)."""
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
     def guarded(handler):
@@ -125,7 +144,8 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
     class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         @guarded
         def Predict(self, request, context):
-            return run_predict(registry, request, max_batch_size, max_message_bytes)
+            return run_predict(registry, request, max_batch_size, max_message_bytes, batcher=batcher,
+                               timeout=context.time_remaining())
 
         @guarded
         def GetModelMetadata(self, request, context):
@@ -141,8 +161,9 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
 
 def start_server(model_name: str, model_base_path: str, port: int, host: str = "0.0.0.0",
                  threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
-                 poll_seconds: float = 2.0, log=logging.info):
-    """Starts serving; returns (grpc server, registry, bound port)."""
+                 poll_seconds: float = 2.0, log=logging.info, batcher: Batcher | None = None):
+    """Starts serving; returns (grpc server, registry, bound port). `threads`
+    is the gRPC worker count (see batching.request_threads for batching)."""
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
     registry = ModelRegistry(model_name, model_base_path, log=log)
@@ -157,7 +178,7 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
                          options=[("grpc.max_receive_message_length", limit),
                                   ("grpc.max_send_message_length", limit),
                                   ("grpc.so_reuseport", 0)])
-    prediction, model_service = make_servicers(registry, max_batch_size, limit)
+    prediction, model_service = make_servicers(registry, max_batch_size, limit, batcher)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(model_service, server)
     try:
@@ -198,6 +219,17 @@ def main(argv):
         return nmt_flags.user_error("give --model_base_path or --preset (a model shipped with nmt_tf).")
     print(f"CPU kernels: {choose_kernels(FLAGS.onednn)}", flush=True)
     print(f"TensorFlow threads: {set_threads(FLAGS.inter_op_threads, FLAGS.intra_op_threads)}", flush=True)
+    params = None
+    if FLAGS.enable_batching or FLAGS.batching_parameters_file:
+        try:
+            params = (read_batching_parameters(FLAGS.batching_parameters_file) if FLAGS.batching_parameters_file
+                      else BatchingParameters())
+        except BatchingError as e:
+            return nmt_flags.user_error(e)
+    threads = request_threads(FLAGS.threads, params)
+    batcher = Batcher(params) if params else None
+    if params:
+        print(f"Batching: {params.describe()}; {threads} request threads per front end", flush=True)
     model_base_path = FLAGS.model_base_path
     if FLAGS.preset:      # after the kernels' choice: building imports TensorFlow
         try:
@@ -206,16 +238,16 @@ def main(argv):
             return nmt_flags.user_error(e)
     try:
         server, registry, port = start_server(
-            FLAGS.model_name, model_base_path, FLAGS.port, FLAGS.host, FLAGS.threads,
-            FLAGS.max_message_mb, FLAGS.max_batch_size, FLAGS.poll_seconds, log=print)
+            FLAGS.model_name, model_base_path, FLAGS.port, FLAGS.host, threads,
+            FLAGS.max_message_mb, FLAGS.max_batch_size, FLAGS.poll_seconds, log=print, batcher=batcher)
     except (FileNotFoundError, OSError) as e:
         return nmt_flags.user_error(e)
     rest = None
     if FLAGS.rest_api_port:
         try:
-            rest = start_rest_server(registry, FLAGS.rest_api_port, FLAGS.host, FLAGS.threads,
+            rest = start_rest_server(registry, FLAGS.rest_api_port, FLAGS.host, threads,
                                      FLAGS.max_message_mb, FLAGS.max_batch_size,
-                                     max_connections=FLAGS.rest_max_connections)
+                                     max_connections=FLAGS.rest_max_connections, batcher=batcher)
         except OSError as e:
             server.stop(grace=0)
             registry.stop()

@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 from google.protobuf import any_pb2
 
+from nmt_tf import batching
 from nmt_tf.translator import load_saved_model, read_metadata
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -300,10 +301,17 @@ def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes:
                            f"message limit of {max_bytes:,}")
 
 
+# Longest a request waits for its merged batch when its client set no shorter deadline.
+BATCH_WAIT_SECONDS = 300.0
+
+
 def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_message_bytes: int | None = None,
-                can_filter: bool = True):
+                can_filter: bool = True, batcher: batching.Batcher | None = None, timeout: float | None = None):
     """Predict, following TF Serving's checks and messages (predict_util.cc);
-    `can_filter` as in check_reply_size."""
+    `can_filter` as in check_reply_size. With a `batcher`, the call is joined
+    with concurrent ones of the same version, signature and outputs
+    (nmt_tf.batching), waiting at most `timeout` seconds (default
+    BATCH_WAIT_SECONDS)."""
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
 
@@ -344,22 +352,39 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_messa
             value = tf.make_ndarray(proto)
         except Exception as e:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor parsing error: {alias}") from e
-        feeds[alias] = tf.constant(value)
-    sizes = {v.shape[0] for v in feeds.values() if v.shape.rank}
+        feeds[alias] = value
+    sizes = {v.shape[0] for v in feeds.values() if v.ndim}
     if len(sizes) > 1:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"inputs have different batch sizes: {sorted(sizes)}")
     if max_message_bytes:
         check_reply_size(loaded, outputs, max(sizes, default=0), max_message_bytes, can_filter)
-    try:
-        result = loaded.signatures[name](**feeds)
-    except tf.errors.InvalidArgumentError as e:
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, e.message) from e
+
+    def call(arrays):
+        try:
+            result = loaded.signatures[name](**{alias: tf.constant(v) for alias, v in arrays.items()})
+        except tf.errors.InvalidArgumentError as e:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, e.message) from e
+        return {alias: np.asarray(result[alias]) for alias in outputs}
+
+    batchable = batcher is not None and sizes and all(v.ndim for v in feeds.values())
+    if not batchable:
+        result = call(feeds)
+    else:
+        wait = BATCH_WAIT_SECONDS if timeout is None else min(max(timeout, 0.0), BATCH_WAIT_SECONDS)
+        try:
+            result = batcher.run((loaded, name, tuple(outputs)), call, feeds, sizes.pop(), wait)
+        except batching.TooLarge as e:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        except batching.QueueFull as e:
+            raise ServingError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+        except batching.WaitedTooLong as e:
+            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
     response = predict_pb2.PredictResponse()
     response.model_spec.name = registry.name
     response.model_spec.version.value = loaded.version
     response.model_spec.signature_name = name
     for alias in outputs:
-        response.outputs[alias].CopyFrom(tf.make_tensor_proto(np.asarray(result[alias])))
+        response.outputs[alias].CopyFrom(tf.make_tensor_proto(result[alias]))
     return response
 
 

@@ -1,0 +1,200 @@
+"""Server-side batching (nmt_tf.batching; nmt_tf.serve --enable_batching) as TF Serving does it."""
+
+import concurrent.futures
+import os
+import shutil
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from conftest import REPO, run_cli
+from nmt_tf import batching, rest, serve
+from nmt_tf.batching import Batcher, BatchingError, BatchingParameters, parse_batching_parameters
+from test_serve import request, status_of
+
+SENTENCES = ["A man in a blue shirt.", "Two dogs run.", "A girl is eating.", "People walk on a street.",
+             "A woman sings.", "The boy jumps into the water.", "A dog catches a ball.", "Men play music."]
+
+
+def test_the_shipped_parameters_file_parses_with_tf_servings_meanings():
+    params = batching.read_batching_parameters(os.path.join(REPO, "export", "batching_parameters.txt"))
+    assert (params.max_batch_size, params.batch_timeout_micros, params.max_enqueued_batches,
+            params.num_batch_threads, params.pad_variable_length_inputs) == (64, 5000, 100, 2, True)
+    default = BatchingParameters()
+    assert (default.max_batch_size, default.batch_timeout_micros, default.max_enqueued_batches) == (1000, 0, 10)
+    assert default.num_batch_threads == os.cpu_count()
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("max_batch_size { value: 8 }\nmax_batch_sise { value: 3 }", "2:1"),      # the line of an unknown field
+    ("max_batch_size: 8", "max_batch_size"),                                     # a wrapper needs { value: }
+    ("max_batch_size { value: 8 } allowed_batch_sizes: 4 allowed_batch_sizes: 6", "must equal max_batch_size"),
+    ("max_batch_size { value: 8 } allowed_batch_sizes: 4 allowed_batch_sizes: 2 allowed_batch_sizes: 8",
+     "increasing"),
+    ("num_batch_threads { value: 0 }", "num_batch_threads must be at least 1"),
+    ("batch_timeout_micros { value: -1 }", "must not be negative"),
+])
+def test_a_bad_parameters_file_is_one_error_naming_it(text, fragment):
+    with pytest.raises(BatchingError, match=fragment) as e:
+        parse_batching_parameters(text, "params.txt")
+    assert "params.txt" in str(e.value)
+
+
+def test_serve_refuses_a_missing_parameters_file_at_start(tmp_path):
+    out = run_cli("-m", "nmt_tf.serve", "--model_base_path=/nonexistent", f"--batching_parameters_file={tmp_path}/x")
+    assert out.returncode == 1 and f"cannot read the batching parameters file {tmp_path}/x" in out.stderr
+
+
+class Recorder:
+    """A signature that doubles its input and records the batch sizes it was called with."""
+
+    def __init__(self, delay=0.0, fail_on=None):
+        self.sizes, self.delay, self.fail_on = [], delay, fail_on
+        self.lock = threading.Lock()
+
+    def __call__(self, feeds):
+        with self.lock:
+            self.sizes.append(len(feeds["x"]))
+        time.sleep(self.delay)
+        if self.fail_on is not None and self.fail_on in feeds["x"]:
+            raise ValueError(f"bad value {self.fail_on}")
+        return {"y": feeds["x"] * 2, "total": np.float32(feeds["x"].sum())}
+
+
+def submit_all(batcher, call, values, timeout=10.0, key="k"):
+    with concurrent.futures.ThreadPoolExecutor(len(values)) as pool:
+        futures = [pool.submit(batcher.run, key, call, {"x": np.array(v)}, len(v), timeout) for v in values]
+        return [f.exception() or f.result() for f in futures]
+
+
+def test_concurrent_calls_are_joined_and_split_back_by_rows():
+    batcher = Batcher(BatchingParameters(max_batch_size=16, batch_timeout_micros=200_000, num_batch_threads=1))
+    call = Recorder()
+    values = [[i, 10 * i] for i in range(1, 7)]
+    results = submit_all(batcher, call, values)
+    for v, r in zip(values, results):
+        np.testing.assert_array_equal(r["y"], np.array(v) * 2)         # each call gets its own rows back
+    assert sum(call.sizes) == 12 and len(call.sizes) < 6              # joined: fewer calls than requests
+    assert max(call.sizes) <= 16
+    batcher.stop()
+
+
+def test_a_full_queue_is_refused_at_once_and_a_large_request_is_refused():
+    batcher = Batcher(BatchingParameters(max_batch_size=2, max_enqueued_batches=1, num_batch_threads=1))
+    slow = Recorder(delay=0.5)
+    first = threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([1, 2])}, 2, 5.0))
+    first.start()
+    time.sleep(0.2)                                  # the first batch runs; one more batch may wait
+    waiting = threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([3, 4])}, 2, 5.0))
+    waiting.start()
+    time.sleep(0.05)
+    start = time.perf_counter()
+    with pytest.raises(batching.QueueFull, match="queue to which this task was submitted is full"):
+        batcher.run("k", slow, {"x": np.array([5])}, 1, 5.0)
+    assert time.perf_counter() - start < 0.1
+    with pytest.raises(batching.TooLarge, match="Task size 3 is larger than maximum input batch size 2"):
+        batcher.run("k", slow, {"x": np.array([1, 2, 3])}, 3, 5.0)
+    first.join(), waiting.join()
+    batcher.stop()
+
+
+def test_a_request_that_fails_in_a_merged_batch_fails_only_itself():
+    batcher = Batcher(BatchingParameters(max_batch_size=16, batch_timeout_micros=200_000, num_batch_threads=1))
+    results = submit_all(batcher, Recorder(fail_on=7), [[1], [7], [3]])
+    np.testing.assert_array_equal(results[0]["y"], [2])
+    assert isinstance(results[1], ValueError) and "bad value 7" in str(results[1])
+    np.testing.assert_array_equal(results[2]["y"], [6])
+    batcher.stop()
+
+
+def test_allowed_batch_sizes_pad_with_the_first_row_and_drop_its_outputs():
+    batcher = Batcher(BatchingParameters(max_batch_size=8, allowed_batch_sizes=(4, 8), num_batch_threads=1))
+    call = Recorder()
+    result = batcher.run("k", call, {"x": np.array([5, 6, 7])}, 3, 5.0)
+    assert call.sizes == [4]
+    np.testing.assert_array_equal(result["y"], [10, 12, 14])
+    assert result["total"] == 5 + 6 + 7 + 5                           # an output without the batch axis: whole
+    batcher.stop()
+
+
+def test_a_request_that_waits_past_its_timeout_is_left_out_of_its_batch():
+    batcher = Batcher(BatchingParameters(max_batch_size=1, num_batch_threads=1, max_enqueued_batches=5))
+    slow = Recorder(delay=0.6)
+    busy = threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([1])}, 1, 5.0))
+    busy.start()
+    time.sleep(0.1)
+    with pytest.raises(batching.WaitedTooLong):
+        batcher.run("k", slow, {"x": np.array([2])}, 1, 0.2)
+    busy.join()
+    time.sleep(0.2)
+    assert slow.sizes == [1]                          # the abandoned request never ran
+    batcher.stop()
+
+
+@pytest.fixture(scope="module")
+def batching_server(exported, tmp_path_factory):
+    base = str(tmp_path_factory.mktemp("batching") / "nmt")
+    shutil.copytree(exported[1], base)
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=100_000, num_batch_threads=1,
+                                max_enqueued_batches=4)
+    batcher = Batcher(params)
+    threads = batching.request_threads(2, params)
+    srv, registry, port = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=threads,
+                                             poll_seconds=60, log=lambda *a: None, batcher=batcher)
+    web = rest.start_rest_server(registry, 0, "127.0.0.1", threads, batcher=batcher)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield {"predict": prediction_service_pb2_grpc.PredictionServiceStub(channel), "batcher": batcher,
+           "rest_port": web.port, "registry": registry}
+    web.stop()
+    registry.stop()
+    srv.stop(grace=0)
+    batcher.stop()
+
+
+def test_batched_predictions_equal_the_saved_models_own(batching_server, exported):
+    stub, batcher = batching_server["predict"], batching_server["batcher"]
+    before = batcher.batches_run
+    with concurrent.futures.ThreadPoolExecutor(len(SENTENCES)) as pool:
+        replies = list(pool.map(lambda s: stub.Predict(request([s]), timeout=60), SENTENCES))
+    assert batcher.batches_run - before < len(SENTENCES)              # requests were joined
+    local = tf.saved_model.load(exported[2]).signatures["serving_default"]
+    for sentence, reply in zip(SENTENCES, replies):
+        alone = local(text=tf.constant([sentence]))
+        assert tf.make_ndarray(reply.outputs["translation"])[0] == alone["translation"].numpy()[0]
+        np.testing.assert_allclose(tf.make_ndarray(reply.outputs["score"]), alone["score"].numpy(), atol=1e-4)
+        tokens = [t for t in tf.make_ndarray(reply.outputs["target_tokens"])[0] if t]   # padded to the batch
+        assert tokens == [t for t in alone["target_tokens"].numpy()[0] if t]
+
+
+def test_batching_keeps_tf_servings_errors(batching_server):
+    stub = batching_server["predict"]
+    code, details = status_of(lambda: stub.Predict(request(SENTENCES + ["One more."]), timeout=60))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "larger than maximum input batch size 8" in details
+    code, _ = status_of(lambda: stub.Predict(request(name="other"), timeout=60))
+    assert code == grpc.StatusCode.NOT_FOUND
+    reply = stub.Predict(request(SENTENCES[:2]), timeout=60)            # still serving
+    assert tf.make_ndarray(reply.outputs["translation"]).shape == (2,)
+
+
+def test_rest_predictions_are_batched_too(batching_server):
+    import json
+    import urllib.request
+
+    batcher = batching_server["batcher"]
+    before = batcher.batches_run
+    url = f"http://127.0.0.1:{batching_server['rest_port']}/v1/models/nmt:predict"
+
+    def post(sentence):
+        body = json.dumps({"instances": [sentence]}).encode()
+        with urllib.request.urlopen(urllib.request.Request(url, body), timeout=60) as reply:
+            return json.loads(reply.read())["predictions"][0]["translation"]
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        translations = list(pool.map(post, SENTENCES[:6]))
+    assert all(isinstance(t, str) for t in translations)
+    assert batcher.batches_run - before < 6
