@@ -12,6 +12,7 @@ so that the two front ends cannot answer differently.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -23,7 +24,7 @@ from absl import logging
 from google.protobuf import any_pb2
 
 from nmt_tf import batching
-from nmt_tf.translator import load_saved_model, read_metadata
+from nmt_tf.translator import load_session, read_metadata
 
 DEFAULT_SIGNATURE = "serving_default"
 
@@ -41,21 +42,83 @@ WARMUP_FILE = "tf_serving_warmup_requests"      # in a version's assets.extra/, 
 WARMUP_RECORDS = 1000                           # TF Serving's limit
 
 
+class VersionUnloaded(Exception):
+    """The version was unloaded before the request could use it."""
+
+
+# SignatureDefs of a TF2 SavedModel that are no signature a client may call.
+_NOT_SIGNATURES = ("__saved_model_init_op",)
+
+
 class LoadedVersion:
-    """One SavedModel version: its signatures and their SignatureDefs."""
+    """One SavedModel version, held as tensorflow_model_server holds one: in a
+    TF1 session of its own (translator.load_session), its signatures run by
+    Session.run on their SignatureDefs' tensor names. `tf.saved_model.load`
+    kept about 256 MB per load of the shipped model (85 MB for the tiny test
+    export) after the loaded object was gone; a closed session frees its
+    graph and variables (BUILD_NOTES.md, "Serving hardening").
+
+    Users hold it with `acquire()` / `release()` (ModelRegistry.use does for
+    a request); `retire()` closes the session once the last user releases it,
+    so an unload never cuts off a request in flight."""
 
     def __init__(self, path: str, version: int):
-        from tensorflow.core.protobuf import saved_model_pb2
+        import tensorflow as tf
 
         self.path, self.version = path, version
-        self.saved_model = load_saved_model(path)
-        self.signatures = dict(self.saved_model.signatures)
-        proto = saved_model_pb2.SavedModel()
-        with open(os.path.join(path, "saved_model.pb"), "rb") as f:
-            proto.ParseFromString(f.read())
-        self.signature_defs = dict(proto.meta_graphs[0].signature_def)
-        self.alignment_shape = _alignment_bound(path)
-        self.warmed_up = self._warm_up()
+        config = tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=tf.config.threading.get_intra_op_parallelism_threads(),
+            inter_op_parallelism_threads=tf.config.threading.get_inter_op_parallelism_threads())
+        self._session, meta = load_session(path, config)
+        self.signature_defs = dict(meta.signature_def)
+        self.signatures = sorted(k for k in self.signature_defs if k not in _NOT_SIGNATURES)
+        self._lock = threading.Lock()
+        self._users = 0
+        self._retired = self.closed = False
+        try:
+            self.alignment_shape = _alignment_bound(path)
+            self.warmed_up = self._warm_up()
+        except BaseException:
+            self._session.close()
+            raise
+
+    def run(self, signature: str, feeds: dict, outputs) -> dict:
+        """Runs `signature` on `feeds` ({input alias: array}); returns {output alias: numpy array}."""
+        sig = self.signature_defs[signature]
+        self.acquire()
+        try:
+            return self._session.run({alias: sig.outputs[alias].name for alias in outputs},
+                                     {sig.inputs[alias].name: value for alias, value in feeds.items()})
+        finally:
+            self.release()
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self.closed:
+                raise VersionUnloaded(f"version {self.version} was unloaded")
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            close = self._retired and not self._users
+        if close:
+            self._close()
+
+    def retire(self) -> None:
+        """Unloads: the session closes now, or when its last user releases it."""
+        with self._lock:
+            self._retired = True
+            close = not self._users
+        if close:
+            self._close()
+
+    def _close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self._session.close()
 
     def _warm_up(self) -> int:
         """Replays the version's assets.extra/tf_serving_warmup_requests (TF
@@ -77,8 +140,9 @@ class LoadedVersion:
                 if log.WhichOneof("log_type") != "predict_log":
                     continue
                 request = log.predict_log.request
-                signature = self.signatures[request.model_spec.signature_name or DEFAULT_SIGNATURE]
-                signature(**{name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()})
+                name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+                self.run(name, {alias: tf.make_ndarray(proto) for alias, proto in request.inputs.items()},
+                         list(request.output_filter) or list(self.signature_defs[name].outputs))
             except Exception as e:
                 raise ValueError(f"warm-up request {number} of {path} failed: {type(e).__name__}: {e}") from e
             replayed += 1
@@ -155,6 +219,7 @@ class ModelRegistry:
             if current:
                 with self._lock:
                     self._current = None
+                current.retire()
                 self.log(f"{self.name} version {current.version} was removed and no other version is left: "
                          "nothing is served until one appears")
             return
@@ -175,12 +240,15 @@ class ModelRegistry:
             if current and current.version not in versions:
                 with self._lock:
                     self._current = None
+                current.retire()
                 self.log(f"{self.name} version {current.version} was removed: nothing is served until a "
                          "version loads")
             return
         with self._lock:
             self._current = loaded
             self._failed.pop(version, None)
+        if current is not None:
+            current.retire()          # its session closes when its last request is answered
         self.log(f"serving {self.name} version {version} from {loaded.path}")
 
     @property
@@ -225,6 +293,24 @@ class ModelRegistry:
     def current(self) -> LoadedVersion | None:
         with self._lock:
             return self._current
+
+    @contextlib.contextmanager
+    def use(self, model_spec):
+        """The version a ModelSpec asks for (as `get`), held for the `with`
+        block: unloading it waits for the block to end."""
+        for _ in range(3):
+            loaded = self.get(model_spec)
+            try:
+                loaded.acquire()
+                break
+            except VersionUnloaded:
+                continue              # replaced between get and acquire: ask again
+        else:
+            raise ServingError(grpc.StatusCode.UNAVAILABLE, "the model's versions are being replaced; try again")
+        try:
+            yield loaded
+        finally:
+            loaded.release()
 
 
 def _dtype_name(dtype_enum) -> str:
@@ -312,10 +398,15 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_messa
     with concurrent ones of the same version, signature and outputs
     (nmt_tf.batching), waiting at most `timeout` seconds (default
     BATCH_WAIT_SECONDS)."""
+    with registry.use(request.model_spec) as loaded:
+        return _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_filter, batcher, timeout)
+
+
+def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_filter, batcher, timeout):
+    """run_predict on the version `loaded`, held by the caller."""
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
 
-    loaded = registry.get(request.model_spec)
     name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     if name not in loaded.signatures:
         raise ServingError(grpc.StatusCode.FAILED_PRECONDITION, f'Serving signature key "{name}" not found.')
@@ -361,10 +452,9 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_messa
 
     def call(arrays):
         try:
-            result = loaded.signatures[name](**{alias: tf.constant(v) for alias, v in arrays.items()})
+            return loaded.run(name, arrays, outputs)
         except tf.errors.InvalidArgumentError as e:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, e.message) from e
-        return {alias: np.asarray(result[alias]) for alias in outputs}
 
     batchable = batcher is not None and sizes and all(v.ndim for v in feeds.values())
     if not batchable:

@@ -316,11 +316,42 @@ def load_saved_model(path: str):
 
     import nmt_tf.text  # noqa: F401  (it imports tensorflow_text, which registers the ops)
 
+    with _loading(path):
+        return tf.saved_model.load(path)
+
+
+def load_session(path: str, config=None):
+    """Loads a SavedModel into a TF1 session of its own, as tensorflow_model_server
+    does (the "serve" meta graph, the saver's restore op, the init op); returns
+    (session, its MetaGraphDef). Closing the session frees everything the
+    version holds, which `tf.saved_model.load` does not (BUILD_NOTES.md,
+    "Serving hardening"). Errors as load_saved_model's."""
+    import tensorflow as tf
+
+    import nmt_tf.text  # noqa: F401  (it imports tensorflow_text, which registers the ops)
+
+    with _loading(path):
+        graph = tf.Graph()
+        with graph.as_default():
+            session = tf.compat.v1.Session(graph=graph, config=config)
+            try:
+                meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+            except BaseException:
+                session.close()
+                raise
+        return session, meta
+
+
+@contextlib.contextmanager
+def _loading(path: str):
+    """Turns the errors of loading a SavedModel into one-sentence FileNotFoundErrors."""
+    import tensorflow as tf
+
     if not os.path.exists(os.path.join(path, "saved_model.pb")):
         raise FileNotFoundError(f"{path} is not a SavedModel version directory (no saved_model.pb in it)")
     try:
-        return tf.saved_model.load(path)
-    except (tf.errors.OpError, ValueError, OSError, IndexError) as e:     # missing variables, a cut file, ...
+        yield
+    except (tf.errors.OpError, ValueError, OSError, IndexError, RuntimeError) as e:   # missing variables, a cut file
         first = str(getattr(e, "message", e)).strip().splitlines()
         raise FileNotFoundError(f"{path} could not be loaded as a SavedModel ({type(e).__name__}: "
                                 f"{first[0] if first else 'damaged'}); export it again") from e

@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import re
 import shutil
 import time
 
@@ -13,7 +14,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from nmt_tf import serve, translate
 from nmt_tf.client import SignatureClient
 
@@ -471,3 +472,32 @@ def test_a_version_is_warmed_up_before_it_is_served_and_a_failing_warm_up_fails_
     registry.poll()
     assert registry.current.version == 1
     assert "warm-up request 1 of" in registry.failed[2] and "failed" in registry.failed[2]
+
+
+def test_memory_stays_flat_across_version_loads(exported):
+    """Each version lives in a session of its own, closed when the version is
+    unloaded: with tf.saved_model.load, every load of this tiny export kept
+    ~85 MB after the version was dropped (1 GB over these 12 loads). Measured
+    in a fresh process, as a server runs."""
+    out = run_cli(os.path.join(REPO, "tests", "version_loads_memory.py"), exported[2], "12")
+    assert out.returncode == 0, out.stderr[-3000:]
+    grown = float(re.search(r"grown (-?[\d.]+) MB", out.stdout).group(1))
+    assert grown < 40, out.stdout
+
+
+def test_an_unloaded_version_waits_for_its_requests(exported, tmp_path):
+    from tensorflow_serving.apis import model_pb2
+
+    from nmt_tf.serving import ModelRegistry
+
+    base = tmp_path / "nmt"
+    shutil.copytree(exported[2], base / "1")
+    registry = ModelRegistry("nmt", str(base), log=lambda *a: None)
+    registry.poll()
+    with registry.use(model_pb2.ModelSpec(name="nmt")) as held:     # a request in flight
+        shutil.copytree(exported[2], base / "2")
+        registry.poll()
+        assert registry.current.version == 2 and not held.closed
+        out = held.run("serving_default", {"text": np.array([b"Two dogs run."], dtype=object)}, ["translation"])
+        assert out["translation"].shape == (1,)
+    assert held.closed and not registry.current.closed
