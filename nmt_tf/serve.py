@@ -32,12 +32,16 @@ checks (the same for both) are nmt_tf.serving. With --enable_batching
 concurrent Predict requests of both front ends are joined into one call of
 the signature and their outputs split back (nmt_tf.batching).
 
-It serves the highest numbered version under --model_base_path and loads a
-new version when one appears (checked every --poll_seconds; like TF Serving's
-default "latest" policy, the older version is then unloaded); removing the
-served version's folder serves the highest one left (none left: NOT_FOUND
-until one appears), and folders whose number does not fit in an int64 are
-ignored with one log line. Requests follow
+It serves the versions under --model_base_path that --model_version_policy
+chooses (TF Serving's model_version_policy: latest, the default, is the
+highest; latest=N, all, specific=V1,V2,...), or the model of a TF Serving
+--model_config_file (with version_labels), and loads a new version when one
+appears (checked every --poll_seconds); a version the policy no longer
+chooses is unloaded once a chosen one serves, and at once when its folder
+is removed, so removing the served version's folder serves the highest one
+left (none left: NOT_FOUND until one appears); folders whose number does
+not fit in an int64 are ignored with one log line. Each version runs in a
+TF1 session of its own, closed when it is unloaded. Requests follow
 TF Serving's rules: an empty signature name means "serving_default"; an
 unknown model or version is NOT_FOUND, an unknown signature
 FAILED_PRECONDITION; a wrong, missing or extra input alias, an unknown
@@ -68,7 +72,8 @@ from nmt_tf import presets
 from nmt_tf.batching import Batcher, BatchingError, BatchingParameters, read_batching_parameters, request_threads
 from nmt_tf.hardware import set_onednn
 from nmt_tf.rest import start_rest_server
-from nmt_tf.serving import ModelRegistry, ServingError, model_metadata, model_status, run_predict
+from nmt_tf.serving import (ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
+                            read_model_config, run_predict)
 
 absl_flags.DEFINE_integer("port", 8500, "gRPC port (TF Serving's default is 8500).")
 absl_flags.DEFINE_integer(
@@ -78,6 +83,16 @@ absl_flags.DEFINE_integer(
 absl_flags.DEFINE_string("host", "0.0.0.0", "Address to listen on.")
 absl_flags.DEFINE_string("model_base_path", None, "Directory holding numbered SavedModel versions (nmt_tf.export's --export_dir).")
 absl_flags.DEFINE_float("poll_seconds", 2.0, "How often to look for a new version.", lower_bound=0.1)
+absl_flags.DEFINE_string(
+    "model_version_policy", "latest",
+    "Which versions under --model_base_path are served, as TF Serving's model_version_policy: latest (the "
+    "highest), latest=N (the N highest), all, or specific=V1,V2,... A request without a version gets the "
+    "highest served.")
+absl_flags.DEFINE_string(
+    "model_config_file", None,
+    "TF Serving's model config file (a ModelServerConfig text proto, as export/models.config) with one model: "
+    "its name, base_path (relative: to the file's folder), model_version_policy and version_labels; instead of "
+    "--model_name, --model_base_path and --model_version_policy.")
 absl_flags.DEFINE_integer("threads", 8, "Concurrent requests served, by gRPC and by the REST API each "
                           "(with --enable_batching at least max_batch_size x num_batch_threads, at most 512: "
                           "requests waiting for their batch hold a thread but no CPU).", lower_bound=1)
@@ -161,12 +176,13 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
 
 def start_server(model_name: str, model_base_path: str, port: int, host: str = "0.0.0.0",
                  threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
-                 poll_seconds: float = 2.0, log=logging.info, batcher: Batcher | None = None):
+                 poll_seconds: float = 2.0, log=logging.info, batcher: Batcher | None = None,
+                 policy: VersionPolicy | None = None, labels: dict | None = None):
     """Starts serving; returns (grpc server, registry, bound port). `threads`
     is the gRPC worker count (see batching.request_threads for batching)."""
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-    registry = ModelRegistry(model_name, model_base_path, log=log)
+    registry = ModelRegistry(model_name, model_base_path, log=log, policy=policy, labels=labels)
     registry.poll()
     if registry.current is None:
         raise FileNotFoundError(f"no SavedModel version (a numbered folder with saved_model.pb) under {model_base_path}")
@@ -215,8 +231,25 @@ def set_threads(inter_op: int, intra_op: int) -> str:
 def main(argv):
     nmt_flags.start_cli(argv, verbose=True, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
-    if bool(FLAGS.model_base_path) == bool(FLAGS.preset):
-        return nmt_flags.user_error("give --model_base_path or --preset (a model shipped with nmt_tf).")
+    if sum(bool(x) for x in (FLAGS.model_base_path, FLAGS.preset, FLAGS.model_config_file)) != 1:
+        return nmt_flags.user_error("give one of --model_base_path, --preset (a model shipped with nmt_tf) or "
+                                    "--model_config_file.")
+    model_name, labels = FLAGS.model_name, {}
+    if FLAGS.model_config_file:
+        given = [f"--{n}" for n in ("model_name", "model_version_policy") if FLAGS[n].present]
+        if given:
+            return nmt_flags.user_error(f"--model_config_file names the model and its version policy: "
+                                        f"leave out {' and '.join(given)}.")
+        try:
+            config = read_model_config(FLAGS.model_config_file)
+        except ValueError as e:
+            return nmt_flags.user_error(e)
+        model_name, policy, labels = config.name, config.policy, config.labels
+    else:
+        try:
+            policy = VersionPolicy.parse(FLAGS.model_version_policy)
+        except ValueError as e:
+            return nmt_flags.user_error(f"--model_version_policy: {e}")
     print(f"CPU kernels: {choose_kernels(FLAGS.onednn)}", flush=True)
     print(f"TensorFlow threads: {set_threads(FLAGS.inter_op_threads, FLAGS.intra_op_threads)}", flush=True)
     params = None
@@ -230,7 +263,7 @@ def main(argv):
     batcher = Batcher(params) if params else None
     if params:
         print(f"Batching: {params.describe()}; {threads} request threads per front end", flush=True)
-    model_base_path = FLAGS.model_base_path
+    model_base_path = config.base_path if FLAGS.model_config_file else FLAGS.model_base_path
     if FLAGS.preset:      # after the kernels' choice: building imports TensorFlow
         try:
             model_base_path = os.path.dirname(presets.build(FLAGS.preset))
@@ -238,8 +271,8 @@ def main(argv):
             return nmt_flags.user_error(e)
     try:
         server, registry, port = start_server(
-            FLAGS.model_name, model_base_path, FLAGS.port, FLAGS.host, threads,
-            FLAGS.max_message_mb, FLAGS.max_batch_size, FLAGS.poll_seconds, log=print, batcher=batcher)
+            model_name, model_base_path, FLAGS.port, FLAGS.host, threads, FLAGS.max_message_mb,
+            FLAGS.max_batch_size, FLAGS.poll_seconds, log=print, batcher=batcher, policy=policy, labels=labels)
     except (FileNotFoundError, OSError) as e:
         return nmt_flags.user_error(e)
     rest = None
@@ -253,7 +286,9 @@ def main(argv):
             registry.stop()
             return nmt_flags.user_error(e)
     ports = f"port {port} (TF Serving gRPC API)" + (f" and {rest.port} (REST API)" if rest else "")
-    print(f"Serving model '{FLAGS.model_name}' version {registry.current.version} on {ports}; "
+    versions = ", ".join(map(str, registry.versions))
+    print(f"Serving model '{model_name}' version{'s' if len(registry.versions) > 1 else ''} {versions} "
+          f"({policy.describe()}) on {ports}; "
           "production deployments use tensorflow_model_server, see export/README.md", flush=True)
     if rest:
         host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(FLAGS.host, FLAGS.host)

@@ -13,6 +13,7 @@ so that the two front ends cannot answer differently.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -21,7 +22,7 @@ import threading
 import grpc
 import numpy as np
 from absl import logging
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, text_format
 
 from nmt_tf import batching
 from nmt_tf.translator import load_session, read_metadata
@@ -177,12 +178,128 @@ def _files_stamp(path: str) -> tuple:
     return tuple(sorted(stamp))
 
 
-class ModelRegistry:
-    """The versions of one model under a base path; serves the highest."""
+@dataclasses.dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions under the base path are served: TF Serving's
+    `model_version_policy` (latest N, the default with N = 1; all; specific)."""
 
-    def __init__(self, name: str, base_path: str, log=logging.info):
+    kind: str = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "VersionPolicy":
+        """`latest`, `latest=N`, `all` or `specific=V1,V2,...` (nmt_tf.serve --model_version_policy)."""
+        kind, _, arg = text.strip().partition("=")
+        try:
+            if kind == "latest":
+                policy = cls("latest", int(arg) if arg else 1)
+            elif kind == "all" and not arg:
+                policy = cls("all")
+            elif kind == "specific" and arg:
+                policy = cls("specific", versions=tuple(sorted({int(v) for v in arg.split(",")})))
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"model version policy {text!r}: give latest, latest=N, all or specific=V1,V2,...") \
+                from None
+        policy.check()
+        return policy
+
+    @classmethod
+    def from_proto(cls, proto) -> "VersionPolicy":
+        """From TF Serving's FileSystemStoragePathSourceConfig.ServableVersionPolicy."""
+        which = proto.WhichOneof("policy_choice")
+        if which == "all":
+            policy = cls("all")
+        elif which == "specific":
+            policy = cls("specific", versions=tuple(sorted(set(proto.specific.versions))))
+        else:
+            policy = cls("latest", proto.latest.num_versions or 1 if which == "latest" else 1)
+        policy.check()
+        return policy
+
+    def check(self) -> None:
+        if self.kind == "latest" and self.num_versions < 1:
+            raise ValueError(f"model version policy latest={self.num_versions}: serve at least 1 version")
+        if self.kind == "specific" and (not self.versions or any(not 0 <= v < 2**63 for v in self.versions)):
+            raise ValueError(f"model version policy specific={list(self.versions)}: give versions from 0 to 2^63 - 1")
+
+    def select(self, available: list[int]) -> list[int]:
+        """The versions to serve among `available` (sorted), highest first."""
+        if self.kind == "all":
+            chosen = available
+        elif self.kind == "specific":
+            chosen = [v for v in available if v in self.versions]
+        else:
+            chosen = available[-self.num_versions:]
+        return sorted(chosen, reverse=True)
+
+    def describe(self) -> str:
+        return {"latest": f"the latest {self.num_versions}" if self.num_versions > 1 else "the latest",
+                "all": "all versions", "specific": f"versions {', '.join(map(str, self.versions))}"}[self.kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """One model of a TF Serving model config file (`--model_config_file`)."""
+
+    name: str
+    base_path: str
+    policy: VersionPolicy
+    labels: dict
+
+
+def read_model_config(path: str) -> ModelConfig:
+    """The model of TF Serving's ModelServerConfig text proto at `path`
+    (`model_config_list { config { name, base_path, model_platform,
+    model_version_policy, version_labels } }`); a relative base_path is taken
+    from the file's folder. Raises ValueError naming the file: unreadable,
+    not that proto, not exactly one model (nmt_tf.serve serves one), a
+    platform other than tensorflow, or labels naming versions the policy
+    does not serve."""
+    from tensorflow_serving.config import model_server_config_pb2
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the model config file {path}: {e}") from None
+    config = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise ValueError(f"{path}: not a TF Serving model config (ModelServerConfig): {e}") from None
+    if config.WhichOneof("config") != "model_config_list" or len(config.model_config_list.config) != 1:
+        raise ValueError(f"{path}: nmt_tf.serve serves one model; give one model_config_list with one config "
+                         "(tensorflow_model_server serves several)")
+    model = config.model_config_list.config[0]
+    if not model.name or not model.base_path:
+        raise ValueError(f"{path}: the model config needs a name and a base_path")
+    if model.model_platform not in ("", "tensorflow"):
+        raise ValueError(f"{path}: model_platform {model.model_platform!r}: nmt_tf.serve serves tensorflow models")
+    try:
+        policy = VersionPolicy.from_proto(model.model_version_policy)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    labels = dict(model.version_labels)
+    if policy.kind == "specific" and any(v not in policy.versions for v in labels.values()):
+        raise ValueError(f"{path}: version_labels {labels} name versions that model_version_policy does not serve")
+    base = model.base_path if os.path.isabs(model.base_path) else os.path.join(os.path.dirname(path), model.base_path)
+    return ModelConfig(model.name, base, policy, labels)
+
+
+class ModelRegistry:
+    """The versions of one model under a base path, served by a
+    VersionPolicy (default: the highest one), with optional version labels
+    ({label: version}, as in TF Serving's model config)."""
+
+    def __init__(self, name: str, base_path: str, log=logging.info, policy: VersionPolicy | None = None,
+                 labels: dict[str, int] | None = None):
         self.name, self.base_path, self.log = name, base_path, log
-        self._current: LoadedVersion | None = None
+        self.policy = policy or VersionPolicy()
+        self.labels = dict(labels or {})
+        self._loaded: dict[int, LoadedVersion] = {}
         self._failed: dict[int, tuple[tuple, str]] = {}     # version -> (its files' stamp, error)
         self._ignored: set[str] = set()                      # folder names that are no int64, logged once
         self._lock = threading.Lock()
@@ -207,55 +324,77 @@ class ModelRegistry:
         return sorted(versions)
 
     def poll(self) -> None:
-        """Loads the highest version if it is newer than the one served, or
-        if the served one's folder is gone (as TF Serving's latest-version
-        policy: removing a version unloads it, and the highest remaining one
-        is served; with none left, none is)."""
-        versions = self.available_versions()
-        current = self._current
-        if current and current.version in versions and versions[-1] <= current.version:
-            return
-        if not versions:
-            if current:
-                with self._lock:
-                    self._current = None
-                current.retire()
-                self.log(f"{self.name} version {current.version} was removed and no other version is left: "
-                         "nothing is served until one appears")
-            return
-        version = versions[-1]
-        path = os.path.join(self.base_path, str(version))
-        stamp = _files_stamp(path)
+        """Serves what the policy chooses among the versions on disk, as TF
+        Serving's file system source does: a chosen version not yet loaded is
+        loaded (the highest first), a loaded one no longer chosen, or whose
+        folder is gone, is unloaded (its session closes after its last
+        request). With the default policy, removing the served version serves
+        the highest one left. A version that fails to load is reported once and
+        tried again when its files change; the versions already served go on."""
+        available = self.available_versions()
+        wanted = self.policy.select(available)
         with self._lock:
-            if version in self._failed and self._failed[version][0] == stamp:
-                return          # reported once; tried again when its files change
-        try:
-            loaded = LoadedVersion(path, version)
-        except Exception as e:   # a broken version never takes the served one down
-            message = f"{type(e).__name__}: {str(e).strip() or 'could not be loaded'}"
+            loaded = dict(self._loaded)
+        for version in wanted:
+            if version in loaded:
+                continue
+            path = os.path.join(self.base_path, str(version))
+            stamp = _files_stamp(path)
             with self._lock:
-                self._failed[version] = (stamp, message)
-            self.log(f"could not load {self.name} version {version} ({message}); "
-                     "it is tried again when its files change")
-            if current and current.version not in versions:
+                if version in self._failed and self._failed[version][0] == stamp:
+                    continue        # reported once; tried again when its files change
+            try:
+                version_loaded = LoadedVersion(path, version)
+            except Exception as e:   # a broken version never takes the served ones down
+                message = f"{type(e).__name__}: {str(e).strip() or 'could not be loaded'}"
                 with self._lock:
-                    self._current = None
-                current.retire()
-                self.log(f"{self.name} version {current.version} was removed: nothing is served until a "
-                         "version loads")
-            return
+                    self._failed[version] = (stamp, message)
+                self.log(f"could not load {self.name} version {version} ({message}); "
+                         "it is tried again when its files change")
+                continue
+            with self._lock:
+                self._loaded[version] = version_loaded
+                self._failed.pop(version, None)
+            self.log(f"serving {self.name} version {version} from {version_loaded.path}")
+        # Unload what the policy no longer chooses once a chosen version serves
+        # (TF Serving's availability-preserving policy: a new version that fails
+        # to load leaves the old one serving), and at once a version whose folder is gone.
         with self._lock:
-            self._current = loaded
-            self._failed.pop(version, None)
-        if current is not None:
-            current.retire()          # its session closes when its last request is answered
-        self.log(f"serving {self.name} version {version} from {loaded.path}")
+            serving_wanted = any(v in self._loaded for v in wanted)
+            retired = [v for v in sorted(self._loaded) if v not in wanted
+                       and (serving_wanted or v not in available)]
+            old = [self._loaded.pop(v) for v in retired]
+            left = sorted(self._loaded)
+        for version, version_loaded in zip(retired, old):
+            version_loaded.retire()      # its session closes after its last request
+            gone = "was removed" if version not in available else "is no longer chosen by the version policy"
+            self.log(f"{self.name} version {version} {gone}: unloaded; "
+                     + (f"serving {', '.join(map(str, left))}" if left else
+                        "no other version is left: nothing is served until one appears"))
+
+    @property
+    def versions(self) -> list[int]:
+        """The versions served, highest first."""
+        with self._lock:
+            return sorted(self._loaded, reverse=True)
 
     @property
     def failed(self) -> dict[int, str]:
         """Versions that could not be loaded, with their errors."""
         with self._lock:
             return {v: message for v, (_, message) in self._failed.items()}
+
+    @property
+    def failed_public(self) -> dict[int, str]:
+        """`failed` as clients see it (GetModelStatus): the server's own paths
+        written as "version N" (the log keeps them)."""
+        out = {}
+        for version, message in self.failed.items():
+            for base in {self.base_path, os.path.abspath(self.base_path), os.path.realpath(self.base_path)}:
+                message = message.replace(os.path.join(base, str(version)), f"version {version}")
+                message = message.replace(base, "the model base path")
+            out[version] = message
+        return out
 
     def watch(self, seconds: float) -> threading.Thread:
         def loop():
@@ -269,7 +408,7 @@ class ModelRegistry:
         self._stop.set()
 
     def get(self, model_spec) -> LoadedVersion:
-        """The version a ModelSpec asks for, or the TF Serving error."""
+        """The version a ModelSpec asks for (none: the highest served), or the TF Serving error."""
         if not model_spec.name:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified.")
         which = model_spec.WhichOneof("version_choice")
@@ -277,22 +416,29 @@ class ModelRegistry:
             label = f"Specific({model_spec.name}, {model_spec.version.value})" if which == "version" \
                 else f"Latest({model_spec.name})"
             raise ServingError(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: {label}")
-        with self._lock:
-            current = self._current
         if which == "version_label":
-            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"Unrecognized servable version label: {model_spec.version_label}")
-        if current is None:
-            raise ServingError(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({self.name})")
-        if which == "version" and model_spec.version.value != current.version:
-            raise ServingError(grpc.StatusCode.NOT_FOUND,
-                               f"Servable not found for request: Specific({self.name}, {model_spec.version.value})")
-        return current
+            if model_spec.version_label not in self.labels:
+                raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"Unrecognized servable version label: {model_spec.version_label}")
+            version = self.labels[model_spec.version_label]
+        else:
+            version = model_spec.version.value if which == "version" else None
+        with self._lock:
+            if version is None:
+                if not self._loaded:
+                    raise ServingError(grpc.StatusCode.NOT_FOUND,
+                                       f"Servable not found for request: Latest({self.name})")
+                return self._loaded[max(self._loaded)]
+            if version not in self._loaded:
+                raise ServingError(grpc.StatusCode.NOT_FOUND,
+                                   f"Servable not found for request: Specific({self.name}, {version})")
+            return self._loaded[version]
 
     @property
     def current(self) -> LoadedVersion | None:
+        """The highest version served, or None."""
         with self._lock:
-            return self._current
+            return self._loaded[max(self._loaded)] if self._loaded else None
 
     @contextlib.contextmanager
     def use(self, model_spec):
@@ -505,21 +651,19 @@ def model_metadata(registry: ModelRegistry, request):
 
 def model_status(registry: ModelRegistry, request):
     """GetModelStatus (the gRPC method and the REST model status path): like
-    TF Serving, the served version AVAILABLE, one that failed to load END with
-    its error; every version unless the ModelSpec names one (a version label
+    TF Serving, the served versions AVAILABLE, one that failed to load END with
+    its error (the server's paths left out); every version unless the ModelSpec names one (a version label
     is not looked at, as in TF Serving's get_model_status_impl.cc)."""
     from tensorflow_serving.apis import get_model_status_pb2, status_pb2
 
     spec = request.model_spec
     if not spec.name:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
-    current, failed = registry.current, registry.failed
     states = {version: (get_model_status_pb2.ModelVersionStatus.END,
                         status_pb2.StatusProto(error_code=grpc.StatusCode.UNKNOWN.value[0], error_message=message))
-              for version, message in failed.items()}
-    if current is not None:
-        states[current.version] = (get_model_status_pb2.ModelVersionStatus.AVAILABLE,
-                                   status_pb2.StatusProto(error_code=0))
+              for version, message in registry.failed_public.items()}
+    for version in registry.versions:
+        states[version] = (get_model_status_pb2.ModelVersionStatus.AVAILABLE, status_pb2.StatusProto(error_code=0))
     if spec.name != registry.name or not states:
         raise ServingError(grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {spec.name}")
     if spec.WhichOneof("version_choice") == "version":

@@ -374,7 +374,9 @@ def test_a_version_that_failed_to_load_is_in_the_rest_model_status(exported, tmp
     assert code == 200 and [s["version"] for s in statuses] == ["2", "1"]
     assert statuses[1] == {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
     assert statuses[0]["state"] == "END" and statuses[0]["status"]["error_code"] == "UNKNOWN"
-    assert statuses[0]["status"]["error_message"] == registry.failed[2]
+    assert statuses[0]["status"]["error_message"] == registry.failed_public[2]
+    assert "version 2 could not be loaded" in registry.failed_public[2]        # not the server's own path
+    assert "/" not in registry.failed_public[2].split("(")[0] and str(tmp_path) in registry.failed[2]
     code, body = rest_api.rest_response(registry, "GET", "/v1/models/nmt/versions/2", b"")
     assert code == 200 and [s["state"] for s in json.loads(body)["model_version_status"]] == ["END"]
 

@@ -501,3 +501,107 @@ def test_an_unloaded_version_waits_for_its_requests(exported, tmp_path):
         out = held.run("serving_default", {"text": np.array([b"Two dogs run."], dtype=object)}, ["translation"])
         assert out["translation"].shape == (1,)
     assert held.closed and not registry.current.closed
+
+
+@pytest.mark.parametrize("text, kind, versions", [
+    ("latest", "latest", [5]), ("latest=2", "latest", [5, 3]), ("all", "all", [5, 3, 1]),
+    ("specific=1,3,9", "specific", [3, 1]),
+])
+def test_version_policies_choose_as_tf_serving(text, kind, versions):
+    from nmt_tf.serving import VersionPolicy
+
+    policy = VersionPolicy.parse(text)
+    assert policy.kind == kind and policy.select([1, 3, 5]) == versions
+
+
+@pytest.mark.parametrize("text", ["latest=0", "newest", "specific=", "specific=a", "all=2", "latest=x"])
+def test_a_bad_version_policy_is_one_error(text):
+    from nmt_tf.serving import VersionPolicy
+
+    with pytest.raises(ValueError, match="model version policy"):
+        VersionPolicy.parse(text)
+
+
+def test_latest_two_versions_and_labels_are_served_and_fall_back(exported, tmp_path):
+    from tensorflow_serving.apis import get_model_status_pb2, model_pb2
+
+    from nmt_tf.serving import ModelRegistry, ServingError, VersionPolicy, model_status
+
+    base = tmp_path / "nmt"
+    for version in (1, 2, 3):
+        shutil.copytree(exported[2], base / str(version))
+    registry = ModelRegistry("nmt", str(base), log=lambda *a: None, policy=VersionPolicy.parse("latest=2"),
+                             labels={"stable": 2})
+    registry.poll()
+    assert registry.versions == [3, 2] and registry.current.version == 3
+    spec = lambda **kw: model_pb2.ModelSpec(name="nmt", **kw)
+    assert registry.get(spec()).version == 3
+    assert registry.get(spec(version={"value": 2})).version == 2
+    assert registry.get(spec(version_label="stable")).version == 2
+    for bad, code in ((spec(version={"value": 1}), grpc.StatusCode.NOT_FOUND),
+                      (spec(version_label="canary"), grpc.StatusCode.INVALID_ARGUMENT)):
+        with pytest.raises(ServingError) as e:
+            registry.get(bad)
+        assert e.value.code == code
+    status = model_status(registry, get_model_status_pb2.GetModelStatusRequest(model_spec=spec()))
+    assert [(s.version, s.state) for s in status.model_version_status] == [
+        (3, get_model_status_pb2.ModelVersionStatus.AVAILABLE), (2, get_model_status_pb2.ModelVersionStatus.AVAILABLE)]
+    three = registry.get(spec())
+    shutil.rmtree(base / "3")               # removed: unloaded, and the next highest loads
+    registry.poll()
+    assert registry.versions == [2, 1] and three.closed
+
+
+def test_a_new_version_that_fails_to_load_leaves_the_old_one_serving(exported, tmp_path):
+    from nmt_tf.serving import ModelRegistry
+
+    base = tmp_path / "nmt"
+    shutil.copytree(exported[2], base / "1")
+    registry = ModelRegistry("nmt", str(base), log=lambda *a: None)
+    registry.poll()
+    (base / "2").mkdir()
+    (base / "2" / "saved_model.pb").write_bytes(b"broken")
+    registry.poll()
+    assert registry.versions == [1] and 2 in registry.failed
+    shutil.rmtree(base / "2")
+    shutil.copytree(exported[2], base / "3")
+    registry.poll()
+    assert registry.versions == [3]          # the policy's version serves: the old one is unloaded
+
+
+def test_the_model_config_file_of_tf_serving_is_read(tmp_path):
+    from nmt_tf.serving import read_model_config
+
+    shipped = read_model_config(os.path.join(REPO, "export", "models.config"))
+    assert (shipped.name, shipped.base_path, shipped.policy.kind, shipped.policy.num_versions) == (
+        "nmt", "/models/nmt", "latest", 1)
+    path = tmp_path / "models.config"
+    path.write_text('model_config_list { config { name: "fr" base_path: "exports/fr" '
+                    'model_version_policy { specific { versions: 4 versions: 2 } } '
+                    'version_labels { key: "stable" value: 2 } } }')
+    config = read_model_config(str(path))
+    assert config.base_path == str(tmp_path / "exports" / "fr") and config.policy.versions == (2, 4)
+    assert config.labels == {"stable": 2}
+    for text, fragment in (('model_config_list { config { name: "a" base_path: "/a" } config { name: "b" '
+                            'base_path: "/b" } }', "serves one model"),
+                           ('model_config_list { config { name: "a" base_path: "/a" model_platform: "pytorch" } }',
+                            "model_platform"),
+                           ("model_config_list { config { nam: 1 } }", "not a TF Serving model config"),
+                           ('model_config_list { config { name: "a" base_path: "/a" model_version_policy '
+                            '{ latest { num_versions: 0 } } } }', None)):
+        path.write_text(text)
+        if fragment is None:          # num_versions 0 is TF Serving's default: 1
+            assert read_model_config(str(path)).policy.num_versions == 1
+            continue
+        with pytest.raises(ValueError, match=fragment):
+            read_model_config(str(path))
+
+
+def test_serve_takes_one_model_source_and_a_config_file_names_the_model(tmp_path):
+    out = run_cli("-m", "nmt_tf.serve", "--model_base_path=/x", "--model_config_file=/y")
+    assert out.returncode == 1 and "give one of --model_base_path" in out.stderr
+    (tmp_path / "m.config").write_text('model_config_list { config { name: "a" base_path: "/a" } }')
+    out = run_cli("-m", "nmt_tf.serve", f"--model_config_file={tmp_path}/m.config", "--model_name=b")
+    assert out.returncode == 1 and "leave out --model_name" in out.stderr
+    out = run_cli("-m", "nmt_tf.serve", "--model_base_path=/x", "--model_version_policy=newest")
+    assert out.returncode == 1 and "--model_version_policy" in out.stderr
