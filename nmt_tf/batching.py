@@ -40,8 +40,8 @@ import threading
 import time
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
-from google.protobuf import wrappers_pb2  # noqa: F401  (puts wrappers.proto into the default pool)
+
+from nmt_tf import protos
 
 # TF Serving's BatchingParameters (tensorflow_serving/servables/tensorflow/session_bundle_config.proto),
 # which the tensorflow-serving-api package does not ship: its fields, numbers and types.
@@ -103,59 +103,19 @@ class BatchingParameters:
                 + (f", sizes {list(self.allowed_batch_sizes)}" if self.allowed_batch_sizes else ""))
 
 
-def _message_class():
-    """BatchingParameters as a protobuf message class, built from _FIELDS."""
-    pool = descriptor_pool.Default()
-    try:
-        return message_factory.GetMessageClass(pool.FindMessageTypeByName("nmt_tf.serving.BatchingParameters"))
-    except KeyError:
-        pass
-    file = descriptor_pb2.FileDescriptorProto(name="nmt_tf/batching_parameters.proto", package="nmt_tf.serving",
-                                              syntax="proto3", dependency=["google/protobuf/wrappers.proto"])
-    message = file.message_type.add(name="BatchingParameters")
-    F = descriptor_pb2.FieldDescriptorProto
-    for name, number, kind in _FIELDS:
-        field = message.field.add(name=name, number=number)
-        if kind.endswith("Value"):
-            field.type, field.type_name, field.label = F.TYPE_MESSAGE, f".google.protobuf.{kind}", F.LABEL_OPTIONAL
-        elif kind == "repeated int64":
-            field.type, field.label = F.TYPE_INT64, F.LABEL_REPEATED
-        else:
-            field.type, field.label = F.TYPE_BOOL, F.LABEL_OPTIONAL
-    pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("nmt_tf.serving.BatchingParameters"))
-
-
 def parse_batching_parameters(text: str, source: str = "batching parameters") -> BatchingParameters:
     """BatchingParameters from TF Serving's text format; a BatchingError names
     `source` and the line of an unknown field or a syntax error."""
-    proto = _message_class()()
+    proto = protos.parse_text(protos.message_class("nmt_tf.serving.BatchingParameters", _FIELDS), text, source,
+                              BatchingError)
     try:
-        text_format.Parse(text, proto)
-    except text_format.ParseError as e:
-        raise BatchingError(f"{source}: {e}") from None
-    values = {}
-    for name, _, kind in _FIELDS:
-        if kind.endswith("Value"):
-            if proto.HasField(name):
-                values[name] = getattr(proto, name).value
-        elif kind == "repeated int64":
-            values[name] = tuple(getattr(proto, name))
-        else:
-            values[name] = getattr(proto, name)
-    try:
-        return BatchingParameters(**values)
+        return BatchingParameters(**protos.field_values(proto, _FIELDS))
     except BatchingError as e:
         raise BatchingError(f"{source}: {e}") from None
 
 
 def read_batching_parameters(path: str) -> BatchingParameters:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BatchingError(f"cannot read the batching parameters file {path}: {e}") from None
-    return parse_batching_parameters(text, path)
+    return parse_batching_parameters(protos.read_text_file(path, "batching parameters file", BatchingError), path)
 
 
 # Most request threads a front end keeps for requests waiting in batches.

@@ -28,6 +28,7 @@ import io
 import json
 import selectors
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ class _Pending:
     data: bytearray = field(default_factory=bytearray)
     needed: int | None = None          # bytes of headers + body, once the headers are read
     continued: bool = False            # "100 Continue" sent
+    handshaking: bool = False          # a TLS connection before its handshake is done
 
 
 @dataclass
@@ -107,9 +109,13 @@ class Receiver:
         self._thread.start()
 
     def add(self, sock: socket.socket, address) -> None:
+        """A new connection; an ssl.SSLSocket wrapped with
+        do_handshake_on_connect=False has its handshake done here, without
+        blocking, within the header deadline."""
         sock.setblocking(False)
         with self._lock:
-            self._new.append(_Pending(sock, address, time.monotonic() + self.header_seconds))
+            self._new.append(_Pending(sock, address, time.monotonic() + self.header_seconds,
+                                      handshaking=isinstance(sock, ssl.SSLSocket)))
         self._wake()
 
     def _wake(self):
@@ -152,10 +158,32 @@ class Receiver:
         self._wake_read.close()
         self._wake_write.close()
 
+    def _handshake(self, item: _Pending, pending: dict) -> bool:
+        """Goes on with a TLS handshake; True once it is done."""
+        try:
+            item.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._selector.modify(item.sock, selectors.EVENT_READ, item)
+            return False
+        except ssl.SSLWantWriteError:
+            self._selector.modify(item.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, item)
+            return False
+        except OSError:                 # not TLS, a refused certificate, or the client left
+            self._close(item, pending)
+            return False
+        item.handshaking = False
+        self._selector.modify(item.sock, selectors.EVENT_READ, item)
+        return True
+
     def _read(self, item: _Pending, pending: dict) -> None:
+        if item.handshaking and not self._handshake(item, pending):
+            return
         try:
             chunk = item.sock.recv(1 << 16)
-        except (BlockingIOError, InterruptedError):
+            # TLS: bytes already decrypted wait in the SSL object, not in the socket
+            while isinstance(item.sock, ssl.SSLSocket) and item.sock.pending():
+                chunk += item.sock.recv(item.sock.pending())
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError:
             chunk = b""

@@ -646,11 +646,12 @@ class RestServer(socketserver.TCPServer):
     request_queue_size = socket.SOMAXCONN
 
     def __init__(self, host: str, port: int, threads: int, answer, max_body_bytes: int, page=None,
-                 max_connections: int = 64, header_seconds: float = 30.0):
+                 max_connections: int = 64, header_seconds: float = 30.0, ssl_context=None):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.answer, self.max_body_bytes = answer, max_body_bytes
         self.page = page        # (method, path) -> (body, Content-Type) of the translation page, or None
         self.max_connections = max_connections
+        self.ssl_context = ssl_context     # HTTPS (nmt_tf.tls) when given
         self._connections, self._count_lock = 0, threading.Lock()
         self._prefetched: dict = {}
         super().__init__((host, port), _RestHandler)
@@ -666,7 +667,17 @@ class RestServer(socketserver.TCPServer):
             full = self._connections >= self.max_connections
             self._connections += 0 if full else 1
         if not full:
+            if self.ssl_context is not None:
+                try:
+                    request = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+                except OSError:
+                    self.shutdown_request(request)
+                    self._release()
+                    return
             self._receiver.add(request, client_address)
+            return
+        if self.ssl_context is not None:       # no handshake on the accepting thread: closed at once
+            self.shutdown_request(request)
             return
         try:
             request.settimeout(1.0)
@@ -712,17 +723,19 @@ class RestServer(socketserver.TCPServer):
 
 def start_rest_server(registry: ModelRegistry, port: int, host: str = "0.0.0.0", threads: int = 8,
                       max_message_mb: float = 32.0, max_batch_size: int = 1024, page: bool = True,
-                      max_connections: int = 64, header_seconds: float = 30.0, batcher=None) -> RestServer:
+                      max_connections: int = 64, header_seconds: float = 30.0, batcher=None,
+                      ssl_context=None) -> RestServer:
     """Serves TF Serving's REST API for `registry` on `port` (0: a free one,
     then in .port), and with `page` the translation page at / (nmt_tf.page);
     a port that another process holds is refused. See RestServer for
-    `threads`, `max_connections` and `header_seconds`; `batcher` as in rest_response."""
+    `threads`, `max_connections` and `header_seconds`; `batcher` as in
+    rest_response; with an `ssl_context` (nmt_tf.tls) it speaks HTTPS."""
     limit = int(max_message_mb * 1024 * 1024)
     answer = functools.partial(rest_response, registry, max_batch_size=max_batch_size, max_message_bytes=limit,
                                batcher=batcher)
     try:
         return RestServer(host, port, threads, answer, limit, functools.partial(page_file, registry) if page else None,
-                          max_connections, header_seconds)
+                          max_connections, header_seconds, ssl_context)
     except OSError as e:
         reason = {errno.EADDRINUSE: "the port is in use",
                   errno.EADDRNOTAVAIL: "the address is not this machine's"}.get(e.errno, e.strerror or str(e))

@@ -30,7 +30,10 @@ more: 503 at once). The model versions and the requests'
 checks (the same for both) are nmt_tf.serving. With --enable_batching
 (or --batching_parameters_file, TF Serving's BatchingParameters text proto)
 concurrent Predict requests of both front ends are joined into one call of
-the signature and their outputs split back (nmt_tf.batching).
+the signature and their outputs split back (nmt_tf.batching). It listens on
+--host (0.0.0.0: every interface, as TF Serving) without authentication;
+--ssl_config_file (TF Serving's SSLConfig) puts both ports behind TLS,
+optionally mutual (nmt_tf.tls).
 
 It serves the versions under --model_base_path that --model_version_policy
 chooses (TF Serving's model_version_policy: latest, the default, is the
@@ -71,6 +74,7 @@ from nmt_tf import flags as nmt_flags  # also defines --model_name, --preset
 from nmt_tf import presets
 from nmt_tf.batching import Batcher, BatchingError, BatchingParameters, read_batching_parameters, request_threads
 from nmt_tf.hardware import set_onednn
+from nmt_tf.tls import TlsConfig, read_ssl_config
 from nmt_tf.rest import start_rest_server
 from nmt_tf.serving import (ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
                             read_model_config, run_predict)
@@ -82,6 +86,11 @@ absl_flags.DEFINE_integer(
     "no REST API. TF Serving's Docker image uses 8501.", lower_bound=0)
 absl_flags.DEFINE_string("host", "0.0.0.0", "Address to listen on.")
 absl_flags.DEFINE_string("model_base_path", None, "Directory holding numbered SavedModel versions (nmt_tf.export's --export_dir).")
+absl_flags.DEFINE_string(
+    "ssl_config_file", None,
+    "TF Serving's SSLConfig text proto (server_key, server_cert, custom_ca: PEM text; client_verify): gRPC and "
+    "the REST API (HTTPS) then take TLS connections only; client_verify requires client certificates signed by "
+    "custom_ca. Without it both ports speak plain text, as TF Serving's do.")
 absl_flags.DEFINE_float("poll_seconds", 2.0, "How often to look for a new version.", lower_bound=0.1)
 absl_flags.DEFINE_string(
     "model_version_policy", "latest",
@@ -177,7 +186,7 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
 def start_server(model_name: str, model_base_path: str, port: int, host: str = "0.0.0.0",
                  threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
                  poll_seconds: float = 2.0, log=logging.info, batcher: Batcher | None = None,
-                 policy: VersionPolicy | None = None, labels: dict | None = None):
+                 policy: VersionPolicy | None = None, labels: dict | None = None, tls: TlsConfig | None = None):
     """Starts serving; returns (grpc server, registry, bound port). `threads`
     is the gRPC worker count (see batching.request_threads for batching)."""
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
@@ -198,7 +207,8 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(model_service, server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = (server.add_secure_port(f"{host}:{port}", tls.grpc_credentials()) if tls
+                 else server.add_insecure_port(f"{host}:{port}"))
     except RuntimeError:       # newer grpcio versions raise where older ones returned 0
         bound = 0
     if not bound:
@@ -259,6 +269,12 @@ def main(argv):
                       else BatchingParameters())
         except BatchingError as e:
             return nmt_flags.user_error(e)
+    tls = None
+    if FLAGS.ssl_config_file:
+        try:
+            tls = read_ssl_config(FLAGS.ssl_config_file)
+        except ValueError as e:
+            return nmt_flags.user_error(e)
     threads = request_threads(FLAGS.threads, params)
     batcher = Batcher(params) if params else None
     if params:
@@ -272,7 +288,8 @@ def main(argv):
     try:
         server, registry, port = start_server(
             model_name, model_base_path, FLAGS.port, FLAGS.host, threads, FLAGS.max_message_mb,
-            FLAGS.max_batch_size, FLAGS.poll_seconds, log=print, batcher=batcher, policy=policy, labels=labels)
+            FLAGS.max_batch_size, FLAGS.poll_seconds, log=print, batcher=batcher, policy=policy, labels=labels,
+            tls=tls)
     except (FileNotFoundError, OSError) as e:
         return nmt_flags.user_error(e)
     rest = None
@@ -280,19 +297,22 @@ def main(argv):
         try:
             rest = start_rest_server(registry, FLAGS.rest_api_port, FLAGS.host, threads,
                                      FLAGS.max_message_mb, FLAGS.max_batch_size,
-                                     max_connections=FLAGS.rest_max_connections, batcher=batcher)
+                                     max_connections=FLAGS.rest_max_connections, batcher=batcher,
+                                     ssl_context=tls.ssl_context() if tls else None)
         except OSError as e:
             server.stop(grace=0)
             registry.stop()
             return nmt_flags.user_error(e)
-    ports = f"port {port} (TF Serving gRPC API)" + (f" and {rest.port} (REST API)" if rest else "")
+    secure = " over TLS" if tls else ""
+    ports = f"port {port} (TF Serving gRPC API{secure})" + (f" and {rest.port} (REST API{secure})" if rest else "")
     versions = ", ".join(map(str, registry.versions))
     print(f"Serving model '{model_name}' version{'s' if len(registry.versions) > 1 else ''} {versions} "
           f"({policy.describe()}) on {ports}; "
           "production deployments use tensorflow_model_server, see export/README.md", flush=True)
     if rest:
         host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(FLAGS.host, FLAGS.host)
-        print(f"Translation page: http://{f'[{host}]' if ':' in host else host}:{rest.port}/", flush=True)
+        print(f"Translation page: http{'s' if tls else ''}://{f'[{host}]' if ':' in host else host}:{rest.port}/",
+              flush=True)
     try:
         server.wait_for_termination()
     except KeyboardInterrupt:
