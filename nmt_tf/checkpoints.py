@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -139,8 +140,22 @@ def write_state(directory: str, names: list[str]) -> None:
     """TensorFlow's `checkpoint` state file of `directory`, naming `names[0]`
     as the checkpoint to use (what tf.train.latest_checkpoint returns) and
     listing all `names` (checkpoint prefixes inside `directory`)."""
+    listed = list(reversed(names))              # the chosen one last
+    # Timestamps (each file's, made increasing): a tf.train.CheckpointManager
+    # opened on the directory prunes only the checkpoints its state file dates,
+    # so without them a resumed run after a fallback kept every older
+    # checkpoint beyond --keep_checkpoints.
+    stamps, last = [], 0.0
+    for name in listed:
+        try:
+            stamp = os.path.getmtime(os.path.join(directory, name + ".index"))
+        except OSError:
+            stamp = time.time()
+        last = max(stamp, last + 1e-3)
+        stamps.append(last)
     lines = [f'model_checkpoint_path: "{names[0]}"']
-    lines += [f'all_model_checkpoint_paths: "{name}"' for name in reversed(names)]   # the chosen one last
+    lines += [f'all_model_checkpoint_paths: "{name}"' for name in listed]
+    lines += [f"all_model_checkpoint_timestamps: {stamp:.6f}" for stamp in stamps]
     write_atomically(os.path.join(directory, "checkpoint"), "\n".join(lines) + "\n")
 
 

@@ -6,6 +6,7 @@ TensorFlow-free, so that light scripts (pipelines/wmt14_en_fr/prepare.py) can us
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -51,6 +52,17 @@ class WriteFailed(OSError):
 
     def __str__(self) -> str:
         return self.strerror
+
+    @property
+    def remedy(self) -> str:
+        """What the user does about it: free space for a full disk, rights for a
+        read-only or forbidden directory, else look at the cause."""
+        text = self.strerror.lower()
+        if self.errno in (errno.ENOSPC, errno.EDQUOT) or "no space" in text or "quota" in text:
+            return "Free some space"
+        if self.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or "read-only" in text or "permission" in text:
+            return f"Make {os.path.dirname(os.path.abspath(self.path))} writable (or choose another directory)"
+        return "Fix the cause above"
 
 
 def write_atomically(path: str, content: str | bytes) -> None:

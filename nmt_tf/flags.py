@@ -30,6 +30,25 @@ from nmt_tf.models import ARCHITECTURES
 
 FLAGS = flags.FLAGS
 
+
+def _help_exits_with_0(flag_class) -> None:
+    """absl ends --help, --helpshort, --helpfull and --helpxml with exit code 1,
+    as if help were an error; asked for, it is a success (0), as with argparse
+    and GNU tools. Flag errors keep absl's 1."""
+    parse = flag_class.parse
+
+    def parse_then_succeed(self, arg):
+        try:
+            parse(self, arg)
+        except SystemExit as e:
+            raise SystemExit(0) from e
+
+    flag_class.parse = parse_then_succeed
+
+
+for _help_flag in (app.HelpFlag, app.HelpfullFlag, app.HelpXMLFlag):    # HelpshortFlag is a HelpFlag
+    _help_exits_with_0(_help_flag)
+
 # ---------------------------------------------------------------- data
 flags.DEFINE_string("train_src", None, "Training source text: one sentence per line, plain or gzip.")
 flags.DEFINE_string("train_tgt", None, "Training target text, line-aligned with --train_src.")

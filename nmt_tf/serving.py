@@ -499,12 +499,19 @@ def check_batch_size(alias: str, items: int, max_batch_size: int) -> None:
 _DTYPE_BYTES = {1: 4, 2: 8, 3: 4, 4: 1, 5: 2, 6: 1, 8: 8, 9: 8, 10: 1, 14: 2, 17: 2, 18: 16, 19: 2, 22: 4, 23: 8}
 _DT_STRING = 7
 
+# Longest string a request may hold (a line to translate or score). The exports
+# keep a line's first --max_input_length tokens (100 by default) and drop the
+# rest, so 64 KiB loses nothing a model reads, and a 30 MB "line" no longer
+# reaches the tokenizer (or comes back as a 30 MB token in source_tokens).
+MAX_STRING_BYTES = 1 << 16
+
 
 def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes: int | None) -> None:
     """Refuses an input by what its TensorProto declares, before any tensor is
     built from it: an unknown rank, a negative dimension, a rank other than
     the signature's, a batch over `max_batch_size`, more values than
-    elements, or more than `max_bytes` once expanded. (A TensorProto may give
+    elements, a string over MAX_STRING_BYTES, or more than `max_bytes` once
+    expanded. (A TensorProto may give
     one value for a whole shape, which tf.make_ndarray repeats: 31 bytes on
     the wire can declare 100 million strings.)"""
     shape = proto.tensor_shape
@@ -524,6 +531,11 @@ def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes:
         if len(values) > elements:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"input {alias} has {len(values)} values for shape {dims} ({elements} elements)")
+        longest = max(range(len(values)), key=lambda i: len(values[i]), default=None)
+        if longest is not None and len(values[longest]) > MAX_STRING_BYTES:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"input {alias} item {longest} holds {len(values[longest]):,} bytes; this server takes "
+                               f"at most {MAX_STRING_BYTES:,} per string (a model reads only a line's first tokens)")
         size = sum(len(v) for v in values) + (elements - len(values)) * (len(values[-1]) if values else 0)
     else:
         size = elements * _DTYPE_BYTES.get(proto.dtype, 16)

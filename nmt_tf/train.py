@@ -591,7 +591,7 @@ def main(argv):
     except NoIntactCheckpointError as e:
         return nmt_flags.user_error(e, EXIT_NO_INTACT_CHECKPOINT)
     except WriteFailed as e:
-        return nmt_flags.user_error(f"{e}. Free some space and rerun the same command to resume.", EXIT_WRITE_FAILED)
+        return nmt_flags.user_error(f"{e}. {e.remedy} and rerun the same command to resume.", EXIT_WRITE_FAILED)
     except (TrainingError, CorpusError, FileNotFoundError) as e:
         return nmt_flags.user_error(e)
     except Exception as e:

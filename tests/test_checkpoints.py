@@ -169,3 +169,24 @@ def test_damaged_copies_of_one_name_are_all_kept_and_unfinished_saves_removed(tm
     assert sorted(os.path.basename(p) for p in removed) == ["best-4_temp", "ckpt-8_temp"]
     assert os.listdir(regular) == ["ckpt-6.index"] and os.listdir(os.path.join(model_dir, "best")) == []
     assert said[0].startswith("Removed ") and "a checkpoint save that did not finish" in said[0]
+
+
+def test_after_a_fallback_the_checkpoints_beyond_keep_are_pruned_again(tmp_path):
+    """A fallback rewrites the state file; the manager of the resumed run must
+    still date (and so prune) the older checkpoints: without timestamps it kept
+    all six, with --keep_checkpoints=3."""
+    model_dir = str(tmp_path / "m")
+    directory = checkpoints.checkpoints_dir(model_dir)
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    saver = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=None)
+    for step in range(1, 8):
+        saver.save(checkpoint_number=step)
+    with open(os.path.join(directory, "ckpt-7.index"), "r+b") as f:    # the newest one damaged
+        f.truncate(10)
+    path, kind = checkpoints.newest_intact(model_dir, log=lambda *a: None)
+    assert (os.path.basename(path), kind) == ("ckpt-6", "last")
+    manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=3)   # the resumed run's
+    assert manager.latest_checkpoint == path
+    manager.save(checkpoint_number=8)
+    kept = sorted(n[:-len(".index")] for n in os.listdir(directory) if n.endswith(".index"))
+    assert kept == ["ckpt-5", "ckpt-6", "ckpt-8"]

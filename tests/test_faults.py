@@ -252,3 +252,15 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval_and_res
     assert killed.keys() == straight.keys() and len(killed) > 10
     for key in killed:
         np.testing.assert_allclose(killed[key], straight[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("code, remedy", [
+    (errno.ENOSPC, "Free some space"), (errno.EROFS, "writable"), (errno.EACCES, "writable"),
+    (errno.EIO, "Fix the cause above"),
+])
+def test_a_failed_write_says_what_to_do_about_its_cause(tmp_path, code, remedy):
+    """A read-only model directory is not told to free space (the training CLI prints the remedy)."""
+    failed = files.WriteFailed(str(tmp_path / "m" / "flags.json"), OSError(code, os.strerror(code)))
+    assert failed.remedy.startswith(remedy) or remedy in failed.remedy
+    if remedy == "writable":
+        assert f"Make {tmp_path / 'm'} writable" in failed.remedy

@@ -112,8 +112,10 @@ def test_metadata_and_status(server):
     (lambda: request(text=declared([-5])), grpc.StatusCode.INVALID_ARGUMENT, "negative dimension: [-5]"),
     (lambda: request(text=declared(None)), grpc.StatusCode.INVALID_ARGUMENT, "unknown rank"),
     (lambda: request(text=declared([1], [b"a", b"b"])), grpc.StatusCode.INVALID_ARGUMENT, "2 values for shape [1]"),
-    (lambda: request(text=declared([50], [b"x" * 100_000])), grpc.StatusCode.INVALID_ARGUMENT,
-     "would take 5,000,000 bytes"),     # one 100 kB value for 50 elements: 5 MB once repeated, over 1 MiB
+    (lambda: request(text=declared([50], [b"x" * 60_000])), grpc.StatusCode.INVALID_ARGUMENT,
+     "would take 3,000,000 bytes"),     # one 60 kB value for 50 elements: 3 MB once repeated, over 1 MiB
+    (lambda: request(["short", "w" * 70_000]), grpc.StatusCode.INVALID_ARGUMENT,
+     "input text item 1 holds 70,000 bytes; this server takes at most 65,536 per string"),
 ])
 def test_malformed_requests_get_tf_serving_status_codes(server, make, code, fragment):
     got, details = status_of(lambda: server["predict"].Predict(make(), timeout=60))
