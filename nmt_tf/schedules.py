@@ -25,13 +25,20 @@ class ScheduleError(ValueError):
     """Flags of the schedule that cannot work together."""
 
 
-def check(schedule: str, warmup_steps: int, max_steps: int, max_hours: float, decay_factor: float) -> None:
+def check(schedule: str, warmup_steps: int, max_steps: int, max_hours: float, decay_factor: float,
+          multi_worker: bool = False) -> None:
     """Raises ScheduleError for a budgeted schedule without a budget, with
-    plateau decay on top, or with a warm-up as long as its step budget."""
+    plateau decay on top, or with a warm-up as long as its step budget; and
+    under a multi-worker strategy without --max_steps (each worker measures
+    its own time, and workers that set different rates would apply the same
+    gradient differently: the schedule follows the step budget alone there)."""
     if schedule not in SCHEDULES:
         raise ScheduleError(f"--lr_schedule={schedule}: not one of {', '.join(SCHEDULES)}.")
     if schedule not in BUDGETED:
         return
+    if multi_worker and not max_steps:
+        raise ScheduleError(f"--lr_schedule={schedule} under --distribution=multi_worker decays over --max_steps "
+                            "(each worker would measure its own time for --max_hours): give --max_steps.")
     if not max_steps and not max_hours:
         raise ScheduleError(f"--lr_schedule={schedule} decays the learning rate to the end of the training "
                             "budget: give --max_steps or --max_hours.")

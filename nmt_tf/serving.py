@@ -20,7 +20,6 @@ import re
 import threading
 
 import grpc
-import numpy as np
 from absl import logging
 from google.protobuf import any_pb2, text_format
 

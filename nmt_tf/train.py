@@ -109,7 +109,7 @@ def check_config(config) -> None:
                             "words: it needs --joint_vocabulary (with --tokenizer=sentencepiece).")
     try:
         schedules.check(config.lr_schedule, config.warmup_steps, config.max_steps, config.max_hours,
-                        config.decay_factor)
+                        config.decay_factor, multi_worker=config.distribution == "multi_worker")
     except schedules.ScheduleError as e:
         raise TrainingError(str(e)) from None
     try:

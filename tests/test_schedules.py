@@ -54,6 +54,7 @@ def test_plateau_leaves_the_rate_alone_after_the_warm_up():
     (dict(lr_schedule="cosine"), "give --max_steps or --max_hours"),
     (dict(lr_schedule="linear", max_steps=100, decay_factor=0.5), "set --decay_factor=1"),
     (dict(lr_schedule="linear", max_steps=100, warmup_steps=100), "leaves nothing of --max_steps=100"),
+    (dict(lr_schedule="linear", max_hours=1.0, distribution="multi_worker"), "under --distribution=multi_worker"),
 ])
 def test_schedule_flags_that_cannot_work_are_one_error(tiny_config, tmp_path, overrides, message):
     with pytest.raises(train.TrainingError, match=message):
