@@ -194,7 +194,15 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
     registry = ModelRegistry(model_name, model_base_path, log=log, policy=policy, labels=labels)
     registry.poll()
     if registry.current is None:
-        raise FileNotFoundError(f"no SavedModel version (a numbered folder with saved_model.pb) under {model_base_path}")
+        found = registry.available_versions()
+        if not found:
+            raise FileNotFoundError(
+                f"no SavedModel version (a numbered folder with saved_model.pb) under {model_base_path}")
+        failed = registry.failed
+        raise FileNotFoundError(
+            f"no version under {model_base_path} could be served: found {', '.join(map(str, found))}; "
+            + (f"{registry.policy.describe()} failed to load: " + "; ".join(f"{v}: {m}" for v, m in failed.items())
+               if failed else f"the version policy serves {registry.policy.describe()}"))
     registry.watch(poll_seconds)
     limit = int(max_message_mb * 1024 * 1024)
     # grpcio sets SO_REUSEPORT by default: a second server on a taken port

@@ -607,3 +607,12 @@ def test_serve_takes_one_model_source_and_a_config_file_names_the_model(tmp_path
     assert out.returncode == 1 and "leave out --model_name" in out.stderr
     out = run_cli("-m", "nmt_tf.serve", "--model_base_path=/x", "--model_version_policy=newest")
     assert out.returncode == 1 and "--model_version_policy" in out.stderr
+
+
+def test_a_policy_that_serves_nothing_on_disk_is_a_clear_error_at_start(exported, tmp_path):
+    from nmt_tf.serving import VersionPolicy
+
+    shutil.copytree(exported[2], tmp_path / "nmt" / "1")
+    with pytest.raises(FileNotFoundError, match="found 1; the version policy serves versions 5"):
+        serve.start_server("nmt", str(tmp_path / "nmt"), port=0, host="127.0.0.1", log=lambda *a: None,
+                           policy=VersionPolicy.parse("specific=5"))
