@@ -389,7 +389,8 @@ class ModelRegistry:
         written as "version N" (the log keeps them)."""
         out = {}
         for version, message in self.failed.items():
-            for base in {self.base_path, os.path.abspath(self.base_path), os.path.realpath(self.base_path)}:
+            bases = {self.base_path, os.path.abspath(self.base_path), os.path.realpath(self.base_path)}
+            for base in sorted(bases, key=len, reverse=True):       # the longest first: a relative path is a part of it
                 message = message.replace(os.path.join(base, str(version)), f"version {version}")
                 message = message.replace(base, "the model base path")
             out[version] = message
