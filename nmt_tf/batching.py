@@ -207,9 +207,15 @@ class Batcher:
         return task.result
 
     def stop(self):
+        """Ends the batch threads; requests still queued fail with QueueFull at once."""
         with self._cond:
             self._stopped = True
+            queued = [t for queue in self._queues.values() for batch in queue for t in batch.tasks]
+            self._queues.clear()
             self._cond.notify_all()
+        for task in queued:
+            task.error = QueueFull("the server is stopping")
+            task.done.set()
 
     def _next_batch(self):
         """The ready batch whose oldest request waited longest, and the key of its

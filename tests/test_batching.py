@@ -198,3 +198,20 @@ def test_rest_predictions_are_batched_too(batching_server):
         translations = list(pool.map(post, SENTENCES[:6]))
     assert all(isinstance(t, str) for t in translations)
     assert batcher.batches_run - before < 6
+
+
+def test_stopping_fails_the_queued_requests_at_once():
+    batcher = Batcher(BatchingParameters(max_batch_size=1, num_batch_threads=1, max_enqueued_batches=5))
+    slow = Recorder(delay=0.5)
+    busy = threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([1])}, 1, 5.0))
+    busy.start()
+    time.sleep(0.1)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        queued = pool.submit(batcher.run, "k", slow, {"x": np.array([2])}, 1, 30.0)
+        time.sleep(0.1)
+        start = time.perf_counter()
+        batcher.stop()
+        with pytest.raises(batching.QueueFull, match="stopping"):
+            queued.result(timeout=5)
+        assert time.perf_counter() - start < 1.0
+    busy.join()
