@@ -84,15 +84,19 @@ def test_concurrent_calls_are_joined_and_split_back_by_rows():
     batcher.stop()
 
 
+def in_background(batcher, call, values, settle=0.1):
+    """Starts batcher.run on `values` in a thread and gives it `settle` s to be taken or queued."""
+    thread = threading.Thread(target=batcher.run, args=("k", call, {"x": np.array(values)}, len(values), 5.0))
+    thread.start()
+    time.sleep(settle)
+    return thread
+
+
 def test_a_full_queue_is_refused_at_once_and_a_large_request_is_refused():
     batcher = Batcher(BatchingParameters(max_batch_size=2, max_enqueued_batches=1, num_batch_threads=1))
     slow = Recorder(delay=0.5)
-    first = threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([1, 2])}, 2, 5.0))
-    first.start()
-    time.sleep(0.2)                                  # the first batch runs; one more batch may wait
-    waiting = threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([3, 4])}, 2, 5.0))
-    waiting.start()
-    time.sleep(0.05)
+    first = in_background(batcher, slow, [1, 2], 0.2)          # the first batch runs; one more batch may wait
+    waiting = in_background(batcher, slow, [3, 4], 0.05)
     start = time.perf_counter()
     with pytest.raises(batching.QueueFull, match="queue to which this task was submitted is full"):
         batcher.run("k", slow, {"x": np.array([5])}, 1, 5.0)
@@ -125,9 +129,7 @@ def test_allowed_batch_sizes_pad_with_the_first_row_and_drop_its_outputs():
 def test_a_request_that_waits_past_its_timeout_is_left_out_of_its_batch():
     batcher = Batcher(BatchingParameters(max_batch_size=1, num_batch_threads=1, max_enqueued_batches=5))
     slow = Recorder(delay=0.6)
-    busy = threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([1])}, 1, 5.0))
-    busy.start()
-    time.sleep(0.1)
+    busy = in_background(batcher, slow, [1])
     with pytest.raises(batching.WaitedTooLong):
         batcher.run("k", slow, {"x": np.array([2])}, 1, 0.2)
     busy.join()
@@ -203,9 +205,7 @@ def test_rest_predictions_are_batched_too(batching_server):
 def test_stopping_fails_the_queued_requests_at_once():
     batcher = Batcher(BatchingParameters(max_batch_size=1, num_batch_threads=1, max_enqueued_batches=5))
     slow = Recorder(delay=0.5)
-    busy = threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([1])}, 1, 5.0))
-    busy.start()
-    time.sleep(0.1)
+    busy = in_background(batcher, slow, [1])
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         queued = pool.submit(batcher.run, "k", slow, {"x": np.array([2])}, 1, 30.0)
         time.sleep(0.1)
