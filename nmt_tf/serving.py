@@ -21,9 +21,9 @@ import threading
 
 import grpc
 from absl import logging
-from google.protobuf import any_pb2, text_format
+from google.protobuf import any_pb2
 
-from nmt_tf import batching
+from nmt_tf import batching, protos
 from nmt_tf.translator import load_session, read_metadata
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -259,16 +259,9 @@ def read_model_config(path: str) -> ModelConfig:
     does not serve."""
     from tensorflow_serving.config import model_server_config_pb2
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the model config file {path}: {e}") from None
-    config = model_server_config_pb2.ModelServerConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as e:
-        raise ValueError(f"{path}: not a TF Serving model config (ModelServerConfig): {e}") from None
+    config = protos.parse_text(model_server_config_pb2.ModelServerConfig,
+                               protos.read_text_file(path, "model config file"),
+                               f"{path}: not a TF Serving model config (ModelServerConfig)")
     if config.WhichOneof("config") != "model_config_list" or len(config.model_config_list.config) != 1:
         raise ValueError(f"{path}: nmt_tf.serve serves one model; give one model_config_list with one config "
                          "(tensorflow_model_server serves several)")
