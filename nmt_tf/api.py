@@ -19,7 +19,10 @@ by the length penalty) and log-probability, the n-best list with scores,
 the source and output tokens the model saw and produced (each ending with
 "[EOS]"), the attention matrix alpha (one row per output token, one column
 per source token) and whether the source was cut to the model's input
-limit. `score(sources, targets)` returns log p(target | source) per pair.
+limit. `translate(sentences, target_prefix=...)` makes each translation
+start with the given text (byte for byte) and lets the model continue it,
+for interactive translation (the export's translate_constrained signature).
+`score(sources, targets)` returns log p(target | source) per pair.
 Sentences are batched by length internally (`batch_size`); the results come
 back in input order.
 """
@@ -32,7 +35,7 @@ import sys
 import numpy as np
 
 from nmt_tf import exporter, presets, startup
-from nmt_tf.client import SignatureClient
+from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.lexicon import for_search
 from nmt_tf.translator import (TranslationGraph, as_text, batches_by_length, load_saved_model, read_metadata,
                                restore_model, rows_by_line)
@@ -66,8 +69,10 @@ def _strings(items) -> list[str]:
 class Translator:
     """Translates and scores with one nmt_tf model; make one with a `from_*` class method."""
 
-    def __init__(self, translate_fn, score_fn, n_best: int, description: str, metadata: dict | None = None):
+    def __init__(self, translate_fn, score_fn, n_best: int, description: str, metadata: dict | None = None,
+                 constrained_fn=None):
         self._translate, self._score = translate_fn, score_fn
+        self._constrained = constrained_fn    # (texts, target prefixes) -> outputs, or None: the model has none
         self.n_best = n_best                  # n-best size the model returns at most
         self.description = description
         self.metadata = metadata or {}        # languages, tokenizer, search settings (an export's nmt_tf.json)
@@ -92,11 +97,14 @@ class Translator:
 
         signatures = load_saved_model(path).signatures
         translate, score = signatures["serving_default"], signatures["score"]
+        constrained = signatures.get("translate_constrained")
         n_best = translate.structured_outputs["nbest_scores"].shape[1]
-        return cls(lambda text: _numpy(translate(text=tf.constant(text, tf.string))),
-                   lambda source, target: _numpy(score(source=tf.constant(source, tf.string),
-                                                       target=tf.constant(target, tf.string))),
-                   n_best, _description or f"SavedModel {path}", read_metadata(path))
+        strings = lambda values: tf.constant(values, tf.string)
+        return cls(lambda text: _numpy(translate(text=strings(text))),
+                   lambda source, target: _numpy(score(source=strings(source), target=strings(target))),
+                   n_best, _description or f"SavedModel {path}", read_metadata(path),
+                   constrained and (lambda text, prefix: _numpy(constrained(text=strings(text),
+                                                                            target_prefix=strings(prefix)))))
 
     @classmethod
     def from_model_dir(cls, model_dir: str, checkpoint: str = "best", average_checkpoints: int = 1,
@@ -121,36 +129,57 @@ class Translator:
         string = tf.TensorSpec([None], tf.string)
         translate = tf.function(graph.translate, input_signature=[string])
         score = tf.function(graph.score, input_signature=[string, string])
+        constrained = tf.function(graph.translate_constrained, input_signature=[string, string])
         metadata = exporter.metadata(restored.config, options, max_input_length, restored.checkpoint, precision)
-        return cls(lambda text: _numpy(translate(tf.constant(text, tf.string))),
-                   lambda source, target: _numpy(score(tf.constant(source, tf.string),
-                                                       tf.constant(target, tf.string))),
-                   options.n_best, f"{model_dir}, {restored.checkpoint}", metadata)
+        strings = lambda values: tf.constant(values, tf.string)
+        return cls(lambda text: _numpy(translate(strings(text))),
+                   lambda source, target: _numpy(score(strings(source), strings(target))),
+                   options.n_best, f"{model_dir}, {restored.checkpoint}", metadata,
+                   lambda text, prefix: _numpy(constrained(strings(text), strings(prefix))))
 
     @classmethod
     def from_server(cls, address: str, model_name: str = "nmt", version: int = 0,
                     timeout: float = 60.0) -> "Translator":
         """A model served over TF Serving's gRPC API (tensorflow_model_server or nmt_tf.serve)."""
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices
-        translate = SignatureClient(server=address, model_name=model_name, version=version, timeout=timeout)
-        score = SignatureClient("score", server=address, model_name=model_name, version=version, timeout=timeout)
+        where = dict(server=address, model_name=model_name, version=version, timeout=timeout)
+        translate = SignatureClient(**where)
+        score = SignatureClient("score", **where)
+        try:
+            constrained = SignatureClient("translate_constrained", **where)
+        except ClientError:        # an older export, or one with a shortlist
+            constrained = None
         return cls(lambda text: translate(text=text), lambda source, target: score(source=source, target=target),
-                   translate.output_size("nbest_scores", 1) or 1, f"{model_name} at {address}")
+                   translate.output_size("nbest_scores", 1) or 1, f"{model_name} at {address}",
+                   constrained_fn=constrained and (lambda text, prefix: constrained(text=text, target_prefix=prefix)))
 
-    def translate(self, sentences, n_best: int | None = None, batch_size: int = 64, parallel_batches: int = 2):
+    def translate(self, sentences, n_best: int | None = None, batch_size: int = 64, parallel_batches: int = 2,
+                  target_prefix=None):
         """A `Translation` per sentence (a list for a list; one for a str),
         with at most `n_best` hypotheses (default: all the model returns).
         Sentences go in batches of `batch_size` of similar length,
-        `parallel_batches` at once (as nmt_tf.translate does)."""
+        `parallel_batches` at once (as nmt_tf.translate does).
+        `target_prefix`: text each translation starts with (a str for a
+        str, a list as long as `sentences`; "" for none)."""
         single = isinstance(sentences, (str, bytes))
         lines = [sentences] if single else list(sentences)
         n_best = self.n_best if n_best is None else n_best
         if not 1 <= n_best <= self.n_best:
             raise ValueError(f"n_best={n_best}: this model returns 1 to {self.n_best} hypotheses "
                              "(export it again with a larger --n_best)")
-        encoded = [s.encode("utf-8") if isinstance(s, str) else s for s in lines]
-        batched = batches_by_length(self._translate, encoded, batch_size, parallel_batches)
-        results = [_translation(out, row, n_best) for out, row in rows_by_line(batched, len(encoded))]
+        items = [(_bytes(s),) for s in lines]
+        call = lambda batch: self._translate([item[0] for item in batch])
+        if target_prefix is not None:
+            prefixes = [target_prefix] if isinstance(target_prefix, (str, bytes)) else list(target_prefix)
+            if len(prefixes) != len(lines):
+                raise ValueError(f"{len(lines)} sentences but {len(prefixes)} target prefixes")
+            if self._constrained is None:
+                raise ValueError(f"{self.description} has no translate_constrained signature (an export made "
+                                 "with --shortlist_size, or before nmt_tf had prefixes): export it again")
+            items = [(s, _bytes(p)) for (s,), p in zip(items, prefixes)]
+            call = lambda batch: self._constrained([s for s, _ in batch], [p for _, p in batch])
+        batched = batches_by_length(call, items, batch_size, parallel_batches, length=lambda item: len(item[0].split()))
+        results = [_translation(out, row, n_best) for out, row in rows_by_line(batched, len(items))]
         return results[0] if single else results
 
     def score(self, sources, targets, batch_size: int = 64) -> list[PairScore]:
@@ -169,6 +198,10 @@ class Translator:
                                  [float(x) for x in result["token_log_probs"][row][:length]],
                                  bool(result["truncated"][row])))
         return out
+
+
+def _bytes(text) -> bytes:
+    return text.encode("utf-8") if isinstance(text, str) else text
 
 
 def _numpy(outputs: dict) -> dict:

@@ -49,6 +49,15 @@ serving_default (= "translate"):
            nbest_scores        [batch, N] float (-1e9 where fewer hypotheses finished)
   An empty or whitespace-only input gives an empty translation with score 0.
 
+translate_constrained (serving_default's outputs, steered):
+  inputs   text                [batch] string, raw sentences
+           target_prefix       [batch] string, what each translation must start with ("": nothing)
+  Every hypothesis of sentence i starts with the tokens of target_prefix[i]
+  (forced), then the search is free; the translation starts with the prefix
+  byte for byte (its trailing whitespace dropped). An empty source still gives
+  an empty translation. Searches the whole target vocabulary: an export with
+  --shortlist_size has no translate_constrained signature.
+
 score (forced decoding, for rescoring and phrase scoring):
   inputs   source, target      [batch] string
   outputs  log_prob            [batch] float, log p(target | source), [EOS] included

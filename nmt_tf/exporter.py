@@ -141,11 +141,13 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
                     if freeze_step_weights else [])
     module = TranslationGraph(model, src_tok, tgt_tok, options, max_input_length, unk_replacement, shortlist).module()
     module.step_weights = step_weights
+    signatures = {"serving_default": module.translate.get_concrete_function(),
+                  "translate": module.translate.get_concrete_function(),
+                  "score": module.score.get_concrete_function()}
+    if shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export leaves out
+        signatures["translate_constrained"] = module.translate_constrained.get_concrete_function()
     try:
-        tf.saved_model.save(module, tmp, signatures={
-            "serving_default": module.translate.get_concrete_function(),
-            "translate": module.translate.get_concrete_function(),
-            "score": module.score.get_concrete_function()})
+        tf.saved_model.save(module, tmp, signatures=signatures)
         write_warmup(tmp)
         write_metadata(tmp, model_dirs, config, options, max_input_length, checkpoint_path, unk_replacement,
                        precision)
@@ -157,7 +159,7 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
         _remove_new(tmp, export_dir if created else None)
         raise
     log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}"
-        f"{f', shortlist of {options.shortlist_size}' if shortlist is not None else ''}"
+        f"{f', shortlist of {options.shortlist_size}, no translate_constrained' if shortlist is not None else ''}"
         f"{'' if precision == 'float32' else f', {precision}'}"
         f"{f', an ensemble of {len(model_dirs)} models' if len(model_dirs) > 1 else ''}).\n"
         f"  saved_model_cli show --dir {final} --all\n"

@@ -49,6 +49,17 @@ Options (`SearchOptions`):
                     the room.
   shortlist_per_word  translations per source token in that choice.
 
+A target prefix (`target_prefix`: [B, P] token ids, 0-padded) forces the
+first tokens of every hypothesis of a sentence (as CTranslate2's
+`target_prefix`, for interactive translation): at output position t below
+the sentence's prefix length only the prefix token may be taken (every
+other token, [EOS] included, scores NEG; the [UNK] and length masks do not
+apply there), so one hypothesis follows the prefix and the search runs freely
+after it. The length limit is raised to the prefix length + 1 where the
+prefix is longer than the source allows; a prefix longer than max_length - 1
+tokens is cut to that. Scores count the prefix tokens' log-probabilities.
+Without a prefix the graph is the one built before prefixes existed.
+
 Results are dense, batch-major tensors; lengths count [EOS]; tokens past a
 hypothesis' end are [PAD] (0); its alignment rows past the end are zero.
 """
@@ -106,35 +117,70 @@ def length_penalty(lengths, options: SearchOptions):
     return tf.pow(tf.maximum(lengths, 1.0), options.length_alpha)
 
 
-def _length_limits(source_ids, options: SearchOptions):
-    """Per-sentence (min, max) output lengths, [EOS] included, and the batch maximum."""
+def _length_limits(source_ids, options: SearchOptions, prefix_lengths=None):
+    """Per-sentence (min, max) output lengths, [EOS] included, and the batch
+    maximum; a target prefix of n tokens raises the maximum to n + 1."""
     src_len = tf.cast(tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1), tf.float32)
     max_len = tf.cast(tf.math.ceil(options.max_length_ratio * src_len), tf.int32)
     max_len = tf.clip_by_value(max_len, 1, options.max_length)
+    if prefix_lengths is not None:
+        max_len = tf.maximum(max_len, prefix_lengths + 1)
     min_len = tf.minimum(tf.cast(tf.floor(options.min_length_ratio * src_len), tf.int32), max_len - 1)
     return min_len, max_len, tf.reduce_max(tf.concat([max_len, [0]], 0))
 
 
+FORCED = 3   # the row of `_token_penalties` for a position a target prefix fixes
+
+
 def _token_penalties(vocab_size, options: SearchOptions) -> np.ndarray:
-    """The three additive [V] masks a step can need, stacked [3, V] float32
+    """The four additive [V] masks a step can need, stacked [4, V] float32
     (constants of the graph): forbidden tokens get NEG.
 
     [PAD] and [BOS] are never generated, [UNK] optionally. Row 0: any other
     token; row 1 (before min_len): not [EOS] either; row 2 (the last allowed
-    position): only [EOS].
+    position): only [EOS]; row 3 (FORCED, a target prefix's position): no
+    mask (the prefix's own mask, `_forced_mask`, allows its token alone).
     """
     ids = np.arange(vocab_size)
     forbidden = (ids == PAD_ID) | (ids == BOS_ID)
     if options.suppress_unk:
         forbidden |= ids == UNK_ID
-    rows = np.stack([forbidden, forbidden | (ids == EOS_ID), ids != EOS_ID])
+    rows = np.stack([forbidden, forbidden | (ids == EOS_ID), ids != EOS_ID, np.zeros_like(forbidden)])
     return np.where(rows, NEG, 0.0).astype(np.float32)
 
 
-def _penalty_kind(t, min_len, max_len):
+def _penalty_kind(t, min_len, max_len, prefix_lengths=None):
     """Which row of `_token_penalties` output position t uses, per sentence ([B];
     [steps, B] for a column of positions)."""
-    return tf.where(t + 1 >= max_len, 2, tf.where(t + 1 <= min_len, 1, 0))
+    kind = tf.where(t + 1 >= max_len, 2, tf.where(t + 1 <= min_len, 1, 0))
+    return kind if prefix_lengths is None else tf.where(t < prefix_lengths, FORCED, kind)
+
+
+class _Prefix:
+    """A batch's target prefixes: ids [B, P] (0-padded; P >= 1) and lengths [B],
+    cut to max_length - 1 tokens."""
+
+    def __init__(self, target_prefix, options: SearchOptions):
+        ids = tf.cast(target_prefix, tf.int32)[:, :options.max_length - 1]
+        self.ids = tf.pad(ids, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(ids)[1])]])
+        self.lengths = tf.reduce_sum(tf.cast(self.ids != PAD_ID, tf.int32), axis=1)
+        self.longest = tf.reduce_max(tf.concat([self.lengths, [0]], 0))
+
+    def at(self, t):
+        """[B] the token forced at output position t, -1 where none is."""
+        token = tf.gather(self.ids, tf.minimum(t, tf.shape(self.ids)[1] - 1), axis=1)
+        return tf.where(t < self.lengths, token, -1)
+
+    def apply(self, t, log_probs, forced):
+        """`log_probs` ([R, V] or [R, K, V]) with every token but `forced` [R]
+        (where >= 0) at NEG; untouched (no pass over them) once t is past
+        every prefix."""
+        def masked():
+            allowed = (tf.one_hot(forced, tf.shape(log_probs)[-1], on_value=True, off_value=False)
+                       | (forced < 0)[:, None])
+            mask = tf.where(allowed, 0.0, NEG)
+            return log_probs + tf.cast(mask if log_probs.shape.rank == 2 else mask[:, None, :], log_probs.dtype)
+        return tf.cond(t < self.longest, masked, lambda: log_probs)
 
 
 def _while(cond, body, init):
@@ -145,6 +191,15 @@ def _while(cond, body, init):
             return tf.TensorShape(None)
         return tf.TensorShape([None] + x.shape.as_list()[1:]) if x.shape.rank else x.shape
     return tf.while_loop(cond, body, init, shape_invariants=tf.nest.map_structure(relaxed, init))
+
+
+def _prefix(target_prefix, options: SearchOptions):
+    """A `_Prefix`, or None without a target prefix."""
+    if target_prefix is None:
+        return None
+    if options.shortlist_size:
+        raise ValueError("a target prefix needs the whole target vocabulary: search with shortlist_size=0")
+    return _Prefix(target_prefix, options)
 
 
 def _search_vocabulary(model, source_ids, weights, options: SearchOptions, shortlist):
@@ -177,7 +232,8 @@ def _widen_penalties(penalties, width):
     return tf.concat([penalties[:, :SPECIALS], tf.repeat(tail, width - SPECIALS, axis=1)], axis=1)
 
 
-def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam_size=1), shortlist=None):
+def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam_size=1), shortlist=None,
+                  target_prefix=None):
     """The most probable next word at every step.
 
     Args:
@@ -186,6 +242,9 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
       options: only the length limits, suppress_unk and the shortlist matter.
       shortlist: a `nmt_tf.lexicon.LexicalShortlist` when
         options.shortlist_size asks for one.
+      target_prefix: optional [B, P] int32 target ids (0-padded, no [EOS])
+        every output starts with (see the module docstring); not with a
+        shortlist.
 
     Returns:
       dict with tokens [B, T] int32, log_probs [B] (sum over the output),
@@ -194,7 +253,8 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
     """
     source_ids = tf.cast(source_ids, tf.int32)
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
-    min_len, max_len, steps = _length_limits(source_ids, options)
+    prefix = _prefix(target_prefix, options)
+    min_len, max_len, steps = _length_limits(source_ids, options, prefix and prefix.lengths)
     weights, vocab, vocabulary_ids = _search_vocabulary(model, source_ids, model.step_weights(), options, shortlist)
     encoded = model.search_inputs(source_ids, weights)
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
@@ -202,7 +262,7 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
     if vocabulary_ids is not None:
         penalties = _widen_penalties(penalties, tf.shape(vocabulary_ids)[0])
     positions = tf.range(steps)
-    kinds = _penalty_kind(positions[:, None], min_len, max_len)                   # [steps, B]
+    kinds = _penalty_kind(positions[:, None], min_len, max_len, prefix and prefix.lengths)      # [steps, B]
 
     def body(t, previous, state, done, log_prob, length, tokens, alignments):
         # Only sentences still being decoded are computed (one hypothesis each).
@@ -211,6 +271,8 @@ def greedy_search(model, source_ids, options: SearchOptions = SearchOptions(beam
             tf.gather(previous, rows)[:, None], tf.gather(state, rows)[:, None],
             {key: tf.gather(v, rows) for key, v in per_sentence.items()}, weights))
         log_probs += tf.gather(penalties, tf.gather(kinds[t], rows))
+        if prefix:
+            log_probs = prefix.apply(t, log_probs, tf.gather(prefix.at(t), rows))
         at = rows[:, None]
         best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         if vocabulary_ids is not None:
@@ -359,7 +421,7 @@ def _backtrack(tokens, parents, alphas, t_end, slot):
     return tf.transpose(out_tokens, [1, 2, 0]), tf.transpose(out_alphas, [1, 2, 0, 3])
 
 
-def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None):
+def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None):
     """Beam search as in the RNNsearch papers (see the module docstring).
 
     Args:
@@ -368,6 +430,9 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
       options: `SearchOptions`.
       shortlist: a `nmt_tf.lexicon.LexicalShortlist` when
         options.shortlist_size asks for one.
+      target_prefix: optional [B, P] int32 target ids (0-padded, no [EOS])
+        every hypothesis starts with (see the module docstring); not with a
+        shortlist.
 
     Returns:
       dict, hypotheses best first (N = options.n_best, T = longest output):
@@ -380,7 +445,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
     k, n = options.beam_size, options.n_best
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
-    min_len, max_len, steps = _length_limits(source_ids, options)
+    prefix = _prefix(target_prefix, options)
+    min_len, max_len, steps = _length_limits(source_ids, options, prefix and prefix.lengths)
     weights, vocab, vocabulary_ids = _search_vocabulary(model, source_ids, model.step_weights(), options, shortlist)
     encoded = model.search_inputs(source_ids, weights)
     per_sentence = {key: v for key, v in encoded.items() if key != "state"}
@@ -390,7 +456,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
     # length penalty of a hypothesis finishing at step t, and t * K + slot.
     # (At least one row: step 0 runs before the loop, also for an empty batch.)
     table_steps = tf.maximum(steps, 1)
-    kinds = _penalty_kind(tf.range(table_steps)[:, None], min_len, max_len)      # [steps, B]
+    kinds = _penalty_kind(tf.range(table_steps)[:, None], min_len, max_len, prefix and prefix.lengths)  # [steps, B]
     finish_penalty = length_penalty(tf.range(1, table_steps + 1), options)         # [steps]
     slots = tf.range(k)[None, :]
     slot_ids = tf.zeros([batch, k], tf.int32) + slots
@@ -423,10 +489,13 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         done = done | hopeless | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
         return t + 1, token, state, alive_score, fin_norm, fin_id, fin_count, done, history
 
-    def expand(previous, state, alive_score, inputs, kind):
+    def expand(t, previous, state, alive_score, inputs, kind, forced):
         """The model's step for every slot, and the k best extensions (`kind`:
-        each sentence's row of the token penalties)."""
+        each sentence's row of the token penalties; `forced`: its prefix
+        token at t, -1 for none, or None without prefixes)."""
         log_probs, new_state, alpha = model.decode_step(previous, state, inputs, weights)
+        if prefix:
+            log_probs = prefix.apply(t, log_probs, forced)
         top_score, token, parent = _best_extensions(log_probs, alive_score, k, penalties, kind,
                                                     None if vocabulary_ids is None else vocab)
         if vocabulary_ids is not None:
@@ -440,8 +509,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         steps for all."""
         rows = tf.cast(tf.where(~done)[:, 0], tf.int32)
         take = lambda x: tf.gather(x, rows)
-        out = expand(take(previous), take(state), take(alive_score),
-                     {key: take(v) for key, v in per_sentence.items()}, take(kinds[t]))
+        out = expand(t, take(previous), take(state), take(alive_score),
+                     {key: take(v) for key, v in per_sentence.items()}, take(kinds[t]), prefix and take(prefix.at(t)))
         fill = lambda x, value: tf.tensor_scatter_nd_update(
             tf.fill(tf.concat([[batch], tf.shape(x)[1:]], 0), tf.cast(value, x.dtype)), rows[:, None], x)
         return tuple(fill(x, value) for x, value in zip(out, (NEG, 0, 0, 0, 0)))
@@ -452,7 +521,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         # its encoder outputs); dead slots carry NEG and never reach the top K.
         done = rest[3]
         extensions = tf.cond(tf.reduce_any(done), lambda: expand_unfinished(t, previous, state, alive_score, done),
-                             lambda: expand(previous, state, alive_score, per_sentence, kinds[t]))
+                             lambda: expand(t, previous, state, alive_score, per_sentence, kinds[t],
+                                            prefix and prefix.at(t)))
         return advance(t, *extensions, *rest)
 
     history = tuple(tf.TensorArray(dtype, size=table_steps, element_shape=shape)
@@ -465,7 +535,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         # alone, its k best extensions fill the beam.
         first = tf.constant(0)
         top_score, token, parent, new_state, alpha = expand(
-            tf.fill([batch, 1], BOS_ID), encoded["state"][:, None], tf.zeros([batch, 1]), per_sentence, kinds[0])
+            first, tf.fill([batch, 1], BOS_ID), encoded["state"][:, None], tf.zeros([batch, 1]), per_sentence,
+            kinds[0], prefix and prefix.at(first))
         init = advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), *pool)
     else:      # fewer words than slots: step 0 runs in the loop, K - 1 slots dead
         first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)
@@ -500,12 +571,12 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
     }
 
 
-def search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None):
+def search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None):
     """Greedy search for beam_size 1, beam search otherwise; beam-shaped results.
 
     Returns the dict of `beam_search` ([B, N, ...] tensors) in both cases.
     """
     if options.beam_size > 1:
-        return beam_search(model, source_ids, options, shortlist)
-    out = greedy_search(model, source_ids, options, shortlist)
+        return beam_search(model, source_ids, options, shortlist, target_prefix)
+    out = greedy_search(model, source_ids, options, shortlist, target_prefix)
     return {key: v[:, None] for key, v in out.items()}

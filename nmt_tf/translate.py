@@ -5,6 +5,7 @@ Usage:
   python -m nmt_tf.translate --preset=multi30k_en_fr < input.en > output.fr      # the shipped model
   python -m nmt_tf.translate --server=localhost:8500 --model_name=nmt --input=input.en --output=out.fr
   python -m nmt_tf.translate --saved_model=E --input=in.en --n_best=5 --with_scores --with_alignments
+  python -m nmt_tf.translate --preset=multi30k_en_fr --input=in.en --target_prefix=prefixes.fr
 
 With --saved_model the SavedModel runs in this process (--preset: the
 SavedModel of a model shipped with nmt_tf, built on first use; see
@@ -16,6 +17,13 @@ stub. Lines are read --sort_window (1,000) at a time and sent in batches of
 once; the output keeps the input's order. The input, from --input or
 standard input, is plain text or gzip (recognized by its first bytes, not
 its name).
+
+--target_prefix=FILE gives each input line a target prefix (line i of FILE
+for input line i; an empty line: none): its translation starts with that
+text byte for byte (trailing whitespace dropped) and the model continues
+it, for interactive translation. These lines go through the export's
+translate_constrained signature, which searches the whole target vocabulary
+(an export made with --shortlist_size has no such signature).
 
 Output: plain text, one translation per line. With --with_scores,
 --with_alignments or --n_best > 1, one JSON object per line instead:
@@ -49,8 +57,13 @@ from nmt_tf.translator import as_text, batches_by_length, rows_by_line
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
 absl_flags.DEFINE_boolean("with_alignments", False, "Write JSON lines with tokens and the attention matrix.")
+absl_flags.DEFINE_string(
+    "target_prefix", None,
+    "A file (plain or gzip) with one target prefix per input line (empty line: none): each translation starts "
+    "with its prefix byte for byte and the model continues it (the translate_constrained signature).")
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", "model_name", "timeout", "input",
                                              "output", "lines_per_batch", "sort_window", "parallel_batches", "n_best"))
+CONSTRAINED_SIGNATURE = "translate_constrained"
 
 
 class TranslationError(RuntimeError):
@@ -69,14 +82,32 @@ def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool) -> lis
     return outputs
 
 
-def read_lines(path: str | None):
+def read_lines(path: str | None, flag: str = "input"):
     """Lines as bytes, without the newline (undecodable bytes pass through);
     gzip data is decompressed, from a file or from standard input
-    (files.input_lines, its errors as TranslationErrors)."""
+    (files.input_lines, its errors as TranslationErrors naming `--flag`)."""
     try:
-        yield from input_lines(path, "input")
+        yield from input_lines(path, flag)
     except InputError as e:
         raise TranslationError(str(e)) from None
+
+
+def with_prefixes(lines, prefix_path: str | None):
+    """(line, prefix) pairs: the input lines with the lines of `prefix_path`
+    beside them (the lines themselves without one); unequal counts are a
+    TranslationError naming the file."""
+    if prefix_path is None:
+        yield from lines
+        return
+    prefixes = read_lines(prefix_path, "target_prefix")
+    count = 0
+    for count, line in enumerate(lines, 1):
+        prefix = next(prefixes, None)
+        if prefix is None:
+            raise TranslationError(f"{prefix_path} (--target_prefix) has {count - 1} lines, fewer than the input")
+        yield line, prefix
+    if next(prefixes, None) is not None:
+        raise TranslationError(f"{prefix_path} (--target_prefix) has more lines than the input ({count})")
 
 
 def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool) -> str:
@@ -102,11 +133,21 @@ def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignm
     return json.dumps(record, ensure_ascii=False)
 
 
+def signature_inputs(batch: list) -> dict:
+    """A batch of (line,) or (line, prefix) items as the signature's inputs."""
+    inputs = {"text": [item[0] for item in batch]}
+    if batch and len(batch[0]) > 1:
+        inputs["target_prefix"] = [item[1] for item in batch]
+    return inputs
+
+
 def translate_lines(client, lines, out, batch_size: int, n_best: int, with_scores: bool,
                     with_alignments: bool, progress: Progress | None = None, sort_window: int = 1,
                     parallel_batches: int = 1) -> int:
     """Translates an iterable of byte lines into the text stream `out` with a
     `nmt_tf.client.SignatureClient` of the serving_default signature; returns lines done.
+    Items may also be (line, target prefix) pairs (`with_prefixes`), for a
+    client of the translate_constrained signature.
 
     Lines are read `sort_window` at a time (at least `batch_size`); a window
     is translated in batches of `batch_size` lines of similar length (by
@@ -122,8 +163,9 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
 
     def flush():
         nonlocal done
-        batched = batches_by_length(lambda batch: client(text=batch), window, batch_size, parallel_batches,
-                                    by_length=window_size > batch_size)
+        batched = batches_by_length(lambda batch: client(**signature_inputs(batch)), window, batch_size,
+                                    parallel_batches, by_length=window_size > batch_size,
+                                    length=lambda item: len(item[0].split()))
         for i, (result, row) in enumerate(rows_by_line(batched, len(window), progress and progress.update)):
             if not (with_alignments or with_scores or n_best > 1) and result["truncated"][row]:
                 print(f"warning: line {done + i + 1} was longer than the model's input limit and was cut",
@@ -134,7 +176,7 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
         window.clear()
 
     for line in lines:
-        window.append(line)
+        window.append(line if isinstance(line, tuple) else (line,))
         if len(window) == window_size:
             flush()
     if window:
@@ -151,13 +193,15 @@ def main(argv):
     try:
         saved_model = presets.saved_model_for(FLAGS.saved_model, FLAGS.preset,
                                               log=lambda *a: print(*a, file=sys.stderr))
-        client = SignatureClient(saved_model=saved_model, server=FLAGS.server, model_name=FLAGS.model_name,
+        signature = CONSTRAINED_SIGNATURE if FLAGS.target_prefix else "serving_default"
+        client = SignatureClient(signature, saved_model=saved_model, server=FLAGS.server, model_name=FLAGS.model_name,
                                  version=FLAGS.model_version, timeout=FLAGS.timeout,
                                  outputs=needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments))
         progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() and FLAGS.input else None)
         out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
         try:
-            translate_lines(client, read_lines(FLAGS.input), out, FLAGS.lines_per_batch, FLAGS.n_best,
+            translate_lines(client, with_prefixes(read_lines(FLAGS.input), FLAGS.target_prefix), out,
+                            FLAGS.lines_per_batch, FLAGS.n_best,
                             FLAGS.with_scores, FLAGS.with_alignments, progress, FLAGS.sort_window,
                             FLAGS.parallel_batches)
         finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import os
 from typing import Any, NamedTuple
@@ -146,22 +147,62 @@ class TranslationGraph:
         return self.tf.pad(dense, [[0, 0], [0, self.tf.maximum(0, 1 - self.tf.shape(dense)[1])]])
 
     def translate(self, text):
+        return self._translate(text)
+
+    def translate_constrained(self, text, target_prefix):
+        """`translate`, every hypothesis of sentence i starting with
+        target_prefix[i] ("": none; trailing whitespace dropped): the
+        prefix's tokens are forced, the search is free after them
+        (nmt_tf.search), and the translation starts with the prefix byte for
+        byte. An empty source gives an empty translation, prefix or not.
+        Searches the whole target vocabulary (no shortlist)."""
+        tf = self.tf
+        tf.debugging.assert_equal(tf.size(text), tf.size(target_prefix),
+                                  message="text and target_prefix must have the same number of sentences")
+        return self._translate(text, target_prefix)
+
+    def _prefix(self, target_prefix):
+        """Target prefixes -> (ids [B, P] 0-padded, their tokens [B, P] "" padded,
+        the prefixes themselves without trailing whitespace [B])."""
+        from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+        tf = self.tf
+        given = tf.strings.regex_replace(target_prefix, r"\s+$", "")
+        tokens = self.target_tokenizer.tokenize(given)[:, :self.max_input_length]
+        ids = self.target_tokenizer.lookup(tokens)
+        # A special token's text in a prefix is a word like any other ([UNK]), not padding or an end.
+        ids = tf.ragged.map_flat_values(
+            lambda x: tf.where((x == PAD_ID) | (x == BOS_ID) | (x == EOS_ID), UNK_ID, x), ids)
+        return self._dense(ids), tokens.to_tensor(""), given
+
+    def _translate(self, text, target_prefix=None):
         from nmt_tf.search import search
         from nmt_tf.text import PAD_ID, UNK_ID
 
         tf = self.tf
         source, _, source_tokens, truncated, empty = self._ids(self.source_tokenizer, text)
         source = self._dense(source)
-        out = search(self.model, source, self.options, self.shortlist)
+        options, shortlist, prefix_ids = self.options, self.shortlist, None
+        if target_prefix is not None:
+            options, shortlist = dataclasses.replace(options, shortlist_size=0), None
+            prefix_ids, prefix_tokens, given = self._prefix(target_prefix)
+        out = search(self.model, source, options, shortlist, prefix_ids)
         batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
         flat = tf.reshape(out["tokens"], [batch * n, -1])
         replaced = None
-        if self.unk_replacement is not None:
-            replacements = self.unk_replacement(out["tokens"], out["alignments"], source_tokens)
+        if self.unk_replacement is not None or target_prefix is not None:
             tokens = self.target_tokenizer.id_to_token(out["tokens"])
-            use = (out["tokens"] == UNK_ID) & (replacements != "")
-            replaced = tf.reshape(tf.where(use, replacements, tokens), tf.shape(flat))
+            if self.unk_replacement is not None:
+                replacements = self.unk_replacement(out["tokens"], out["alignments"], source_tokens)
+                tokens = tf.where((out["tokens"] == UNK_ID) & (replacements != ""), replacements, tokens)
+            if target_prefix is not None:
+                # The prefix positions show the prefix's own tokens (a word outside the vocabulary too).
+                tokens = _overlay(tf, tokens, prefix_tokens)
+            replaced = tf.reshape(tokens, tf.shape(flat))
         texts = tf.reshape(self.target_tokenizer.decode(flat, replaced), [batch, n])
+        if target_prefix is not None:
+            texts = _splice_prefix(tf, texts, self.target_tokenizer.detokenize(
+                tf.RaggedTensor.from_tensor(prefix_tokens, padding="")), given)
         keep = ~empty
         texts = tf.where(keep[:, None], texts, "")
         scores = tf.where(keep[:, None], out["scores"], 0.0)
@@ -213,9 +254,29 @@ class TranslationGraph:
             module.unk_dictionary = self.unk_replacement.table      # the dictionary file becomes an asset
         module.translate = tf.function(self.translate, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
+        module.translate_constrained = tf.function(self.translate_constrained, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target_prefix")])
         module.score = tf.function(self.score, input_signature=[
             tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
         return module
+
+
+def _overlay(tf, tokens, prefix_tokens):
+    """tokens [B, N, T] string with each row's first positions replaced by
+    prefix_tokens [B, P] where those are not ""."""
+    width = tf.shape(tokens)[2]
+    prefix = tf.pad(prefix_tokens, [[0, 0], [0, tf.maximum(0, width - tf.shape(prefix_tokens)[1])]])[:, :width]
+    return tf.where(prefix[:, None, :] != "", prefix[:, None, :], tokens)
+
+
+def _splice_prefix(tf, texts, shown, given):
+    """texts [B, N] that start with shown[b] (the prefix as the detokenizer
+    writes it) start with given[b] (the prefix as the user wrote it) instead;
+    others are left as they are."""
+    length = tf.broadcast_to(tf.strings.length(shown)[:, None], tf.shape(texts))
+    starts = tf.strings.substr(texts, tf.zeros_like(length), length) == shown[:, None]
+    rest = tf.strings.substr(texts, length, tf.fill(tf.shape(texts), -1))
+    return tf.where(starts, given[:, None] + rest, texts)
 
 
 def tf_variables(model) -> list:

@@ -120,6 +120,31 @@ def test_translation_equals_the_python_search(exported, signatures):
     assert got["score"].numpy()[0] == pytest.approx(float(out["scores"][0, 0]), rel=1e-5)
 
 
+PREFIXES = ["Un homme", "", "Deux  chiens Zyxwvq ", "Un homme, en 3 mots"]
+
+
+@pytest.mark.parametrize("which", ["word", "sentencepiece"])
+def test_translate_constrained_starts_with_the_target_prefix_byte_for_byte(which, request):
+    """Every n-best translation starts with its prefix as given (without
+    trailing whitespace; double spaces and words outside the vocabulary
+    kept); no prefix gives serving_default's outputs exactly."""
+    path = (request.getfixturevalue("exported")[2] if which == "word"
+            else request.getfixturevalue("sentencepiece_export")[1])
+    loaded = tf.saved_model.load(path).signatures
+    text = tf.constant(["A man in a blue shirt.", "Two dogs run.", "Two dogs play in the snow.", "A man."])
+    out = loaded["translate_constrained"](text=text, target_prefix=tf.constant(PREFIXES))
+    for i, prefix in enumerate(PREFIXES):
+        for translation in out["nbest_translations"].numpy()[i]:
+            assert translation.decode().startswith(prefix.rstrip()), (prefix, translation)
+    plain = loaded["serving_default"](text=text)
+    free = loaded["translate_constrained"](text=text, target_prefix=tf.constant([""] * 4))
+    for key in plain:
+        np.testing.assert_array_equal(plain[key].numpy(), free[key].numpy())
+    assert out["translation"].numpy()[1] == plain["translation"].numpy()[1]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same number of sentences"):
+        loaded["translate_constrained"](text=text, target_prefix=tf.constant(["Un"]))
+
+
 def test_mixed_bfloat16_export_computes_in_bfloat16_and_equals_the_python_search_in_it(exported, tmp_path):
     """--mixed_precision for an export: the frozen step matrices are bfloat16,
     the metadata says so, and the signature translates as the in-process search

@@ -130,6 +130,14 @@ def test_the_translator_of_a_model_dir_or_a_preset_translates_alike(tiny_preset,
     from_preset = nmt_tf.Translator.from_preset(tiny_preset[0], cache_dir=tiny_preset[1])
     assert [r.text for r in from_dir.translate(SENTENCES)] == [r.text for r in from_preset.translate(SENTENCES)]
     assert from_dir.metadata["search"]["beam_size"] == 3 and from_preset.metadata["src_lang"] == "en"
+    prefixes = ["Un homme", ""] + ["Deux"] * (len(SENTENCES) - 2)
+    steered = [from_dir.translate(SENTENCES, target_prefix=prefixes),
+               from_preset.translate(SENTENCES, target_prefix=prefixes)]
+    assert [r.text for r in steered[0]] == [r.text for r in steered[1]]
+    assert all(r.text.startswith(p) for r, p in zip(steered[0], prefixes))
+    assert from_dir.translate(SENTENCES[0], target_prefix="Un").text.startswith("Un")
+    with pytest.raises(ValueError, match="but 1 target prefixes"):
+        from_dir.translate(SENTENCES, target_prefix=["Un"])
 
 
 def test_translate_and_presets_cli_with_a_preset(tiny_preset, tmp_path):

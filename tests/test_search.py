@@ -151,6 +151,55 @@ def test_graph_mode_equals_eager_and_empty_batch_works():
     assert greedy_empty["tokens"].shape[0] == 0
 
 
+PREFIXES = np.array([[4, 5, 0], [0, 0, 0], [UNK_ID, 6, 7]], "int32")     # sentence 1: no prefix
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_target_prefix_starts_every_hypothesis_and_the_search_is_free_after_it(beam_size):
+    """The prefix is forced (also [UNK] under suppress_unk, and past the
+    source's length limit); scores are the whole output's forced-decoding
+    log-probabilities; a sentence without a prefix is searched as without."""
+    model = model_with_random_weights()
+    options = SearchOptions(beam_size=beam_size, n_best=beam_size, max_length_ratio=0.5, suppress_unk=True)
+    out = search(model, SOURCES, options, target_prefix=PREFIXES)
+    free = search(model, SOURCES, options)
+    for i, source in enumerate(SOURCES):
+        prefix = strip(PREFIXES[i])
+        for rank in range(beam_size):
+            if out["scores"][i, rank] <= NEG / 2:
+                continue
+            tokens = strip(out["tokens"][i, rank].numpy())
+            assert tokens[:len(prefix)] == prefix and tokens[-1] == EOS_ID
+            assert len(tokens) <= max(np.ceil(0.5 * (source != PAD_ID).sum()), len(prefix) + 1)
+            assert out["log_probs"][i, rank].numpy() == pytest.approx(forced_log_prob(model, source, tokens),
+                                                                       rel=1e-4, abs=1e-4)
+            assert UNK_ID not in tokens[len(prefix):]
+    assert strip(out["tokens"][1, 0].numpy()) == strip(free["tokens"][1, 0].numpy())
+    assert out["scores"][1, 0].numpy() == pytest.approx(free["scores"][1, 0].numpy(), rel=1e-6)
+
+
+def test_a_prefixed_beam_finds_the_exhaustive_best_continuation():
+    model = model_with_random_weights(target_vocab=6, scale=1.5, seed=4)   # words: [UNK], 4, 5
+    options = SearchOptions(beam_size=64, n_best=3, max_length=5, min_length_ratio=0.0)
+    prefix = np.array([[5, 4]] * len(SOURCES), "int32")
+    out = tf.function(lambda s, p: beam_search(model, s, options, target_prefix=p))(SOURCES, prefix)
+    for i, source in enumerate(SOURCES):
+        candidates = []
+        for n in range(0, 3):
+            for seq in itertools.product([UNK_ID, 4, 5], repeat=n):
+                tokens = [5, 4, *seq, EOS_ID]
+                lp = forced_log_prob(model, source, tokens)
+                candidates.append((lp / len(tokens), tokens))
+        candidates.sort(key=lambda c: -c[0])
+        assert [strip(t) for t in out["tokens"][i].numpy()] == [c[1] for c in candidates[:3]]
+
+
+def test_a_target_prefix_needs_the_whole_vocabulary():
+    model = model_with_random_weights()
+    with pytest.raises(ValueError, match="shortlist_size=0"):
+        beam_search(model, SOURCES, SearchOptions(shortlist_size=16), target_prefix=PREFIXES)
+
+
 def test_options_are_validated():
     with pytest.raises(ValueError, match="n_best"):
         SearchOptions(beam_size=2, n_best=3)

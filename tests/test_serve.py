@@ -278,6 +278,24 @@ def test_translate_cli_through_the_server_and_locally(server, exported, tmp_path
     assert via_server.stdout == local.stdout
 
 
+def test_translate_cli_with_target_prefixes_through_the_server_and_locally(server, exported, tmp_path):
+    source, prefixes = tmp_path / "in.en", tmp_path / "prefixes.fr"
+    source.write_bytes(b"A man in a blue shirt.\n\nTwo dogs run.\n")
+    prefixes.write_bytes(b"Un homme  en\nVide\n\n")
+    runs = [run_cli("-m", "nmt_tf.translate", where, f"--input={source}", f"--target_prefix={prefixes}")
+            for where in (f"--server=127.0.0.1:{server['port']}", f"--saved_model={exported[2]}")]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    lines = runs[0].stdout.split("\n")
+    assert lines[0].startswith("Un homme  en") and lines[1] == "" and len(lines) == 4     # no source: no output
+    free = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}")
+    assert lines[2] == free.stdout.split("\n")[2] and runs[0].stdout == runs[1].stdout
+    prefixes.write_bytes(b"Un\n")
+    short = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}",
+                    f"--target_prefix={prefixes}")
+    assert short.returncode == 1 and f"{prefixes} (--target_prefix) has 1 lines, fewer than the input" in short.stderr
+
+
 def test_translate_reads_gzip_from_standard_input_as_from_files(monkeypatch, tmp_path):
     import gzip
     import sys
@@ -398,6 +416,7 @@ def test_one_client_for_a_signature_here_or_on_the_server(server, exported):
     address = f"127.0.0.1:{server['port']}"
     texts = [b"A man in a blue shirt.", b"Two dogs run."]
     for signature, inputs in (("serving_default", {"text": texts}),
+                              ("translate_constrained", {"text": texts, "target_prefix": [b"Un homme", b""]}),
                               ("score", {"source": texts, "target": [b"Un homme.", b"Deux chiens."]})):
         here = SignatureClient(signature, saved_model=exported[2])(**inputs)
         there = SignatureClient(signature, server=address, model_name="nmt")(**inputs)
