@@ -51,6 +51,7 @@ class Translation:
     target_tokens: list[str]                  # what it wrote, ending with "[EOS]"
     alignment: np.ndarray                     # [len(target_tokens), len(source_tokens)] attention weights
     truncated: bool                           # the source was cut to the model's input limit
+    terms_met: bool | None = None             # with required_terms: all of them are in `text`
 
 
 @dataclasses.dataclass
@@ -72,7 +73,7 @@ class Translator:
     def __init__(self, translate_fn, score_fn, n_best: int, description: str, metadata: dict | None = None,
                  constrained_fn=None):
         self._translate, self._score = translate_fn, score_fn
-        self._constrained = constrained_fn    # (texts, target prefixes) -> outputs, or None: the model has none
+        self._constrained = constrained_fn    # (texts, prefixes, terms) -> outputs, or None: the model has none
         self.n_best = n_best                  # n-best size the model returns at most
         self.description = description
         self.metadata = metadata or {}        # languages, tokenizer, search settings (an export's nmt_tf.json)
@@ -103,8 +104,8 @@ class Translator:
         return cls(lambda text: _numpy(translate(text=strings(text))),
                    lambda source, target: _numpy(score(source=strings(source), target=strings(target))),
                    n_best, _description or f"SavedModel {path}", read_metadata(path),
-                   constrained and (lambda text, prefix: _numpy(constrained(text=strings(text),
-                                                                            target_prefix=strings(prefix)))))
+                   constrained and (lambda text, prefix, terms: _numpy(constrained(
+                       text=strings(text), target_prefix=strings(prefix), required_terms=strings(terms)))))
 
     @classmethod
     def from_model_dir(cls, model_dir: str, checkpoint: str = "best", average_checkpoints: int = 1,
@@ -129,13 +130,13 @@ class Translator:
         string = tf.TensorSpec([None], tf.string)
         translate = tf.function(graph.translate, input_signature=[string])
         score = tf.function(graph.score, input_signature=[string, string])
-        constrained = tf.function(graph.translate_constrained, input_signature=[string, string])
+        constrained = tf.function(graph.translate_constrained, input_signature=[string, string, string])
         metadata = exporter.metadata(restored.config, options, max_input_length, restored.checkpoint, precision)
         strings = lambda values: tf.constant(values, tf.string)
         return cls(lambda text: _numpy(translate(strings(text))),
                    lambda source, target: _numpy(score(strings(source), strings(target))),
                    options.n_best, f"{model_dir}, {restored.checkpoint}", metadata,
-                   lambda text, prefix: _numpy(constrained(strings(text), strings(prefix))))
+                   lambda text, prefix, terms: _numpy(constrained(strings(text), strings(prefix), strings(terms))))
 
     @classmethod
     def from_server(cls, address: str, model_name: str = "nmt", version: int = 0,
@@ -151,16 +152,20 @@ class Translator:
             constrained = None
         return cls(lambda text: translate(text=text), lambda source, target: score(source=source, target=target),
                    translate.output_size("nbest_scores", 1) or 1, f"{model_name} at {address}",
-                   constrained_fn=constrained and (lambda text, prefix: constrained(text=text, target_prefix=prefix)))
+                   constrained_fn=constrained and (lambda text, prefix, terms: constrained(
+                       text=text, target_prefix=prefix, required_terms=terms)))
 
     def translate(self, sentences, n_best: int | None = None, batch_size: int = 64, parallel_batches: int = 2,
-                  target_prefix=None):
+                  target_prefix=None, required_terms=None):
         """A `Translation` per sentence (a list for a list; one for a str),
         with at most `n_best` hypotheses (default: all the model returns).
         Sentences go in batches of `batch_size` of similar length,
         `parallel_batches` at once (as nmt_tf.translate does).
         `target_prefix`: text each translation starts with (a str for a
-        str, a list as long as `sentences`; "" for none)."""
+        str, a list as long as `sentences`; "" for none).
+        `required_terms`: target terms each translation must contain (a list
+        of str for a str, a list of such lists as long as `sentences`);
+        `Translation.terms_met` says whether they all fit."""
         single = isinstance(sentences, (str, bytes))
         lines = [sentences] if single else list(sentences)
         n_best = self.n_best if n_best is None else n_best
@@ -169,15 +174,17 @@ class Translator:
                              "(export it again with a larger --n_best)")
         items = [(_bytes(s),) for s in lines]
         call = lambda batch: self._translate([item[0] for item in batch])
-        if target_prefix is not None:
-            prefixes = [target_prefix] if isinstance(target_prefix, (str, bytes)) else list(target_prefix)
-            if len(prefixes) != len(lines):
-                raise ValueError(f"{len(lines)} sentences but {len(prefixes)} target prefixes")
+        if target_prefix is not None or required_terms is not None:
             if self._constrained is None:
                 raise ValueError(f"{self.description} has no translate_constrained signature (an export made "
-                                 "with --shortlist_size, or before nmt_tf had prefixes): export it again")
-            items = [(s, _bytes(p)) for (s,), p in zip(items, prefixes)]
-            call = lambda batch: self._constrained([s for s, _ in batch], [p for _, p in batch])
+                                 "with --shortlist_size, or before nmt_tf had prefixes and terms): export it again")
+            prefixes = [target_prefix or ""] if single else list(target_prefix or [""] * len(lines))
+            terms = [required_terms or []] if single else list(required_terms or [[]] * len(lines))
+            for name, values in (("target prefixes", prefixes), ("lists of required terms", terms)):
+                if len(values) != len(lines):
+                    raise ValueError(f"{len(lines)} sentences but {len(values)} {name}")
+            items = [(s, _bytes(p), _bytes(join_terms(t))) for (s,), p, t in zip(items, prefixes, terms)]
+            call = lambda batch: self._constrained(*([item[i] for item in batch] for i in range(3)))
         batched = batches_by_length(call, items, batch_size, parallel_batches, length=lambda item: len(item[0].split()))
         results = [_translation(out, row, n_best) for out, row in rows_by_line(batched, len(items))]
         return results[0] if single else results
@@ -200,6 +207,16 @@ class Translator:
         return out
 
 
+def join_terms(terms) -> str:
+    """A sentence's required terms as the signature takes them: tab-separated."""
+    terms = [terms] if isinstance(terms, (str, bytes)) else list(terms)
+    terms = [t.decode("utf-8") if isinstance(t, bytes) else t for t in terms]
+    for term in terms:
+        if any(c in term for c in "\t\r\n"):
+            raise ValueError(f"a required term holds a tab or a line break: {term[:60]!r}")
+    return "\t".join(terms)
+
+
 def _bytes(text) -> bytes:
     return text.encode("utf-8") if isinstance(text, str) else text
 
@@ -214,4 +231,4 @@ def _translation(out: dict, row: int, n_best: int) -> Translation:
                                                   out["nbest_scores"][row][:n_best]) if s > -1e8]
     return Translation(as_text(out["translation"][row]), float(out["score"][row]), float(out["log_prob"][row]), nbest,
                        source, target, np.asarray(out["alignment"][row][:len(target), :len(source)]),
-                       bool(out["truncated"][row]))
+                       bool(out["truncated"][row]), bool(out["terms_met"][row]) if "terms_met" in out else None)

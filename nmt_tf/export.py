@@ -52,11 +52,19 @@ serving_default (= "translate"):
 translate_constrained (serving_default's outputs, steered):
   inputs   text                [batch] string, raw sentences
            target_prefix       [batch] string, what each translation must start with ("": nothing)
+           required_terms      [batch] string, target terms each translation must contain,
+                               tab-separated ("": none; at most 16)
+  outputs  serving_default's, and
+           terms_met           [batch] bool, the translation holds every required term
+           nbest_terms_met     [batch, N] bool
   Every hypothesis of sentence i starts with the tokens of target_prefix[i]
   (forced), then the search is free; the translation starts with the prefix
-  byte for byte (its trailing whitespace dropped). An empty source still gives
-  an empty translation. Searches the whole target vocabulary: an export with
-  --shortlist_size has no translate_constrained signature.
+  byte for byte (its trailing whitespace dropped). Every returned hypothesis
+  holds each required term (lexically constrained beam search with dynamic
+  beam allocation, nmt_tf.constraints), unless they do not fit in the length
+  limit: then the best partial one, terms_met False. An empty source still
+  gives an empty translation. Searches the whole target vocabulary: an
+  export with --shortlist_size has no translate_constrained signature.
 
 score (forced decoding, for rescoring and phrase scoring):
   inputs   source, target      [batch] string

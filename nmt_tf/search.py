@@ -71,6 +71,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from nmt_tf.constraints import UNMET_COST, RequiredTerms, TermState, contains_terms, eos_mask
 from nmt_tf.lexicon import SPECIALS, uses_shortlist
 from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -183,14 +184,18 @@ class _Prefix:
         return tf.cond(t < self.longest, masked, lambda: log_probs)
 
 
-def _while(cond, body, init):
+def _while(cond, body, init, free: int = 0):
     """tf.while_loop with the batch dimension of every loop tensor left free
-    (an empty batch may be static 0 on entry but dynamic inside)."""
+    (an empty batch may be static 0 on entry but dynamic inside), and every
+    dimension of the last `free` loop variables (nested structures)."""
     def relaxed(x):
         if isinstance(x, tf.TensorArray):
             return tf.TensorShape(None)
         return tf.TensorShape([None] + x.shape.as_list()[1:]) if x.shape.rank else x.shape
-    return tf.while_loop(cond, body, init, shape_invariants=tf.nest.map_structure(relaxed, init))
+    fixed, loose = init[:len(init) - free], init[len(init) - free:]
+    invariants = (*tf.nest.map_structure(relaxed, fixed),
+                  *tf.nest.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank), loose))
+    return tf.while_loop(cond, body, init, shape_invariants=invariants)
 
 
 def _prefix(target_prefix, options: SearchOptions):
@@ -200,6 +205,27 @@ def _prefix(target_prefix, options: SearchOptions):
     if options.shortlist_size:
         raise ValueError("a target prefix needs the whole target vocabulary: search with shortlist_size=0")
     return _Prefix(target_prefix, options)
+
+
+def _required_terms(required_terms, options: SearchOptions):
+    """`RequiredTerms`, or None without required terms."""
+    if required_terms is None:
+        return None
+    if options.shortlist_size:
+        raise ValueError("required terms need the whole target vocabulary: search with shortlist_size=0")
+    return RequiredTerms.from_ids(required_terms)
+
+
+def _allocated_extensions(log_probs, alive_score, k, penalties, kind, term_state, terms):
+    """The k slots of the next beam under required terms
+    (`nmt_tf.constraints.RequiredTerms.extensions`): the token masks, and
+    [EOS] masked for hypotheses that miss a term, added to every
+    log-probability first."""
+    eos = tf.one_hot(EOS_ID, log_probs.shape[2] or tf.shape(log_probs)[2])
+    masked = (log_probs + tf.gather(penalties, kind)[:, None, :]
+              + eos_mask(terms.unmet(term_state), kind, 2)[:, :, None] * eos)
+    return terms.extensions(masked, alive_score, term_state, k,
+                            lambda lp, score, width: _best_extensions(lp, score, width))
 
 
 def _search_vocabulary(model, source_ids, weights, options: SearchOptions, shortlist):
@@ -421,7 +447,8 @@ def _backtrack(tokens, parents, alphas, t_end, slot):
     return tf.transpose(out_tokens, [1, 2, 0]), tf.transpose(out_alphas, [1, 2, 0, 3])
 
 
-def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None):
+def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None,
+                required_terms=None):
     """Beam search as in the RNNsearch papers (see the module docstring).
 
     Args:
@@ -433,6 +460,10 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
       target_prefix: optional [B, P] int32 target ids (0-padded, no [EOS])
         every hypothesis starts with (see the module docstring); not with a
         shortlist.
+      required_terms: optional [B, C, L] int32 target ids (0-padded): C
+        terms per sentence that every returned hypothesis must contain
+        (lexically constrained search: nmt_tf.constraints); not with a
+        shortlist.
 
     Returns:
       dict, hypotheses best first (N = options.n_best, T = longest output):
@@ -440,12 +471,16 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         scores [B, N] float32 (log_probs / length penalty; NEG if a sentence
           has fewer than N finished hypotheses),
         log_probs [B, N], lengths [B, N] int32,
-        alignments [B, N, T, Tx] float32.
+        alignments [B, N, T, Tx] float32,
+        with required_terms also terms_met [B, N] bool (False: a partial
+          hypothesis, the terms did not fit in the length limit; these rank
+          after every complete one).
     """
     k, n = options.beam_size, options.n_best
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
     prefix = _prefix(target_prefix, options)
+    terms = _required_terms(required_terms, options)
     min_len, max_len, steps = _length_limits(source_ids, options, prefix and prefix.lengths)
     weights, vocab, vocabulary_ids = _search_vocabulary(model, source_ids, model.step_weights(), options, shortlist)
     encoded = model.search_inputs(source_ids, weights)
@@ -461,7 +496,8 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
     slots = tf.range(k)[None, :]
     slot_ids = tf.zeros([batch, k], tf.int32) + slots
 
-    def advance(t, top_score, token, parent, new_state, alpha, fin_norm, fin_id, fin_count, done, history):
+    def advance(t, top_score, token, parent, new_state, alpha, fin_norm, fin_id, fin_count, done, history,
+                term_state=()):
         """Step t's bookkeeping, given the best extensions of the beam."""
         # The beam shrinks by one for every finished hypothesis (docs/SPEC.md §6).
         valid = (slots < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
@@ -470,9 +506,15 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         history = tuple(h.write(t, x) for h, x in zip(history, (token, parent, alpha, top_score)))
 
         # The finished pool: the K best finished so far (by normalised score),
-        # each known by where it ended, t * K + slot.
+        # each known by where it ended, t * K + slot; with required terms, a
+        # hypothesis closed at the length limit without all of them ranks
+        # after every complete one.
         finished_now = valid & is_eos
-        pool_norm = tf.concat([fin_norm, tf.where(finished_now, top_score / finish_penalty[t], NEG)], 1)
+        rank = top_score / finish_penalty[t]
+        if terms:
+            term_state = terms.step(TermState(*(tf.gather(x, parent, batch_dims=1) for x in term_state)), token)
+            rank -= UNMET_COST * tf.cast(terms.total()[:, None] - terms.met_tokens(term_state), tf.float32)
+        pool_norm = tf.concat([fin_norm, tf.where(finished_now, rank, NEG)], 1)
         fin_norm, pick = tf.math.top_k(pool_norm, k=k)                    # at most K valid: none lost
         fin_id = tf.gather(tf.concat([fin_id, t * k + slot_ids], 1), pick, batch_dims=1)
         fin_count += tf.reduce_sum(tf.cast(finished_now, tf.int32), axis=1)
@@ -487,22 +529,29 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         hopeless = (fin_count >= n) & (tf.reduce_max(alive_score, axis=1) / best_final_penalty
                                        <= fin_norm[:, n - 1])
         done = done | hopeless | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
-        return t + 1, token, state, alive_score, fin_norm, fin_id, fin_count, done, history
+        return t + 1, token, state, alive_score, fin_norm, fin_id, fin_count, done, history, term_state
 
-    def expand(t, previous, state, alive_score, inputs, kind, forced):
+    def expand(t, previous, state, alive_score, inputs, kind, forced, term_state=(), sentence_terms=None):
         """The model's step for every slot, and the k best extensions (`kind`:
         each sentence's row of the token penalties; `forced`: its prefix
-        token at t, -1 for none, or None without prefixes)."""
+        token at t, -1 for none, or None without prefixes; with required
+        terms, the slots' TermState and the sentences' RequiredTerms)."""
         log_probs, new_state, alpha = model.decode_step(previous, state, inputs, weights)
         if prefix:
             log_probs = prefix.apply(t, log_probs, forced)
-        top_score, token, parent = _best_extensions(log_probs, alive_score, k, penalties, kind,
-                                                    None if vocabulary_ids is None else vocab)
+        best = lambda: _best_extensions(log_probs, alive_score, k, penalties, kind,
+                                        None if vocabulary_ids is None else vocab)
+        if terms:
+            allocated = lambda: _allocated_extensions(log_probs, alive_score, k, penalties, kind, term_state,
+                                                      sentence_terms)
+            top_score, token, parent = tf.cond(tf.reduce_any(sentence_terms.lengths > 0), allocated, best)
+        else:
+            top_score, token, parent = best()
         if vocabulary_ids is not None:
             token = tf.gather(vocabulary_ids, token)
         return top_score, token, parent, tf.cast(new_state, encoded["state"].dtype), alpha
 
-    def expand_unfinished(t, previous, state, alive_score, done):
+    def expand_unfinished(t, previous, state, alive_score, done, term_state):
         """`expand` for the sentences not done yet only, the others filled in
         (dead: NEG scores). Used once a sentence of the batch is done, so that
         long and short sentences batched together do not cost the long one's
@@ -510,20 +559,21 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         rows = tf.cast(tf.where(~done)[:, 0], tf.int32)
         take = lambda x: tf.gather(x, rows)
         out = expand(t, take(previous), take(state), take(alive_score),
-                     {key: take(v) for key, v in per_sentence.items()}, take(kinds[t]), prefix and take(prefix.at(t)))
+                     {key: take(v) for key, v in per_sentence.items()}, take(kinds[t]), prefix and take(prefix.at(t)),
+                     tf.nest.map_structure(take, term_state), terms and terms.rows(rows))
         fill = lambda x, value: tf.tensor_scatter_nd_update(
             tf.fill(tf.concat([[batch], tf.shape(x)[1:]], 0), tf.cast(value, x.dtype)), rows[:, None], x)
         return tuple(fill(x, value) for x, value in zip(out, (NEG, 0, 0, 0, 0)))
 
-    def body(t, previous, state, alive_score, *rest):
+    def body(t, previous, state, alive_score, fin_norm, fin_id, fin_count, done, history, term_state):
         # All K slots of every unfinished sentence are computed (a [batch, K]
         # grid: no per-hypothesis gathers; the K hypotheses of a sentence share
         # its encoder outputs); dead slots carry NEG and never reach the top K.
-        done = rest[3]
-        extensions = tf.cond(tf.reduce_any(done), lambda: expand_unfinished(t, previous, state, alive_score, done),
+        extensions = tf.cond(tf.reduce_any(done),
+                             lambda: expand_unfinished(t, previous, state, alive_score, done, term_state),
                              lambda: expand(t, previous, state, alive_score, per_sentence, kinds[t],
-                                            prefix and prefix.at(t)))
-        return advance(t, *extensions, *rest)
+                                            prefix and prefix.at(t), term_state, terms))
+        return advance(t, *extensions, fin_norm, fin_id, fin_count, done, history, term_state)
 
     history = tuple(tf.TensorArray(dtype, size=table_steps, element_shape=shape)
                     for dtype, shape in ((tf.int32, [None, k]), (tf.int32, [None, k]),
@@ -536,13 +586,14 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         first = tf.constant(0)
         top_score, token, parent, new_state, alpha = expand(
             first, tf.fill([batch, 1], BOS_ID), encoded["state"][:, None], tf.zeros([batch, 1]), per_sentence,
-            kinds[0], prefix and prefix.at(first))
-        init = advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), *pool)
+            kinds[0], prefix and prefix.at(first), terms and terms.initial(1), terms)
+        init = advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), *pool,
+                       terms.initial(1) if terms else ())
     else:      # fewer words than slots: step 0 runs in the loop, K - 1 slots dead
         first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)
         init = (tf.constant(0), tf.fill([batch, k], BOS_ID), tf.repeat(encoded["state"][:, None], k, axis=1),
-                first_live, *pool)
-    out = _while(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[-2]), body, init)
+                first_live, *pool, terms.initial(k) if terms else ())
+    out = _while(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[6]), body, init, free=1)   # the TermState
     t, fin_norm, fin_id, history = out[0], out[4][:, :n], out[5][:, :n], out[8]
     found = fin_norm > NEG / 2
     t_end = tf.where(found, fin_id // k, -1)                 # -1: nothing (all [PAD], zero alignment)
@@ -562,21 +613,43 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
                 tf.zeros(shape[:2]))
 
     out_tokens, alignments, log_probs = tf.cond(t > 0, read_histories, nothing)
-    return {
+    lengths = tf.where(found, t_end + 1, 0)
+    result = {
         "tokens": out_tokens,
         "scores": fin_norm,
         "log_probs": tf.where(found, log_probs, NEG),
-        "lengths": tf.where(found, t_end + 1, 0),
+        "lengths": lengths,
         "alignments": alignments,
     }
+    if terms:
+        result = _complete_first(result, contains_terms(out_tokens, terms) & found, found, options)
+    return result
 
 
-def search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None):
-    """Greedy search for beam_size 1, beam search otherwise; beam-shaped results.
+def _complete_first(result: dict, met, found, options: SearchOptions) -> dict:
+    """Constrained search's results: where a sentence has a hypothesis with
+    every required term (`met` [B, N]), its partial ones (closed at the
+    length limit) are dropped as unfound; otherwise its partial ones stay,
+    best first, with terms_met False. The scores are recomputed: the ranks of
+    partial hypotheses carried UNMET_COST."""
+    drop = found & ~met & tf.reduce_any(met, axis=1, keepdims=True)
+    keep = found & ~drop
+    return {"tokens": tf.where(keep[:, :, None], result["tokens"], PAD_ID),
+            "scores": tf.where(keep, result["log_probs"] / length_penalty(result["lengths"], options), NEG),
+            "log_probs": tf.where(keep, result["log_probs"], NEG),
+            "lengths": tf.where(keep, result["lengths"], 0),
+            "alignments": result["alignments"] * tf.cast(keep, result["alignments"].dtype)[:, :, None, None],
+            "terms_met": met}
+
+
+def search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None,
+           required_terms=None):
+    """Greedy search for beam_size 1, beam search otherwise (always with
+    required terms); beam-shaped results.
 
     Returns the dict of `beam_search` ([B, N, ...] tensors) in both cases.
     """
-    if options.beam_size > 1:
-        return beam_search(model, source_ids, options, shortlist, target_prefix)
+    if options.beam_size > 1 or required_terms is not None:
+        return beam_search(model, source_ids, options, shortlist, target_prefix, required_terms)
     out = greedy_search(model, source_ids, options, shortlist, target_prefix)
     return {key: v[:, None] for key, v in out.items()}

@@ -6,6 +6,7 @@ Usage:
   python -m nmt_tf.translate --server=localhost:8500 --model_name=nmt --input=input.en --output=out.fr
   python -m nmt_tf.translate --saved_model=E --input=in.en --n_best=5 --with_scores --with_alignments
   python -m nmt_tf.translate --preset=multi30k_en_fr --input=in.en --target_prefix=prefixes.fr
+  python -m nmt_tf.translate --preset=multi30k_en_fr --input=in.en --glossary=terms.en-fr.tsv
 
 With --saved_model the SavedModel runs in this process (--preset: the
 SavedModel of a model shipped with nmt_tf, built on first use; see
@@ -21,9 +22,15 @@ its name).
 --target_prefix=FILE gives each input line a target prefix (line i of FILE
 for input line i; an empty line: none): its translation starts with that
 text byte for byte (trailing whitespace dropped) and the model continues
-it, for interactive translation. These lines go through the export's
-translate_constrained signature, which searches the whole target vocabulary
-(an export made with --shortlist_size has no such signature).
+it, for interactive translation. --required_terms=FILE gives each input
+line target terms (tab-separated; an empty line: none) that its translation
+must contain; --glossary=FILE ("source term<TAB>target term" lines) adds the
+target term of every source term found in a line as whole words. Terms
+that do not fit in the length limit give the best partial translation
+("terms_met": false in JSON lines; in plain-text mode a warning on
+stderr). These lines go through the export's translate_constrained
+signature, which searches the whole target vocabulary (an export made with
+--shortlist_size has no such signature).
 
 Output: plain text, one translation per line. With --with_scores,
 --with_alignments or --n_best > 1, one JSON object per line instead:
@@ -51,6 +58,7 @@ from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, -
 from nmt_tf import presets
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, count_lines, input_lines
+from nmt_tf.glossary import Glossary
 from nmt_tf.progress import Progress
 from nmt_tf.translator import as_text, batches_by_length, rows_by_line
 
@@ -61,6 +69,14 @@ absl_flags.DEFINE_string(
     "target_prefix", None,
     "A file (plain or gzip) with one target prefix per input line (empty line: none): each translation starts "
     "with its prefix byte for byte and the model continues it (the translate_constrained signature).")
+absl_flags.DEFINE_string(
+    "required_terms", None,
+    "A file (plain or gzip) with the target terms each input line's translation must contain, tab-separated, "
+    "one line per input line (empty line: none; at most 16 per line): lexically constrained beam search.")
+absl_flags.DEFINE_string(
+    "glossary", None,
+    "A 'source term<TAB>target term' file: wherever a source term occurs in an input line (whole words, "
+    "case-sensitive), its target term is required in the translation (as --required_terms).")
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", "model_name", "timeout", "input",
                                              "output", "lines_per_batch", "sort_window", "parallel_batches", "n_best"))
 CONSTRAINED_SIGNATURE = "translate_constrained"
@@ -70,9 +86,10 @@ class TranslationError(RuntimeError):
     """A problem the user can fix, in one sentence."""
 
 
-def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool) -> list[str]:
-    """The serving_default outputs that `format_result` writes for these flags."""
-    outputs = ["translation", "truncated"]
+def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool, steered: bool = False) -> list[str]:
+    """The outputs that `format_result` writes for these flags (`steered`: of
+    the translate_constrained signature)."""
+    outputs = ["translation", "truncated"] + (["terms_met"] if steered else [])
     if with_scores:
         outputs += ["score", "log_prob"]
     if n_best > 1:
@@ -92,22 +109,33 @@ def read_lines(path: str | None, flag: str = "input"):
         raise TranslationError(str(e)) from None
 
 
-def with_prefixes(lines, prefix_path: str | None):
-    """(line, prefix) pairs: the input lines with the lines of `prefix_path`
-    beside them (the lines themselves without one); unequal counts are a
+def _beside(lines, path: str | None, flag: str):
+    """(line, line i of `path` or b"") pairs; unequal counts are a
     TranslationError naming the file."""
-    if prefix_path is None:
-        yield from lines
-        return
-    prefixes = read_lines(prefix_path, "target_prefix")
+    other = read_lines(path, flag) if path else None
     count = 0
     for count, line in enumerate(lines, 1):
-        prefix = next(prefixes, None)
-        if prefix is None:
-            raise TranslationError(f"{prefix_path} (--target_prefix) has {count - 1} lines, fewer than the input")
-        yield line, prefix
-    if next(prefixes, None) is not None:
-        raise TranslationError(f"{prefix_path} (--target_prefix) has more lines than the input ({count})")
+        value = next(other, None) if other else b""
+        if value is None:
+            raise TranslationError(f"{path} (--{flag}) has {count - 1} lines, fewer than the input")
+        yield line, value
+    if other and next(other, None) is not None:
+        raise TranslationError(f"{path} (--{flag}) has more lines than the input ({count})")
+
+
+def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None = None, glossary=None):
+    """(line, target prefix, required terms) items for the translate_constrained
+    signature: the prefixes and terms from the lines of their files, and the
+    glossary's (a `nmt_tf.glossary.Glossary`) terms of each line; the lines
+    themselves when none of these is given."""
+    if not (prefix_path or terms_path or glossary):
+        yield from lines
+        return
+    for (line, prefix), terms in _beside(_beside(lines, prefix_path, "target_prefix"), terms_path, "required_terms"):
+        wanted = [t for t in terms.decode("utf-8", errors="replace").split("\t") if t.strip()]
+        if glossary is not None:
+            wanted += glossary.terms(line.decode("utf-8", errors="replace"))
+        yield line, prefix, "\t".join(dict.fromkeys(wanted)).encode("utf-8")
 
 
 def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool) -> str:
@@ -116,9 +144,12 @@ def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignm
     if not (with_scores or with_alignments or n_best > 1):
         return translation
     record = {"translation": translation}
+    if "terms_met" in out:
+        record["terms_met"] = bool(out["terms_met"][i])
     if with_scores:
         record["score"] = float(out["score"][i])
         record["log_prob"] = float(out["log_prob"][i])
+
     if n_best > 1:
         record["nbest"] = [{"translation": as_text(t), "score": float(s)}
                            for t, s in zip(out["nbest_translations"][i][:n_best], out["nbest_scores"][i][:n_best])
@@ -134,10 +165,11 @@ def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignm
 
 
 def signature_inputs(batch: list) -> dict:
-    """A batch of (line,) or (line, prefix) items as the signature's inputs."""
+    """A batch of (line,) or (line, prefix, terms) items as the signature's inputs."""
     inputs = {"text": [item[0] for item in batch]}
     if batch and len(batch[0]) > 1:
         inputs["target_prefix"] = [item[1] for item in batch]
+        inputs["required_terms"] = [item[2] for item in batch]
     return inputs
 
 
@@ -146,8 +178,8 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
                     parallel_batches: int = 1) -> int:
     """Translates an iterable of byte lines into the text stream `out` with a
     `nmt_tf.client.SignatureClient` of the serving_default signature; returns lines done.
-    Items may also be (line, target prefix) pairs (`with_prefixes`), for a
-    client of the translate_constrained signature.
+    Items may also be (line, target prefix, required terms) (`steered_lines`),
+    for a client of the translate_constrained signature.
 
     Lines are read `sort_window` at a time (at least `batch_size`); a window
     is translated in batches of `batch_size` lines of similar length (by
@@ -167,9 +199,13 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
                                     parallel_batches, by_length=window_size > batch_size,
                                     length=lambda item: len(item[0].split()))
         for i, (result, row) in enumerate(rows_by_line(batched, len(window), progress and progress.update)):
-            if not (with_alignments or with_scores or n_best > 1) and result["truncated"][row]:
+            plain = not (with_alignments or with_scores or n_best > 1)
+            if plain and result["truncated"][row]:
                 print(f"warning: line {done + i + 1} was longer than the model's input limit and was cut",
                       file=sys.stderr)
+            if plain and "terms_met" in result and not result["terms_met"][row]:
+                print(f"warning: line {done + i + 1}: its required terms did not fit in the length limit; "
+                      "its translation is the best partial one", file=sys.stderr)
             out.write(format_result(result, row, n_best, with_scores, with_alignments) + "\n")
         out.flush()
         done += len(window)
@@ -193,14 +229,18 @@ def main(argv):
     try:
         saved_model = presets.saved_model_for(FLAGS.saved_model, FLAGS.preset,
                                               log=lambda *a: print(*a, file=sys.stderr))
-        signature = CONSTRAINED_SIGNATURE if FLAGS.target_prefix else "serving_default"
+        steering = FLAGS.target_prefix or FLAGS.required_terms or FLAGS.glossary
+        glossary = Glossary(FLAGS.glossary) if FLAGS.glossary else None
+        signature = CONSTRAINED_SIGNATURE if steering else "serving_default"
         client = SignatureClient(signature, saved_model=saved_model, server=FLAGS.server, model_name=FLAGS.model_name,
                                  version=FLAGS.model_version, timeout=FLAGS.timeout,
-                                 outputs=needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments))
+                                 outputs=needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments,
+                                                        bool(steering)))
         progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() and FLAGS.input else None)
         out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
         try:
-            translate_lines(client, with_prefixes(read_lines(FLAGS.input), FLAGS.target_prefix), out,
+            translate_lines(client, steered_lines(read_lines(FLAGS.input), FLAGS.target_prefix,
+                                                  FLAGS.required_terms, glossary), out,
                             FLAGS.lines_per_batch, FLAGS.n_best,
                             FLAGS.with_scores, FLAGS.with_alignments, progress, FLAGS.sort_window,
                             FLAGS.parallel_batches)
@@ -208,7 +248,7 @@ def main(argv):
             progress.close()
             if FLAGS.output:
                 out.close()
-    except (TranslationError, ClientError, FileNotFoundError, presets.PresetError) as e:
+    except (TranslationError, ClientError, FileNotFoundError, ValueError, presets.PresetError) as e:
         return nmt_flags.user_error(e)
     return 0
 

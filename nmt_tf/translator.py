@@ -24,6 +24,9 @@ from nmt_tf import flags as nmt_flags
 from nmt_tf.models import build_model
 
 
+MAX_REQUIRED_TERMS = 16      # per sentence: each term adds a bank to its beam (nmt_tf.constraints)
+
+
 class RestoredModel(NamedTuple):
     model: Any
     source_tokenizer: Any
@@ -84,11 +87,12 @@ class UnkReplacement:
         return tf.where(tf.reduce_any(words, axis=1)[:, None, None], copied, "")
 
 
-def check_dictionary(path: str) -> int:
+def check_dictionary(path: str, flag: str = "unk_dictionary") -> int:
     """Checks a "source<TAB>target" dictionary file (UTF-8, one entry per line,
-    no source word twice, no empty field); returns its number of entries."""
+    no source word twice, no empty field; errors name `--flag`); returns its
+    number of entries."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} does not exist (--unk_dictionary)")
+        raise FileNotFoundError(f"{path} does not exist (--{flag})")
     seen = {}
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
@@ -149,44 +153,70 @@ class TranslationGraph:
     def translate(self, text):
         return self._translate(text)
 
-    def translate_constrained(self, text, target_prefix):
-        """`translate`, every hypothesis of sentence i starting with
-        target_prefix[i] ("": none; trailing whitespace dropped): the
-        prefix's tokens are forced, the search is free after them
-        (nmt_tf.search), and the translation starts with the prefix byte for
-        byte. An empty source gives an empty translation, prefix or not.
-        Searches the whole target vocabulary (no shortlist)."""
+    def translate_constrained(self, text, target_prefix, required_terms):
+        """`translate` steered, per sentence i:
+        - target_prefix[i] ("": none; trailing whitespace dropped): every
+          hypothesis starts with the prefix's tokens (forced), the search is
+          free after them (nmt_tf.search), and the translation starts with
+          the prefix byte for byte;
+        - required_terms[i]: target terms separated by tabs ("": none), at
+          most MAX_REQUIRED_TERMS; every returned hypothesis contains each
+          (lexically constrained beam search, nmt_tf.constraints), unless
+          they do not fit in the length limit: then the best partial
+          hypothesis, with terms_met False.
+        Adds the outputs terms_met [batch] and nbest_terms_met [batch, N].
+        An empty source gives an empty translation, prefix or not. Searches
+        the whole target vocabulary (no shortlist)."""
         tf = self.tf
-        tf.debugging.assert_equal(tf.size(text), tf.size(target_prefix),
-                                  message="text and target_prefix must have the same number of sentences")
-        return self._translate(text, target_prefix)
+        for name, value in (("target_prefix", target_prefix), ("required_terms", required_terms)):
+            tf.debugging.assert_equal(tf.size(text), tf.size(value),
+                                      message=f"text and {name} must have the same number of sentences")
+        return self._translate(text, target_prefix, required_terms)
+
+    def _required_terms(self, required_terms):
+        """Tab-separated terms -> (ids [B, C, L] 0-padded, their tokens [B, C, L]
+        "" padded), C <= MAX_REQUIRED_TERMS."""
+        tf = self.tf
+        terms = tf.strings.strip(tf.strings.split(required_terms, "\t"))
+        terms = tf.ragged.boolean_mask(terms, terms != "")
+        tf.debugging.assert_less_equal(
+            tf.reduce_max(tf.concat([terms.row_lengths(), [0]], 0)), tf.constant(MAX_REQUIRED_TERMS, tf.int64),
+            message=f"more than {MAX_REQUIRED_TERMS} required terms for one sentence")
+        tokens = self.target_tokenizer.tokenize(terms.flat_values)[:, :self.max_input_length]
+        at_least_one = lambda x: tf.pad(x, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(x)[1])],
+                                            [0, tf.maximum(0, 1 - tf.shape(x)[2])]])      # no terms: one empty
+        return (at_least_one(terms.with_flat_values(self._target_ids(tokens)).to_tensor(0)),
+                at_least_one(terms.with_flat_values(tokens).to_tensor("")))
+
+    def _target_ids(self, tokens):
+        """Ragged target tokens -> ids, a special token's text in them read as a
+        word like any other ([UNK]), not as padding or an end."""
+        from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+        tf = self.tf
+        return tf.ragged.map_flat_values(lambda x: tf.where((x == PAD_ID) | (x == BOS_ID) | (x == EOS_ID), UNK_ID, x),
+                                         self.target_tokenizer.lookup(tokens))
 
     def _prefix(self, target_prefix):
         """Target prefixes -> (ids [B, P] 0-padded, their tokens [B, P] "" padded,
         the prefixes themselves without trailing whitespace [B])."""
-        from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
-        tf = self.tf
-        given = tf.strings.regex_replace(target_prefix, r"\s+$", "")
+        given = self.tf.strings.regex_replace(target_prefix, r"\s+$", "")
         tokens = self.target_tokenizer.tokenize(given)[:, :self.max_input_length]
-        ids = self.target_tokenizer.lookup(tokens)
-        # A special token's text in a prefix is a word like any other ([UNK]), not padding or an end.
-        ids = tf.ragged.map_flat_values(
-            lambda x: tf.where((x == PAD_ID) | (x == BOS_ID) | (x == EOS_ID), UNK_ID, x), ids)
-        return self._dense(ids), tokens.to_tensor(""), given
+        return self._dense(self._target_ids(tokens)), tokens.to_tensor(""), given
 
-    def _translate(self, text, target_prefix=None):
+    def _translate(self, text, target_prefix=None, required_terms=None):
         from nmt_tf.search import search
         from nmt_tf.text import PAD_ID, UNK_ID
 
         tf = self.tf
         source, _, source_tokens, truncated, empty = self._ids(self.source_tokenizer, text)
         source = self._dense(source)
-        options, shortlist, prefix_ids = self.options, self.shortlist, None
+        options, shortlist, prefix_ids, term_ids = self.options, self.shortlist, None, None
         if target_prefix is not None:
             options, shortlist = dataclasses.replace(options, shortlist_size=0), None
             prefix_ids, prefix_tokens, given = self._prefix(target_prefix)
-        out = search(self.model, source, options, shortlist, prefix_ids)
+            term_ids, term_tokens = self._required_terms(required_terms)
+        out = search(self.model, source, options, shortlist, prefix_ids, term_ids)
         batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
         flat = tf.reshape(out["tokens"], [batch * n, -1])
         replaced = None
@@ -196,8 +226,9 @@ class TranslationGraph:
                 replacements = self.unk_replacement(out["tokens"], out["alignments"], source_tokens)
                 tokens = tf.where((out["tokens"] == UNK_ID) & (replacements != ""), replacements, tokens)
             if target_prefix is not None:
-                # The prefix positions show the prefix's own tokens (a word outside the vocabulary too).
-                tokens = _overlay(tf, tokens, prefix_tokens)
+                # The prefix and the required terms show their own tokens (a word outside the vocabulary too).
+                tokens = _overlay_terms(tf, _overlay(tf, tokens, prefix_tokens), out["tokens"], term_ids,
+                                        term_tokens)
             replaced = tf.reshape(tokens, tf.shape(flat))
         texts = tf.reshape(self.target_tokenizer.decode(flat, replaced), [batch, n])
         if target_prefix is not None:
@@ -216,6 +247,8 @@ class TranslationGraph:
             "source_tokens": source_tokens, "target_tokens": target_tokens,
             "alignment": alignment, "truncated": truncated,
             "nbest_translations": texts, "nbest_scores": scores,
+            **({} if "terms_met" not in out else {"terms_met": out["terms_met"][:, 0] | empty,
+                                                  "nbest_terms_met": out["terms_met"] | empty[:, None]}),
         }
 
     def score(self, source, target):
@@ -255,7 +288,7 @@ class TranslationGraph:
         module.translate = tf.function(self.translate, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
         module.translate_constrained = tf.function(self.translate_constrained, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target_prefix")])
+            tf.TensorSpec([None], tf.string, name=name) for name in ("text", "target_prefix", "required_terms")])
         module.score = tf.function(self.score, input_signature=[
             tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
         return module
@@ -269,11 +302,37 @@ def _overlay(tf, tokens, prefix_tokens):
     return tf.where(prefix[:, None, :] != "", prefix[:, None, :], tokens)
 
 
+def _overlay_terms(tf, tokens, ids, term_ids, term_tokens):
+    """tokens [B, N, T] string with every run of output ids (ids [B, N, T])
+    that spells a required term (term_ids [B, C, L], 0-padded) written with
+    the term's own tokens (term_tokens [B, C, L]): a term word outside the
+    vocabulary, generated as [UNK], shows as the user wrote it."""
+    steps, width = tf.shape(ids)[2], tf.shape(term_ids)[2]
+    lengths = tf.reduce_sum(tf.cast(term_ids != 0, tf.int32), axis=2)                                # [B, C]
+    padded = tf.pad(ids, [[0, 0], [0, 0], [0, width]])
+    windows = tf.gather(padded, tf.range(steps)[:, None] + tf.range(width)[None, :], axis=2)          # [B, N, T, L]
+    wanted = term_ids[:, None, None]                                                                  # [B, 1, 1, C, L]
+    starts = (tf.reduce_all(tf.equal(windows[:, :, :, None, :], wanted) | (wanted == 0), axis=4)
+              & (lengths > 0)[:, None, None, :])                                                      # [B, N, T, C]
+    offset = tf.range(width)
+    start = tf.range(steps)[:, None] - offset[None, :]                                                # [T, L]
+    covered = (tf.gather(starts, tf.maximum(start, 0), axis=2)                                        # [B, N, T, L, C]
+               & (start >= 0)[None, None, :, :, None]
+               & (offset[None, None, None, :, None] < lengths[:, None, None, None, :]))
+    shape = tf.shape(covered)
+    flat = tf.reshape(covered, tf.concat([shape[:3], [-1]], 0))
+    strings = tf.broadcast_to(tf.transpose(term_tokens, [0, 2, 1])[:, None, None], shape)
+    chosen = tf.gather(tf.reshape(strings, tf.shape(flat)), tf.argmax(tf.cast(flat, tf.int32), axis=3,
+                                                                       output_type=tf.int32), batch_dims=3)
+    return tf.where(tf.reduce_any(flat, axis=3), chosen, tokens)
+
+
 def _splice_prefix(tf, texts, shown, given):
     """texts [B, N] that start with shown[b] (the prefix as the detokenizer
     writes it) start with given[b] (the prefix as the user wrote it) instead;
     others are left as they are."""
-    length = tf.broadcast_to(tf.strings.length(shown)[:, None], tf.shape(texts))
+    # (Clipped to each text's length: substr fails past the end, e.g. on a sentence's missing n-th hypothesis.)
+    length = tf.minimum(tf.broadcast_to(tf.strings.length(shown)[:, None], tf.shape(texts)), tf.strings.length(texts))
     starts = tf.strings.substr(texts, tf.zeros_like(length), length) == shown[:, None]
     rest = tf.strings.substr(texts, length, tf.fill(tf.shape(texts), -1))
     return tf.where(starts, given[:, None] + rest, texts)

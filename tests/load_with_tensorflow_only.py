@@ -81,11 +81,12 @@ by_session = session_run("serving_default", {"text": TEXT})
 assert list(by_session["translation"]) == list(out["translation"].numpy()), by_session["translation"]
 assert abs(by_session["score"] - out["score"].numpy()).max() < 1e-4
 if "translate_constrained" in meta.signature_def:
-    steer = {"text": TEXT, "target_prefix": ["Un homme", ""]}
+    steer = {"text": TEXT, "target_prefix": ["Un homme", ""], "required_terms": ["chien", ""]}
     steered = model.signatures["translate_constrained"](**{k: tf.constant(v) for k, v in steer.items()})
     by_session_steered = session_run("translate_constrained", steer)
     assert list(by_session_steered["translation"]) == list(steered["translation"].numpy())
     assert steered["translation"].numpy()[0].startswith(b"Un homme"), steered["translation"]
+    assert list(by_session_steered["terms_met"]) == list(steered["terms_met"].numpy())
     print("constrained ok", steered["translation"].numpy())
 scored_by_session = session_run("score", PAIR)
 assert abs(scored_by_session["log_prob"] - scored["log_prob"].numpy()).max() < 1e-4

@@ -132,17 +132,42 @@ def test_translate_constrained_starts_with_the_target_prefix_byte_for_byte(which
             else request.getfixturevalue("sentencepiece_export")[1])
     loaded = tf.saved_model.load(path).signatures
     text = tf.constant(["A man in a blue shirt.", "Two dogs run.", "Two dogs play in the snow.", "A man."])
-    out = loaded["translate_constrained"](text=text, target_prefix=tf.constant(PREFIXES))
+    none = tf.constant([""] * 4)
+    out = loaded["translate_constrained"](text=text, target_prefix=tf.constant(PREFIXES), required_terms=none)
     for i, prefix in enumerate(PREFIXES):
         for translation in out["nbest_translations"].numpy()[i]:
             assert translation.decode().startswith(prefix.rstrip()), (prefix, translation)
     plain = loaded["serving_default"](text=text)
-    free = loaded["translate_constrained"](text=text, target_prefix=tf.constant([""] * 4))
+    free = loaded["translate_constrained"](text=text, target_prefix=none, required_terms=none)
     for key in plain:
         np.testing.assert_array_equal(plain[key].numpy(), free[key].numpy())
     assert out["translation"].numpy()[1] == plain["translation"].numpy()[1]
     with pytest.raises(tf.errors.InvalidArgumentError, match="same number of sentences"):
-        loaded["translate_constrained"](text=text, target_prefix=tf.constant(["Un"]))
+        loaded["translate_constrained"](text=text, target_prefix=tf.constant(["Un"]), required_terms=none)
+
+
+TERMS = ["chien", "", "homme\tneige", " chemise bleue \t\t"]
+
+
+@pytest.mark.parametrize("which", ["word", "sentencepiece"])
+def test_translate_constrained_translations_hold_every_required_term(which, request):
+    """Tab-separated terms, blanks ignored, one or two words each, with or
+    without a prefix: every n-best translation contains each term."""
+    path = (request.getfixturevalue("exported")[2] if which == "word"
+            else request.getfixturevalue("sentencepiece_export")[1])
+    loaded = tf.saved_model.load(path).signatures
+    text = tf.constant(["A man in a blue shirt.", "Two dogs run.", "Two dogs play in the snow.", "A man."])
+    out = loaded["translate_constrained"](text=text, target_prefix=tf.constant(["", "", "Deux", ""]),
+                                          required_terms=tf.constant(TERMS))
+    found = out["nbest_scores"].numpy() > -1e8
+    assert out["terms_met"].numpy().all() and (out["nbest_terms_met"].numpy() == found).all()
+    for i, terms in enumerate(TERMS):
+        for translation, score in zip(out["nbest_translations"].numpy()[i], out["nbest_scores"].numpy()[i]):
+            if score > -1e8:
+                assert all(term.strip() in translation.decode() for term in terms.split("\t")), translation
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than 16 required terms"):
+        loaded["translate_constrained"](text=text[:1], target_prefix=tf.constant([""]),
+                                        required_terms=tf.constant(["\t".join(["chien"] * 17)]))
 
 
 def test_mixed_bfloat16_export_computes_in_bfloat16_and_equals_the_python_search_in_it(exported, tmp_path):

@@ -138,6 +138,11 @@ def test_the_translator_of_a_model_dir_or_a_preset_translates_alike(tiny_preset,
     assert from_dir.translate(SENTENCES[0], target_prefix="Un").text.startswith("Un")
     with pytest.raises(ValueError, match="but 1 target prefixes"):
         from_dir.translate(SENTENCES, target_prefix=["Un"])
+    required = from_preset.translate(SENTENCES[0], required_terms=["chien", "bleue"])
+    assert "chien" in required.text and "bleue" in required.text and required.terms_met
+    assert from_preset.translate(SENTENCES[0]).terms_met is None
+    with pytest.raises(ValueError, match="a tab or a line break"):
+        from_dir.translate(SENTENCES[0], required_terms=["un\tdeux"])
 
 
 def test_translate_and_presets_cli_with_a_preset(tiny_preset, tmp_path):

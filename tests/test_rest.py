@@ -94,7 +94,8 @@ SCORE = {"source": ["A man in a blue shirt.", "Two dogs run."], "target": ["Un h
     ("translate", {"text": ["A man."]}, "instances"),
     ("translate", {"text": ["A man."]}, "inputs"),
     ("score", SCORE, "named instances"),            # several inputs: always named
-    ("translate_constrained", {**TRANSLATE, "target_prefix": ["Un homme", "", "Deux"]}, "named instances"),
+    ("translate_constrained", {**TRANSLATE, "target_prefix": ["Un homme", "", "Deux"],
+                               "required_terms": ["bleu", "", "chiens\tcourent"]}, "named instances"),
     ("score", SCORE, "inputs"),
 ])
 def test_rest_and_grpc_give_the_same_outputs(server, signature, inputs, form):

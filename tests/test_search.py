@@ -200,6 +200,77 @@ def test_a_target_prefix_needs_the_whole_vocabulary():
         beam_search(model, SOURCES, SearchOptions(shortlist_size=16), target_prefix=PREFIXES)
 
 
+def contains(tokens, term):
+    return any(tokens[i:i + len(term)] == term for i in range(len(tokens)))
+
+
+TERMS = np.array([[[4, 0], [6, 7]], [[0, 0], [0, 0]], [[9, 0], [0, 0]]], "int32")     # sentence 1: none
+
+
+@pytest.mark.parametrize("beam_size", [1, 5])
+def test_every_hypothesis_holds_every_required_term(beam_size):
+    """Single- and two-token terms; the scores are the hypotheses' forced-
+    decoding log-probabilities; a sentence without terms is searched as
+    without them."""
+    model = model_with_random_weights()
+    options = SearchOptions(beam_size=beam_size, n_best=beam_size, max_length_ratio=3.0)
+    out = search(model, SOURCES, options, required_terms=TERMS)
+    free = search(model, SOURCES, options)
+    met = out["terms_met"].numpy()
+    for i, source in enumerate(SOURCES):
+        for rank in range(beam_size):
+            if out["scores"][i, rank] <= NEG / 2:
+                continue
+            tokens = strip(out["tokens"][i, rank].numpy())
+            assert met[i, rank] and all(contains(tokens, strip(term)) for term in TERMS[i] if strip(term))   # only
+            # complete hypotheses are returned when there is one
+            assert tokens[-1] == EOS_ID and EOS_ID not in tokens[:-1]
+            lp = forced_log_prob(model, source, tokens)
+            assert out["log_probs"][i, rank].numpy() == pytest.approx(lp, rel=1e-4, abs=1e-4)
+            assert out["scores"][i, rank].numpy() == pytest.approx(lp / len(tokens), rel=1e-4, abs=1e-4)
+    for key in ("tokens", "lengths"):
+        np.testing.assert_array_equal(out[key][1].numpy(), free[key][1].numpy())
+
+
+def test_a_wide_constrained_beam_finds_the_exhaustive_best_with_the_terms():
+    model = model_with_random_weights(target_vocab=6, scale=1.5, seed=4)   # words: [UNK], 4, 5
+    options = SearchOptions(beam_size=64, n_best=3, max_length=4, min_length_ratio=0.0)
+    terms = np.array([[[5, 4]], [[4, 0]], [[UNK_ID, 0]]], "int32")
+    out = tf.function(lambda s, c: beam_search(model, s, options, required_terms=c))(SOURCES, terms)
+    for i, source in enumerate(SOURCES):
+        candidates = []
+        for n in range(0, 4):
+            for seq in itertools.product([UNK_ID, 4, 5], repeat=n):
+                if contains(list(seq), strip(terms[i, 0])):
+                    tokens = list(seq) + [EOS_ID]
+                    candidates.append((forced_log_prob(model, source, tokens) / len(tokens), tokens))
+        candidates.sort(key=lambda c: -c[0])
+        assert [strip(t) for t in out["tokens"][i].numpy()] == [c[1] for c in candidates[:3]], i
+
+
+def test_terms_that_do_not_fit_give_the_best_partial_hypothesis_and_say_so():
+    model = model_with_random_weights()
+    options = SearchOptions(beam_size=4, n_best=2, max_length=3)
+    terms = np.array([[[4, 5, 6, 7]], [[8, 0, 0, 0]], [[4, 5, 6, 7]]], "int32")     # 4 tokens + [EOS] > 3
+    out = search(model, SOURCES, options, required_terms=terms)
+    assert out["terms_met"].numpy()[:, 0].tolist() == [False, True, False]
+    assert (out["scores"].numpy()[:, 0] > NEG / 2).all() and (out["lengths"].numpy()[:, 0] <= 3).all()
+
+
+def test_no_terms_and_no_prefix_search_as_before():
+    model = model_with_random_weights()
+    options = SearchOptions(beam_size=4, n_best=4)
+    plain = search(model, SOURCES, options)
+    steered = search(model, SOURCES, options, target_prefix=np.zeros([3, 0], "int32"),
+                     required_terms=np.zeros([3, 0, 0], "int32"))
+    for key in plain:
+        np.testing.assert_array_equal(plain[key].numpy(), steered[key].numpy(), err_msg=key)
+    both = search(model, SOURCES, options, target_prefix=PREFIXES, required_terms=TERMS)
+    for i in range(3):
+        tokens = strip(both["tokens"][i, 0].numpy())
+        assert tokens[:len(strip(PREFIXES[i]))] == strip(PREFIXES[i]) and both["terms_met"][i, 0]
+
+
 def test_options_are_validated():
     with pytest.raises(ValueError, match="n_best"):
         SearchOptions(beam_size=2, n_best=3)

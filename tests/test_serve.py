@@ -290,6 +290,19 @@ def test_translate_cli_with_target_prefixes_through_the_server_and_locally(serve
     assert lines[0].startswith("Un homme  en") and lines[1] == "" and len(lines) == 4     # no source: no output
     free = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}")
     assert lines[2] == free.stdout.split("\n")[2] and runs[0].stdout == runs[1].stdout
+    terms, glossary = tmp_path / "terms.fr", tmp_path / "glossary.tsv"
+    terms.write_bytes(b"chemise\n\n\n")
+    glossary.write_text("dogs\tchiens\ndog\tchien\nblue shirt\tchemise bleue\n")
+    steered = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}",
+                      f"--required_terms={terms}", f"--glossary={glossary}", "--with_scores")
+    assert steered.returncode == 0, steered.stderr[-2000:]
+    records = [json.loads(line) for line in steered.stdout.splitlines()]
+    assert "chemise bleue" in records[0]["translation"] and "chiens" in records[2]["translation"]
+    assert all(r["terms_met"] for r in records) and records[1]["translation"] == ""
+    glossary.write_text("dogs\tchiens\ndogs\tchien\n")
+    repeated = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}",
+                       f"--glossary={glossary}")
+    assert repeated.returncode == 1 and "line 2: 'dogs' has an entry already" in repeated.stderr
     prefixes.write_bytes(b"Un\n")
     short = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}",
                     f"--target_prefix={prefixes}")
@@ -416,7 +429,8 @@ def test_one_client_for_a_signature_here_or_on_the_server(server, exported):
     address = f"127.0.0.1:{server['port']}"
     texts = [b"A man in a blue shirt.", b"Two dogs run."]
     for signature, inputs in (("serving_default", {"text": texts}),
-                              ("translate_constrained", {"text": texts, "target_prefix": [b"Un homme", b""]}),
+                              ("translate_constrained", {"text": texts, "target_prefix": [b"Un homme", b""],
+                                                        "required_terms": [b"", b"chiens\tblanc"]}),
                               ("score", {"source": texts, "target": [b"Un homme.", b"Deux chiens."]})):
         here = SignatureClient(signature, saved_model=exported[2])(**inputs)
         there = SignatureClient(signature, server=address, model_name="nmt")(**inputs)
@@ -635,3 +649,20 @@ def test_a_policy_that_serves_nothing_on_disk_is_a_clear_error_at_start(exported
     with pytest.raises(FileNotFoundError, match="found 1; the version policy serves versions 5"):
         serve.start_server("nmt", str(tmp_path / "nmt"), port=0, host="127.0.0.1", log=lambda *a: None,
                            policy=VersionPolicy.parse("specific=5"))
+
+
+def test_a_glossary_finds_whole_words_longest_first(tmp_path):
+    from nmt_tf.glossary import Glossary
+
+    path = tmp_path / "glossary.tsv"
+    path.write_text("dog\tchien\nhot dog\thot-dog\nshirt\tchemise\nA.C.\tclim\n", encoding="utf-8")
+    glossary = Glossary(str(path))
+    assert len(glossary) == 4
+    assert glossary.terms("A dog eats a hot dog, dogs watch; shirts, shirt, A.C.") == ["chien", "hot-dog", "chemise",
+                                                                                       "clim"]
+    assert glossary.terms("Hotdogs and DOGS.") == []
+    path.write_text("dog\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 1: expected 'source<TAB>target'"):
+        Glossary(str(path))
+    with pytest.raises(FileNotFoundError, match=r"\(--glossary\)"):
+        Glossary(str(tmp_path / "missing.tsv"))
