@@ -125,6 +125,17 @@ flags.DEFINE_float("label_smoothing", 0.0,
 
 # ---------------------------------------------------------------- training
 flags.DEFINE_string("model_dir", None, "Directory for vocabularies, resolved flags, checkpoints, TensorBoard logs and the training summary. Rerunning with the same directory resumes.")
+flags.DEFINE_string(
+    "init_from", None,
+    "Fine-tuning: start a new run from the weights of a trained model, a model directory or a preset's name or "
+    "folder. Its model and vocabulary flags and its vocabularies are kept (new words become pieces, or [UNK] "
+    "with words, counted in the log); data and training flags come from this command; the optimizer and the "
+    "learning-rate schedule start afresh. Read only when --model_dir starts (a resume continues its own run).")
+flags.DEFINE_string("init_checkpoint", "",
+                    "--init_from's weights: best, last, averaged or a checkpoint path (default: averaged if it "
+                    "has an averaged checkpoint, as a preset has, else best).")
+flags.DEFINE_list("freeze", [], "Parts of the model kept fixed while training (with --init_from): embeddings "
+                  "(with --tied_embeddings=all also the output layer's matrix), encoder.")
 flags.DEFINE_enum("optimizer", "adadelta", ["adadelta", "adam", "sgd", "rmsprop"], "Optimizer (paper: Adadelta).")
 flags.DEFINE_float("learning_rate", None, "Learning rate; default per optimizer: adadelta 1.0 (paper), adam 0.001, rmsprop 0.001, sgd 0.1.", lower_bound=0.0)
 flags.DEFINE_integer("warmup_steps", 0,

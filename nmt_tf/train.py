@@ -4,6 +4,7 @@ Usage:
   python -m nmt_tf.train --flagfile=pipelines/multi30k_en_fr/rnnsearch.flags [--flag=value ...]
   python -m nmt_tf.train --model_dir=DIR          # resume with the flags stored in DIR
   python -m nmt_tf.train --flagfile=F --dry_run   # model summary and parameter count only
+  python -m nmt_tf.train --init_from=multi30k_en_fr --train_src=S --train_tgt=T --model_dir=NEW   # fine-tune
 
 Flags after --flagfile override the file. Rerunning with an existing
 --model_dir resumes from its last checkpoint with the same vocabularies and
@@ -36,6 +37,9 @@ Outputs in --model_dir:
   prepared/                 --prepared_shards: the training corpus tokenized into TFRecord shards
   workers/worker_<i>/       --distribution=multi_worker: what the other workers write
 
+--init_from starts a new run from a trained model's weights and
+vocabularies (fine-tuning; nmt_tf/fine_tune.py), --freeze keeps parts fixed.
+
 --distribution=mirrored / multi_worker trains under tf.distribute
 (nmt_tf/distribution.py); --batch_size stays the global batch.
 """
@@ -59,7 +63,7 @@ from absl import app
 from nmt_tf import distribution
 from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
-from nmt_tf import models, schedules
+from nmt_tf import fine_tune, models, schedules
 from nmt_tf.files import WriteFailed, write_atomically
 from nmt_tf.hardware import choose_training_kernels, resolve_precision, step_products_choice, training_kernels
 from nmt_tf.translator import dtype_policy
@@ -114,6 +118,7 @@ def check_config(config) -> None:
         raise TrainingError(str(e)) from None
     try:
         models.model_class(config.model).check_flags(config)
+        fine_tune.check_freeze(config.freeze)
     except ValueError as e:
         raise TrainingError(str(e)) from None
 
@@ -306,8 +311,17 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
         raise TrainingError("--model_dir is required.")
     model_dir = config.model_dir
     resuming = os.path.exists(nmt_flags.flags_path(model_dir))
+    explicit = set(config) if explicit is None else explicit
+    init = None
     if resuming:
-        config = _check_resume(config, model_dir, set(config) if explicit is None else explicit, log)
+        config = _check_resume(config, model_dir, explicit, log)
+    elif config.init_from:
+        try:
+            init = fine_tune.source(config.init_from, config.init_checkpoint, log=log)
+            config = fine_tune.merge(config, init.config, explicit, config.init_from)
+        except fine_tune.FineTuneError as e:
+            raise TrainingError(str(e)) from None
+        log(f"Fine-tuning {init.model_dir} ({init.checkpoint}): its model and vocabulary flags are kept.")
     check_config(config)
     # Before anything else touches TensorFlow (a multi-worker strategy and
     # logical CPU devices configure its runtime as it starts).
@@ -343,7 +357,11 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
     line_pipelines = worker.workers if own_data and not config.prepared_shards else 1
     try:
         if worker.is_chief:
+            if init is not None:
+                fine_tune.copy_vocabularies(init.model_dir, model_dir)
             src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, pipelines=line_pipelines)
+            if init is not None:
+                log(fine_tune.describe_coverage(config, src_tok, tgt_tok, init.model_dir))
         distribution.barrier(strategy)  # the chief's flags and vocabularies are written
         if not worker.is_chief:
             src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, write_dir=write_dir,
@@ -382,6 +400,12 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
 
     with strategy.scope():
         model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
+        if init is not None:
+            fine_tune.load_weights(model, init.checkpoint,
+                                   lambda: build_model(config, src_tok.vocab_size, tgt_tok.vocab_size))
+            log(f"Weights from {init.checkpoint}; a fresh optimizer and learning-rate schedule.")
+        if config.freeze:
+            log(f"Frozen (not trained): {', '.join(fine_tune.freeze(model, config.freeze))}.")
         optimizer = make_optimizer(config)
         model.compile(optimizer=optimizer, jit_compile=config.jit_compile)
         optimizer.build(model.trainable_variables)

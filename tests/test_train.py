@@ -313,3 +313,42 @@ def test_prepared_shards_are_made_once_and_trained_from(tiny_config, tmp_path):
     train.train(config.replace(max_epochs=3, prepared_shards=3), log=lines.append)
     assert any("another number of shards: preparing again" in l for l in lines), lines
     assert len(json.load(open(tmp_path / "m" / "prepared" / "manifest.json"))["shards"]) == 3
+
+
+def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(trained_model_dir, tiny_config,
+                                                                              tiny_corpus, tmp_path):
+    """--init_from with --freeze=embeddings,encoder: the frozen weights are the
+    source's exactly (so training started from them) and the others moved;
+    the vocabularies are the source's; the log counts the new corpus' [UNK]s;
+    a model flag that contradicts the source is one error."""
+    from nmt_tf import checkpoints
+
+    source = trained_model_dir[0]
+    tuned = str(tmp_path / "tuned")
+    given = {"model_dir", "train_src", "train_tgt", "init_from", "freeze", "max_epochs"}
+    lines = []
+    train.train(tiny_config(model_dir=tuned, train_src=tiny_corpus["dev_src"], train_tgt=tiny_corpus["dev_tgt"],
+                            init_from=source, freeze=["embeddings", "encoder"], max_epochs=2),
+                explicit=given, log=lines.append)
+    log = "\n".join(lines)
+    assert f"Fine-tuning {source}" in log and "tokens are [UNK]" in log and "Frozen (not trained)" in log
+    for name in ("vocab.src.txt", "vocab.tgt.txt"):
+        with open(os.path.join(source, name)) as a, open(os.path.join(tuned, name)) as b:
+            assert a.read() == b.read()
+    from nmt_tf.translator import restore_model
+
+    weights = lambda directory, which: {v.path: v.numpy() for v in restore_model(
+        directory, which, log=lambda *a: None).model.variables}
+    before, after = weights(source, "best"), weights(tuned, "last")
+    assert sorted(before) == sorted(after)
+    frozen = [k for k in before if k.split("/")[1] in ("source_embedding", "target_embedding", "encoder")]
+    assert frozen and all(np.array_equal(before[k], after[k]) for k in frozen), frozen
+    moved = [k for k in before if k not in frozen and not np.array_equal(before[k], after[k])]
+    assert moved
+    assert json.load(open(os.path.join(tuned, "train_summary.json")))["steps"] <= 4, log     # a fresh step count
+    with pytest.raises(train.TrainingError, match=r"--hidden_size=32 \(the source has 16\)"):
+        train.train(tiny_config(model_dir=str(tmp_path / "wrong"), init_from=source, hidden_size=32),
+                    explicit=given | {"hidden_size"}, log=lambda *a: None)
+    with pytest.raises(train.TrainingError, match="neither a model directory"):
+        train.train(tiny_config(model_dir=str(tmp_path / "none"), init_from=str(tmp_path / "nothing")),
+                    explicit=given, log=lambda *a: None)
