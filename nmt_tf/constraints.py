@@ -45,26 +45,40 @@ UNMET_COST = 1e4    # subtracted from a finished hypothesis' rank per term token
 class TermState(NamedTuple):
     """Per hypothesis ([B, K] leading dimensions): met [.., C] bool (a term
     of length 0 counts as met), term [..] int32 (the term it is inside, -1:
-    none), position [..] int32 (its tokens generated so far)."""
+    none), position [..] int32 (its tokens generated so far), closing [..]
+    int32 (the term its last token completed, -1: none; a word-continuing
+    token next undoes it)."""
     met: tf.Tensor
     term: tf.Tensor
     position: tf.Tensor
+    closing: tf.Tensor
 
 
 class RequiredTerms(NamedTuple):
-    """A batch's required terms: tokens [B, C, L] int32 (0-padded), lengths [B, C]."""
+    """A batch's required terms: tokens [B, C, L] int32 (0-padded), lengths
+    [B, C]; continuation: None, or [V] bool, the target tokens that continue
+    the word before them (sub-word pieces without a word-start mark): a term
+    followed by one is not met, as "chien" is not in "chiens"."""
     tokens: tf.Tensor
     lengths: tf.Tensor
+    continuation: tf.Tensor | None = None
 
     @classmethod
-    def from_ids(cls, ids) -> "RequiredTerms":
+    def from_ids(cls, ids, continuation=None) -> "RequiredTerms":
         """From ids [B, C, L] (0-padded; C and L may be 0: padded to 1, an empty term)."""
         ids = tf.cast(ids, tf.int32)
         ids = tf.pad(ids, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(ids)[1])], [0, tf.maximum(0, 1 - tf.shape(ids)[2])]])
-        return cls(ids, tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=2))
+        return cls(ids, tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=2),
+                   None if continuation is None else tf.constant(continuation, tf.bool))
 
     def rows(self, rows) -> "RequiredTerms":
-        return RequiredTerms(tf.gather(self.tokens, rows), tf.gather(self.lengths, rows))
+        return RequiredTerms(tf.gather(self.tokens, rows), tf.gather(self.lengths, rows), self.continuation)
+
+    def continues_word(self, token):
+        """Whether each token (any shape) continues the word before it."""
+        if self.continuation is None:
+            return tf.zeros_like(token, tf.bool)
+        return tf.gather(self.continuation, token)
 
     def total(self):
         """[B] term tokens per sentence (T)."""
@@ -74,7 +88,7 @@ class RequiredTerms(NamedTuple):
         batch, terms = tf.shape(self.lengths)[0], tf.shape(self.lengths)[1]
         met = tf.broadcast_to((self.lengths == 0)[:, None, :], tf.stack([batch, slots, terms]))
         zeros = tf.zeros(tf.stack([batch, slots]), tf.int32)
-        return TermState(met, zeros - 1, zeros)
+        return TermState(met, zeros - 1, zeros, zeros - 1)
 
     def met_tokens(self, state: TermState):
         """[B, K] term tokens met: whole terms met, and the progress inside one."""
@@ -87,25 +101,29 @@ class RequiredTerms(NamedTuple):
 
     def step(self, state: TermState, token) -> TermState:
         """The state after each hypothesis generates `token` [B, K]."""
+        terms = tf.shape(self.lengths)[1]
+        # A term completed by the previous token is undone if this one continues its last word.
+        broken = (state.closing >= 0) & self.continues_word(token)
+        met = state.met & ~(tf.one_hot(state.closing, terms, on_value=True, off_value=False) & broken[:, :, None])
         continues = (state.term >= 0) & tf.equal(token, self._expected(state))   # (== loses the static shape)
         term_length = tf.gather(self.lengths, tf.maximum(state.term, 0), batch_dims=1)
         completes = continues & (state.position + 1 >= term_length)
-        terms = tf.shape(self.lengths)[1]
         # Otherwise the token may start a term not met yet (the first such one).
-        starts = ((~state.met) & (self.lengths[:, None, :] > 0)
+        starts = ((~met) & (self.lengths[:, None, :] > 0)
                   & tf.equal(self.tokens[:, None, :, 0], token[:, :, None]) & ~continues[:, :, None])
         started = tf.argmax(tf.cast(starts, tf.int32), axis=2, output_type=tf.int32)
         any_start = tf.reduce_any(starts, axis=2)
         started_length = tf.gather(self.lengths, started, batch_dims=1)
         one_token = any_start & (started_length == 1)
-        met = (state.met
+        met = (met
                | (tf.one_hot(state.term, terms, on_value=True, off_value=False) & completes[:, :, None])
                | (tf.one_hot(started, terms, on_value=True, off_value=False) & one_token[:, :, None]))
         inside = continues & ~completes
         opened = any_start & ~one_token
         term = tf.where(inside, state.term, tf.where(opened, started, -1))
         position = tf.where(inside, state.position + 1, tf.where(opened, 1, 0))
-        return TermState(met, term, position)
+        closing = tf.where(completes, state.term, tf.where(one_token, started, -1))
+        return TermState(met, term, position, closing)
 
     def unmet(self, state: TermState):
         """[B, K] whether a hypothesis still misses a term."""
@@ -178,13 +196,16 @@ class RequiredTerms(NamedTuple):
 
 def contains_terms(tokens, terms: RequiredTerms):
     """[B, N] whether each hypothesis (tokens [B, N, T], [PAD] after its end)
-    holds every term of its sentence as consecutive tokens."""
+    holds every term of its sentence as consecutive tokens, not followed by
+    a token that continues the term's last word."""
     steps, width = tf.shape(tokens)[2], tf.shape(terms.tokens)[2]
-    padded = tf.pad(tokens, [[0, 0], [0, 0], [0, width]])
+    padded = tf.pad(tokens, [[0, 0], [0, 0], [0, width + 1]])
     windows = tf.gather(padded, tf.range(steps)[:, None] + tf.range(width)[None, :], axis=2)         # [B, N, T, L]
     wanted = terms.tokens[:, None, None, :, :]                                                        # [B, 1, 1, C, L]
-    matches = tf.equal(windows[:, :, :, None, :], wanted) | (wanted == PAD_ID)
-    found = tf.reduce_any(tf.reduce_all(matches, axis=4), axis=2)                                     # [B, N, C]
+    matches = tf.reduce_all(tf.equal(windows[:, :, :, None, :], wanted) | (wanted == PAD_ID), axis=4)  # [B, N, T, C]
+    after = tf.range(steps)[None, :, None] + terms.lengths[:, None, :]                                 # [B, T, C]
+    following = tf.gather(padded, tf.broadcast_to(after[:, None], tf.shape(matches)), batch_dims=2)
+    found = tf.reduce_any(matches & ~terms.continues_word(following), axis=2)                         # [B, N, C]
     return tf.reduce_all(found | (terms.lengths[:, None, :] == 0), axis=2)
 
 

@@ -207,13 +207,13 @@ def _prefix(target_prefix, options: SearchOptions):
     return _Prefix(target_prefix, options)
 
 
-def _required_terms(required_terms, options: SearchOptions):
+def _required_terms(required_terms, options: SearchOptions, word_continuation=None):
     """`RequiredTerms`, or None without required terms."""
     if required_terms is None:
         return None
     if options.shortlist_size:
         raise ValueError("required terms need the whole target vocabulary: search with shortlist_size=0")
-    return RequiredTerms.from_ids(required_terms)
+    return RequiredTerms.from_ids(required_terms, word_continuation)
 
 
 def _allocated_extensions(log_probs, alive_score, k, penalties, kind, term_state, terms):
@@ -448,7 +448,7 @@ def _backtrack(tokens, parents, alphas, t_end, slot):
 
 
 def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None,
-                required_terms=None):
+                required_terms=None, word_continuation=None):
     """Beam search as in the RNNsearch papers (see the module docstring).
 
     Args:
@@ -464,6 +464,9 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         terms per sentence that every returned hypothesis must contain
         (lexically constrained search: nmt_tf.constraints); not with a
         shortlist.
+      word_continuation: with required_terms, optional [V] bool NumPy: the
+        target tokens that continue the word before them (a term followed by
+        one is not met).
 
     Returns:
       dict, hypotheses best first (N = options.n_best, T = longest output):
@@ -480,7 +483,7 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
     prefix = _prefix(target_prefix, options)
-    terms = _required_terms(required_terms, options)
+    terms = _required_terms(required_terms, options, word_continuation)
     min_len, max_len, steps = _length_limits(source_ids, options, prefix and prefix.lengths)
     weights, vocab, vocabulary_ids = _search_vocabulary(model, source_ids, model.step_weights(), options, shortlist)
     encoded = model.search_inputs(source_ids, weights)
@@ -643,13 +646,13 @@ def _complete_first(result: dict, met, found, options: SearchOptions) -> dict:
 
 
 def search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None,
-           required_terms=None):
+           required_terms=None, word_continuation=None):
     """Greedy search for beam_size 1, beam search otherwise (always with
     required terms); beam-shaped results.
 
     Returns the dict of `beam_search` ([B, N, ...] tensors) in both cases.
     """
     if options.beam_size > 1 or required_terms is not None:
-        return beam_search(model, source_ids, options, shortlist, target_prefix, required_terms)
+        return beam_search(model, source_ids, options, shortlist, target_prefix, required_terms, word_continuation)
     out = greedy_search(model, source_ids, options, shortlist, target_prefix)
     return {key: v[:, None] for key, v in out.items()}

@@ -232,6 +232,27 @@ def test_every_hypothesis_holds_every_required_term(beam_size):
         np.testing.assert_array_equal(out[key][1].numpy(), free[key][1].numpy())
 
 
+def test_a_term_followed_by_a_piece_of_the_same_word_is_not_met():
+    """With word_continuation (sub-word pieces), "chien" inside "chiens" does
+    not count: every returned hypothesis has the term followed by a word
+    start or the end."""
+    model = model_with_random_weights()
+    continuation = np.zeros(12, bool)
+    continuation[[4, 5, 6]] = True          # the random model's favourite tokens continue a word
+    options = SearchOptions(beam_size=5, n_best=5, max_length_ratio=3.0)
+    terms = np.array([[[9, 0]], [[8, 7]], [[10, 0]]], "int32")
+    out = search(model, SOURCES, options, required_terms=terms, word_continuation=continuation)
+    for i in range(3):
+        term = strip(terms[i, 0])
+        for rank in range(5):
+            if out["scores"][i, rank] <= NEG / 2:
+                continue
+            tokens = strip(out["tokens"][i, rank].numpy())
+            assert out["terms_met"][i, rank] and any(
+                tokens[j:j + len(term)] == term and not continuation[tokens[j + len(term)]]
+                for j in range(len(tokens) - len(term))), (i, rank, tokens)
+
+
 def test_a_wide_constrained_beam_finds_the_exhaustive_best_with_the_terms():
     model = model_with_random_weights(target_vocab=6, scale=1.5, seed=4)   # words: [UNK], 4, 5
     options = SearchOptions(beam_size=64, n_best=3, max_length=4, min_length_ratio=0.0)
