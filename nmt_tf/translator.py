@@ -288,8 +288,9 @@ class TranslationGraph:
             module.unk_dictionary = self.unk_replacement.table      # the dictionary file becomes an asset
         module.translate = tf.function(self.translate, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
-        module.translate_constrained = tf.function(self.translate_constrained, input_signature=[
-            tf.TensorSpec([None], tf.string, name=name) for name in ("text", "target_prefix", "required_terms")])
+        if self.shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export drops
+            module.translate_constrained = tf.function(self.translate_constrained, input_signature=[
+                tf.TensorSpec([None], tf.string, name=name) for name in ("text", "target_prefix", "required_terms")])
         module.score = tf.function(self.score, input_signature=[
             tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
         return module
