@@ -309,6 +309,15 @@ def test_translate_cli_with_target_prefixes_through_the_server_and_locally(serve
     assert short.returncode == 1 and f"{prefixes} (--target_prefix) has 1 lines, fewer than the input" in short.stderr
 
 
+def test_too_many_required_terms_are_one_invalid_argument_and_the_server_goes_on(server):
+    from nmt_tf.client import ClientError
+
+    client = SignatureClient("translate_constrained", server=f"127.0.0.1:{server['port']}", model_name="nmt")
+    with pytest.raises(ClientError, match="(?s)INVALID_ARGUMENT: .*more than 16 required terms"):
+        client(text=[b"A man."], target_prefix=[b""], required_terms=["\t".join(["chien"] * 17).encode()])
+    assert client(text=[b"A man."], target_prefix=[b""], required_terms=[b"chien"])["terms_met"].all()
+
+
 def test_translate_reads_gzip_from_standard_input_as_from_files(monkeypatch, tmp_path):
     import gzip
     import sys
