@@ -607,6 +607,12 @@ def main(argv):
     config = nmt_flags.config_from_flags()
     try:
         if config.dry_run:
+            if config.init_from:       # the model fine-tuning would build: the source's
+                try:
+                    config = fine_tune.merge(config, fine_tune.source(config.init_from, config.init_checkpoint).config,
+                                             nmt_flags.explicitly_set(), config.init_from)
+                except fine_tune.FineTuneError as e:
+                    raise TrainingError(str(e)) from None
             dry_run(config)
             return 0
         summary = train(config, explicit=nmt_flags.explicitly_set())
