@@ -60,6 +60,11 @@ prefix is longer than the source allows; a prefix longer than max_length - 1
 tokens is cut to that. Scores count the prefix tokens' log-probabilities.
 Without a prefix the graph is the one built before prefixes existed.
 
+Required terms (`required_terms`: [B, C, L] token ids) make beam search
+lexically constrained (nmt_tf.constraints: dynamic beam allocation): every
+returned hypothesis holds each term, or, where none can within the length
+limit, the best partial ones come back with terms_met False.
+
 Results are dense, batch-major tensors; lengths count [EOS]; tokens past a
 hypothesis' end are [PAD] (0); its alignment rows past the end are zero.
 """
@@ -140,7 +145,7 @@ def _token_penalties(vocab_size, options: SearchOptions) -> np.ndarray:
     [PAD] and [BOS] are never generated, [UNK] optionally. Row 0: any other
     token; row 1 (before min_len): not [EOS] either; row 2 (the last allowed
     position): only [EOS]; row 3 (FORCED, a target prefix's position): no
-    mask (the prefix's own mask, `_forced_mask`, allows its token alone).
+    mask (the prefix's own mask, `_Prefix.apply`, allows its token alone).
     """
     ids = np.arange(vocab_size)
     forbidden = (ids == PAD_ID) | (ids == BOS_ID)

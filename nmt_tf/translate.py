@@ -60,7 +60,7 @@ from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, count_lines, input_lines
 from nmt_tf.glossary import Glossary
 from nmt_tf.progress import Progress
-from nmt_tf.translator import as_text, batches_by_length, rows_by_line
+from nmt_tf.translator import MAX_REQUIRED_TERMS, as_text, batches_by_length, rows_by_line
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
@@ -72,7 +72,8 @@ absl_flags.DEFINE_string(
 absl_flags.DEFINE_string(
     "required_terms", None,
     "A file (plain or gzip) with the target terms each input line's translation must contain, tab-separated, "
-    "one line per input line (empty line: none; at most 16 per line): lexically constrained beam search.")
+    "one line per input line (empty line: none); a line with more than 16, with the --glossary's, keeps its first "
+    "16 and a warning says so: lexically constrained beam search.")
 absl_flags.DEFINE_string(
     "glossary", None,
     "A 'source term<TAB>target term' file: wherever a source term occurs in an input line (whole words, "
@@ -123,19 +124,28 @@ def _beside(lines, path: str | None, flag: str):
         raise TranslationError(f"{path} (--{flag}) has more lines than the input ({count})")
 
 
-def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None = None, glossary=None):
+def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None = None, glossary=None,
+                  warn=lambda message: print(message, file=sys.stderr)):
     """(line, target prefix, required terms) items for the translate_constrained
     signature: the prefixes and terms from the lines of their files, and the
     glossary's (a `nmt_tf.glossary.Glossary`) terms of each line; the lines
-    themselves when none of these is given."""
+    themselves when none of these is given. A line with more than
+    MAX_REQUIRED_TERMS terms keeps its first ones (its own before the
+    glossary's), with a warning naming it."""
     if not (prefix_path or terms_path or glossary):
         yield from lines
         return
-    for (line, prefix), terms in _beside(_beside(lines, prefix_path, "target_prefix"), terms_path, "required_terms"):
+    pairs = _beside(_beside(lines, prefix_path, "target_prefix"), terms_path, "required_terms")
+    for number, ((line, prefix), terms) in enumerate(pairs, 1):
         wanted = [t for t in terms.decode("utf-8", errors="replace").split("\t") if t.strip()]
         if glossary is not None:
             wanted += glossary.terms(line.decode("utf-8", errors="replace"))
-        yield line, prefix, "\t".join(dict.fromkeys(wanted)).encode("utf-8")
+        wanted = list(dict.fromkeys(wanted))
+        if len(wanted) > MAX_REQUIRED_TERMS:
+            warn(f"warning: line {number} has {len(wanted)} required terms; the model takes {MAX_REQUIRED_TERMS}, "
+                 f"the first ones (dropped: {', '.join(wanted[MAX_REQUIRED_TERMS:])})")
+            wanted = wanted[:MAX_REQUIRED_TERMS]
+        yield line, prefix, "\t".join(wanted).encode("utf-8")
 
 
 def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool) -> str:

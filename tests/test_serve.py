@@ -309,6 +309,20 @@ def test_translate_cli_with_target_prefixes_through_the_server_and_locally(serve
     assert short.returncode == 1 and f"{prefixes} (--target_prefix) has 1 lines, fewer than the input" in short.stderr
 
 
+def test_translate_keeps_a_lines_first_16_required_terms_and_says_so():
+    warnings = []
+    lines = [b"a", b"b"]
+    terms = ["t%d" % i for i in range(18)]
+
+    class Glossary:
+        def terms(self, line):
+            return terms if line == "b" else ["x"]
+
+    items = list(translate.steered_lines(iter(lines), glossary=Glossary(), warn=warnings.append))
+    assert [item[2] for item in items] == [b"x", "\t".join(terms[:16]).encode()]
+    assert len(warnings) == 1 and "line 2 has 18 required terms" in warnings[0] and "t16, t17" in warnings[0]
+
+
 def test_too_many_required_terms_are_one_invalid_argument_and_the_server_goes_on(server):
     from nmt_tf.client import ClientError
 
