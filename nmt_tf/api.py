@@ -21,7 +21,8 @@ the source and output tokens the model saw and produced (each ending with
 per source token) and whether the source was cut to the model's input
 limit. `translate(sentences, target_prefix=...)` makes each translation
 start with the given text (byte for byte) and lets the model continue it,
-for interactive translation (the export's translate_constrained signature).
+for interactive translation; `required_terms=` makes each contain the given
+target terms (the export's translate_constrained signature).
 `score(sources, targets)` returns log p(target | source) per pair.
 Sentences are batched by length internally (`batch_size`); the results come
 back in input order.
@@ -37,8 +38,8 @@ import numpy as np
 from nmt_tf import exporter, presets, startup
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.lexicon import for_search
-from nmt_tf.translator import (TranslationGraph, as_text, batches_by_length, load_saved_model, read_metadata,
-                               restore_model, rows_by_line)
+from nmt_tf.translator import (MAX_REQUIRED_TERMS, TranslationGraph, as_text, batches_by_length, load_saved_model,
+                               read_metadata, restore_model, rows_by_line)
 
 
 @dataclasses.dataclass
@@ -214,6 +215,8 @@ def join_terms(terms) -> str:
     for term in terms:
         if any(c in term for c in "\t\r\n"):
             raise ValueError(f"a required term holds a tab or a line break: {term[:60]!r}")
+    if len(terms) > MAX_REQUIRED_TERMS:
+        raise ValueError(f"{len(terms)} required terms for one sentence; the model takes at most {MAX_REQUIRED_TERMS}")
     return "\t".join(terms)
 
 

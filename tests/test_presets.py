@@ -143,6 +143,8 @@ def test_the_translator_of_a_model_dir_or_a_preset_translates_alike(tiny_preset,
     assert from_preset.translate(SENTENCES[0]).terms_met is None
     with pytest.raises(ValueError, match="a tab or a line break"):
         from_dir.translate(SENTENCES[0], required_terms=["un\tdeux"])
+    with pytest.raises(ValueError, match="17 required terms for one sentence; the model takes at most 16"):
+        from_dir.translate(SENTENCES[0], required_terms=["chien"] * 17)
 
 
 def test_translate_and_presets_cli_with_a_preset(tiny_preset, tmp_path):
