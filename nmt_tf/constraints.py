@@ -194,15 +194,25 @@ class RequiredTerms(NamedTuple):
         return tuple(tf.reshape(tf.gather(x, order, batch_dims=1), [batch, k]) for x in (score, token, parent))
 
 
+def term_starts(tokens, term_ids, lengths):
+    """[B, N, T, C] whether term c's ids (term_ids [B, C, L], 0-padded;
+    lengths [B, C], 0: no term) start at position t of hypothesis n
+    (tokens [B, N, T])."""
+    steps, width = tf.shape(tokens)[2], tf.shape(term_ids)[2]
+    padded = tf.pad(tokens, [[0, 0], [0, 0], [0, width]])
+    windows = tf.gather(padded, tf.range(steps)[:, None] + tf.range(width)[None, :], axis=2)         # [B, N, T, L]
+    wanted = term_ids[:, None, None, :, :]                                                            # [B, 1, 1, C, L]
+    return (tf.reduce_all(tf.equal(windows[:, :, :, None, :], wanted) | (wanted == PAD_ID), axis=4)
+            & (lengths > 0)[:, None, None, :])
+
+
 def contains_terms(tokens, terms: RequiredTerms):
     """[B, N] whether each hypothesis (tokens [B, N, T], [PAD] after its end)
     holds every term of its sentence as consecutive tokens, not followed by
     a token that continues the term's last word."""
     steps, width = tf.shape(tokens)[2], tf.shape(terms.tokens)[2]
+    matches = term_starts(tokens, terms.tokens, terms.lengths)                                       # [B, N, T, C]
     padded = tf.pad(tokens, [[0, 0], [0, 0], [0, width + 1]])
-    windows = tf.gather(padded, tf.range(steps)[:, None] + tf.range(width)[None, :], axis=2)         # [B, N, T, L]
-    wanted = terms.tokens[:, None, None, :, :]                                                        # [B, 1, 1, C, L]
-    matches = tf.reduce_all(tf.equal(windows[:, :, :, None, :], wanted) | (wanted == PAD_ID), axis=4)  # [B, N, T, C]
     after = tf.range(steps)[None, :, None] + terms.lengths[:, None, :]                                 # [B, T, C]
     following = tf.gather(padded, tf.broadcast_to(after[:, None], tf.shape(matches)), batch_dims=2)
     found = tf.reduce_any(matches & ~terms.continues_word(following), axis=2)                         # [B, N, C]

@@ -327,13 +327,11 @@ def _overlay_terms(tf, tokens, ids, term_ids, term_tokens):
     that spells a required term (term_ids [B, C, L], 0-padded) written with
     the term's own tokens (term_tokens [B, C, L]): a term word outside the
     vocabulary, generated as [UNK], shows as the user wrote it."""
+    from nmt_tf.constraints import term_starts
+
     steps, width = tf.shape(ids)[2], tf.shape(term_ids)[2]
     lengths = tf.reduce_sum(tf.cast(term_ids != 0, tf.int32), axis=2)                                # [B, C]
-    padded = tf.pad(ids, [[0, 0], [0, 0], [0, width]])
-    windows = tf.gather(padded, tf.range(steps)[:, None] + tf.range(width)[None, :], axis=2)          # [B, N, T, L]
-    wanted = term_ids[:, None, None]                                                                  # [B, 1, 1, C, L]
-    starts = (tf.reduce_all(tf.equal(windows[:, :, :, None, :], wanted) | (wanted == 0), axis=4)
-              & (lengths > 0)[:, None, None, :])                                                      # [B, N, T, C]
+    starts = term_starts(ids, term_ids, lengths)                                                      # [B, N, T, C]
     offset = tf.range(width)
     start = tf.range(steps)[:, None] - offset[None, :]                                                # [T, L]
     covered = (tf.gather(starts, tf.maximum(start, 0), axis=2)                                        # [B, N, T, L, C]
