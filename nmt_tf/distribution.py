@@ -75,8 +75,8 @@ def _tf_config() -> dict:
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         raise DistributionError("--distribution=multi_worker needs the TF_CONFIG environment variable "
-                                "(the cluster and this worker's task; README, 'Training on several devices "
-                                "or machines').")
+                                "(the cluster and this worker's task; docs/training.md, 'Training on "
+                                "several devices or machines').")
     try:
         tf_config = json.loads(raw)
         cluster, task = tf_config["cluster"], tf_config["task"]

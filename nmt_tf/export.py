@@ -13,7 +13,7 @@ step their log-probabilities are averaged inside the graph, so TF Serving
 serves the ensemble as one model (nmt_tf.models.ensemble).
 --mixed_precision=mixed_bfloat16 (or auto: bfloat16 if this machine's CPU has
 bfloat16 instructions) exports a model that computes in bfloat16: faster
-batch translation on such CPUs, slower one-sentence serving (README.md).
+batch translation on such CPUs, slower one-sentence serving (docs/translating.md).
 --shortlist_size=C searches at least C candidate tokens per request (more
 when its sentences' translations need them) instead of the whole target
 vocabulary (nmt_tf.shortlist; its lexical table is stored in

@@ -174,8 +174,8 @@ flags.DEFINE_enum("mixed_precision", "auto", ["none", "auto", "mixed_bfloat16", 
 flags.DEFINE_enum("distribution", "none", ["none", "mirrored", "multi_worker"],
                   "tf.distribute strategy of training: none (one device), mirrored (one process, a replica per GPU; "
                   "per logical CPU device with --cpu_devices), multi_worker (one process per machine, the cluster in "
-                  "the TF_CONFIG environment variable). --batch_size is the global batch; README, 'Training on "
-                  "several devices or machines'.")
+                  "the TF_CONFIG environment variable). --batch_size is the global batch; docs/training.md, "
+                  "'Training on several devices or machines'.")
 flags.DEFINE_integer("cpu_devices", 0,
                      "--distribution=mirrored on a machine without GPUs: split the CPU into this many logical devices, "
                      "one replica each (0: as TensorFlow finds it). For trying distribution out; not faster.",
@@ -208,7 +208,7 @@ flags.DEFINE_float("max_length_ratio", 3.0, "Outputs end after this many times t
 flags.DEFINE_float("min_length_ratio", 0.5, "[EOS] is forbidden before this fraction of the source length (reference implementation: 0.5).", lower_bound=0.0)
 flags.DEFINE_integer("max_output_length", 256, "Absolute cap on output tokens.", lower_bound=1)
 flags.DEFINE_boolean("suppress_unk", False, "Never generate [UNK] (how the 'no UNK' column of the paper's Table 1 was decoded).")
-flags.DEFINE_integer("shortlist_size", 0, "Search over at least this many candidate target tokens per batch instead of the whole target vocabulary (Jean et al. 2015): the special tokens, the --shortlist_per_word likeliest translations of every source token of the batch (all of them: the list grows past this size when they need more room), then the most frequent tokens; needs the model directory's lexical table (python -m nmt_tf.shortlist). Faster, and translations may differ (README.md). 0: the whole vocabulary.", lower_bound=0)
+flags.DEFINE_integer("shortlist_size", 0, "Search over at least this many candidate target tokens per batch instead of the whole target vocabulary (Jean et al. 2015): the special tokens, the --shortlist_per_word likeliest translations of every source token of the batch (all of them: the list grows past this size when they need more room), then the most frequent tokens; needs the model directory's lexical table (python -m nmt_tf.shortlist). Faster, and translations may differ (docs/translating.md). 0: the whole vocabulary.", lower_bound=0)
 flags.DEFINE_integer("shortlist_per_word", 10, "With --shortlist_size: translations per source token taken into the shortlist (by IBM Model 1 probability).", lower_bound=1)
 
 flags.DEFINE_boolean("replace_unk", False, "Replace every generated [UNK] by the source word it attended to most (Luong et al. 2015; Jean et al. 2015), or by its translation in --unk_dictionary; for word models. The target_tokens output keeps [UNK].")

@@ -15,7 +15,7 @@ set's reference tokens (flags.json's --dev_src / --dev_tgt) a shortlist of
 each size would hold, sentence by sentence. A search with --shortlist_size=C
 then computes its output layer and softmax over at least C candidate tokens
 per batch, more when the batch's translations need the room (Jean et al.
-2015; README.md, "Vocabulary shortlists").
+2015; docs/translating.md, "Vocabulary shortlists").
 """
 
 from __future__ import annotations

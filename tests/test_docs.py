@@ -1,4 +1,5 @@
-"""Documentation and recipes stay true: every flag documented, every flagfile valid."""
+"""Documentation and recipes stay true: every flag documented, every flagfile valid,
+every link and every command shown in the docs real, the front door short."""
 
 import glob
 import os
@@ -12,6 +13,19 @@ from nmt_tf import flags
 
 def readme():
     return open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+
+
+def read(relative):
+    return open(os.path.join(REPO, relative), encoding="utf-8").read()
+
+
+# The user's documentation: the front door and its topic pages (docs/SPEC.md is the papers').
+PAGES = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md"))
+                               if p != os.path.join(REPO, "docs/SPEC.md"))
+
+
+def documentation():
+    return "\n".join(read(page) for page in PAGES)
 
 
 def test_readme_quick_start_is_set_up_translate_demo_train_test():
@@ -44,8 +58,8 @@ def all_cli_flags():
 
 
 @pytest.mark.parametrize("name", all_cli_flags())
-def test_every_flag_is_in_the_readme(name):
-    assert re.search(rf"--{name}(?![A-Za-z0-9_])", readme()), f"--{name} is not documented in README.md"
+def test_every_flag_is_documented(name):
+    assert re.search(rf"--{name}(?![A-Za-z0-9_])", documentation()), f"--{name} is in neither README.md nor docs/"
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "pipelines", "**", "*.flags"),
@@ -59,8 +73,8 @@ def test_flagfiles_parse(path):
         flags.FLAGS.unparse_flags()
 
 
-def test_the_readme_flag_table_shows_the_real_defaults():
-    rows = re.findall(r"^\| `--(\w+)` \| `([^`]*)` \|", readme(), flags=re.M)
+def test_the_training_flag_table_shows_the_real_defaults():
+    rows = re.findall(r"^\| `--(\w+)` \| `([^`]*)` \|", read("docs/training.md"), flags=re.M)
     assert len(rows) == len(flags.nmt_flag_names())
     for name, shown in rows:
         default = flags.FLAGS[name].default
@@ -86,8 +100,8 @@ def test_defaults_quoted_in_the_readmes_are_the_real_ones():
     """'`--lines_per_batch` (64)': a default quoted in running text matches the flag's."""
     all_cli_flags()
     quoted = []
-    for name in ("README.md", os.path.join("export", "README.md")):
-        text = open(os.path.join(REPO, name), encoding="utf-8").read()
+    for name in PAGES + [os.path.join("export", "README.md")]:
+        text = read(name)
         quoted += re.findall(r"`--(\w+)` \((\d+(?:\.\d+)?)\)", text)
     assert len(quoted) >= 10
     for name, shown in quoted:
@@ -140,7 +154,7 @@ def test_search_flags_with_a_saved_model_are_refused_as_fixed_at_export(tmp_path
 SPEC_PATH = os.path.join(REPO, "docs/SPEC.md")
 # Where citations live: the package, the tests, the recipes, the benchmarks, the deployment notes, the READMEs.
 CITING = ("nmt_tf/**/*.py", "tests/**/*.py", "pipelines/**/README.md", "pipelines/**/*.flags", "pipelines/**/*.py",
-          "benchmarks/**/*.py", "benchmarks/**/*.flags", "export/**/*.md", "README.md", "BUILD_NOTES.md")
+          "benchmarks/**/*.py", "benchmarks/**/*.flags", "export/**/*.md", "README.md", "BUILD_NOTES.md", "docs/*.md")
 # "docs/SPEC.md §2", "docs/SPEC.md §2, §5", "docs/SPEC.md §1–2" (a line break may fall before the §).
 SPEC_CITATION = re.compile(r"docs/SPEC\.md`?\s*(§\s*\d+(?:\s*[–-]\s*\d+)?(?:\s*(?:,|and)\s*§\s*\d+(?:\s*[–-]\s*\d+)?)*)")
 # "paper 000", "paper 002's", "papers 000 and 004", "paper 000 / 002".
@@ -155,7 +169,7 @@ def citing_files():
     paths = set()
     for pattern in CITING:
         paths.update(p for p in glob.glob(os.path.join(REPO, pattern), recursive=True)
-                     if os.path.isfile(p) and "__pycache__" not in p)
+                     if os.path.isfile(p) and "__pycache__" not in p and p != SPEC_PATH)
     return sorted(paths)
 
 
@@ -226,9 +240,9 @@ def test_the_spec_names_only_files_that_exist():
 
 
 def test_reading_the_code_maps_every_module():
-    """README's "Reading the code" names every module file, points to docs/SPEC.md and
-    cites only its sections."""
-    text = readme()
+    """docs/architecture.md's "Reading the code" names every module file, points to
+    docs/SPEC.md and cites only its sections."""
+    text = read("docs/architecture.md")
     assert text.index("## Reading the code") < text.index("## Layout")
     section = text.split("## Reading the code", 1)[1].split("\n## ", 1)[0]
     assert "docs/SPEC.md" in section and "paper 000" in section
@@ -245,4 +259,182 @@ def test_reading_the_code_maps_every_module():
             found = re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", section) is not None
         if not found:
             unnamed.append(module)
-    assert not unnamed, f"README's 'Reading the code' does not name {unnamed}"
+    assert not unnamed, f"docs/architecture.md's 'Reading the code' does not name {unnamed}"
+
+
+# --- the front door, its links and its commands ---
+
+README_MAX_LINES = 300
+PARAGRAPH_MAX_CHARS = 640      # about 8 lines of 80 characters
+# Every page a reader can reach from the front door, whose links and commands must be real.
+LINKED_PAGES = PAGES + ["docs/SPEC.md", "BUILD_NOTES.md", os.path.join("export", "README.md"),
+                        os.path.join("data", "multi30k", "SOURCE.md")] + sorted(
+    os.path.relpath(p, REPO) for pattern in ("pipelines/**/README.md", "nmt_tf/presets/*/MODEL_CARD.md")
+    for p in glob.glob(os.path.join(REPO, pattern), recursive=True))
+
+
+def prose_and_code(text):
+    """(prose lines with their numbers, fenced code blocks as (language, lines))."""
+    prose, blocks, fence = [], [], None
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.lstrip().startswith("```"):
+            if fence is None:
+                fence = (line.strip()[3:].strip(), [])
+            else:
+                blocks.append(fence)
+                fence = None
+            prose.append((number, ""))
+        elif fence is not None:
+            fence[1].append(line)
+            prose.append((number, ""))
+        else:
+            prose.append((number, line))
+    return prose, blocks
+
+
+def paragraphs(text):
+    """[(first line, text)] of the prose: blank lines, headings, tables, images and
+    code end a paragraph, and every list item starts one."""
+    found, current = [], []
+    for number, line in prose_and_code(text)[0]:
+        stripped = line.strip()
+        if not stripped or stripped[0] in "|#" or stripped.startswith("!["):
+            found += [current] if current else []
+            current = []
+            continue
+        if current and re.match(r"\s*(?:[-*]|\d+\.) ", line):
+            found.append(current)
+            current = []
+        current.append((number, stripped))
+    found += [current] if current else []
+    return [(lines[0][0], " ".join(s for _, s in lines)) for lines in found]
+
+
+def test_the_readme_is_a_front_door():
+    assert len(readme().split("\n")) <= README_MAX_LINES
+    for page in PAGES[1:] + ["docs/SPEC.md", "BUILD_NOTES.md", "export/README.md"]:
+        assert f"({page})" in readme() or f"({page.replace('docs/', '')})" in readme(), \
+            f"README.md does not link {page}"
+
+
+@pytest.mark.parametrize("page", PAGES + ["docs/SPEC.md", os.path.join("export", "README.md")])
+def test_no_paragraph_is_longer_than_about_8_lines(page):
+    long = [(line, len(text)) for line, text in paragraphs(read(page)) if len(text) > PARAGRAPH_MAX_CHARS]
+    assert not long, f"{page}: paragraphs over {PARAGRAPH_MAX_CHARS} characters (line, length): {long}"
+
+
+def github_anchor(heading):
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_links(text, page):
+    """The relative links and images of `text` (a page at `page`) whose file or
+    heading does not exist."""
+    prose, _ = prose_and_code(text)
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", "\n".join(line for _, line in prose)):
+        if re.match(r"[a-z]+:", link):            # http(s), mailto: nothing here may fetch them
+            continue
+        path, _, anchor = link.partition("#")
+        target = os.path.normpath(os.path.join(REPO, os.path.dirname(page), path)) if path else \
+            os.path.join(REPO, page)
+        if not os.path.exists(target):
+            broken.append(link)
+        elif anchor and target.endswith(".md"):
+            headings = re.findall(r"^#+ (.+)$", open(target, encoding="utf-8").read(), flags=re.M)
+            if anchor not in {github_anchor(h) for h in headings}:
+                broken.append(link)
+    return broken
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES)
+def test_every_link_resolves(page):
+    broken = broken_links(read(page), page)
+    assert not broken, f"{page}: links to nothing: {broken}"
+
+
+def accepted_flags(tool):
+    """The flags `python -m nmt_tf.<tool>` takes: those it declares (TOOL_FLAGS), those
+    its module defines, and absl's own (--flagfile, --help...)."""
+    import importlib
+
+    name = f"nmt_tf.{tool}.__main__" if tool == "presets" else f"nmt_tf.{tool}"
+    module = importlib.import_module(name)
+    assert hasattr(module, "TOOL_FLAGS"), f"nmt_tf.{tool} is not a tool"
+    by_module = flags.FLAGS.flags_by_module_dict()
+    own = {f.name for f in by_module.get(name, [])}
+    absl_flags = {f.name for m, fs in by_module.items() if m.startswith("absl") for f in fs}
+    return set(module.TOOL_FLAGS) | own | absl_flags | {"flagfile", "undefok", "help", "helpfull", "helpshort", "helpxml"}
+
+
+def shown_commands(text):
+    """Shell commands of a page: the lines of its bash (or unlabelled) code blocks, with
+    continuations joined and comments cut, and its inline `python -m nmt_tf...` spans."""
+    prose, blocks = prose_and_code(text)
+    commands = []
+    for language, lines in blocks:
+        if language not in ("", "bash", "sh", "shell"):
+            continue
+        joined = "\n".join(lines).replace("\\\n", " ")
+        for line in joined.split("\n"):
+            line = re.sub(r"(^|\s)#.*$", "", line).strip()
+            if line:
+                commands.append(line)
+    text = "\n".join(line for _, line in prose)
+    commands += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", text)
+                 if span.startswith("python -m nmt_tf.") or span.startswith(".venv/bin/python -m nmt_tf.")]
+    return commands
+
+
+def wrong_commands(text):
+    """What is wrong with the commands `text` shows: a `python -m nmt_tf.<tool>` that
+    names no tool or a flag that tool does not take, a `make <target>` the Makefile
+    lacks, a script run that does not exist."""
+    makefile = read("Makefile")
+    wrong = []
+    for command in shown_commands(text):
+        for part in re.split(r"\s*(?:\||;|&&)\s*", command):
+            tool = re.match(r"(?:\S*/)?python3? -m nmt_tf\.(\w+)(.*)", part)
+            script = re.match(r"(?:\S*/)?python3? ((?:pipelines|benchmarks|tests|export)/\S+\.py)", part)
+            make = re.match(r"make (\w+)", part)
+            if tool:
+                name, rest = tool.groups()
+                if not (os.path.isfile(os.path.join(REPO, "nmt_tf", f"{name}.py"))
+                        or os.path.isfile(os.path.join(REPO, "nmt_tf", name, "__main__.py"))):
+                    wrong.append(f"{part}: no tool nmt_tf.{name}")
+                    continue
+                accepted = accepted_flags(name)
+                for flag in re.findall(r"(?<![\w-])--(\w+)", rest):
+                    base = flag[2:] if flag.startswith("no") and flag[2:] in accepted else flag
+                    if base not in accepted:
+                        wrong.append(f"{part}: --{flag} is not a flag of nmt_tf.{name}")
+            elif script and not os.path.isfile(os.path.join(REPO, script.group(1))):
+                wrong.append(f"{part}: no file {script.group(1)}")
+            elif make and not re.search(rf"^{make.group(1)}:", makefile, flags=re.M):
+                wrong.append(f"{part}: no Makefile target {make.group(1)}")
+    return wrong
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES)
+def test_every_command_shown_is_real(page):
+    wrong = wrong_commands(read(page))
+    assert not wrong, f"{page}: " + "\n".join(wrong)
+
+
+def test_the_checks_find_wrong_commands_and_links():
+    page = "\n".join([
+        "See [training](docs/training.md), [nothing](docs/nothing.md), [a heading](docs/training.md#resuming)",
+        "and [no heading](docs/training.md#no-such-heading); `python -m nmt_tf.translate --beam_sizes=3`.",
+        "```bash",
+        "python -m nmt_tf.train --flagfile=F --hidden_size=8 \\",
+        "    --nojoint_vocabulary --port=1   # a serve flag",
+        "echo x | .venv/bin/python -m nmt_tf.translate --preset=multi30k_en_fr --nowith_scores",
+        "python -m nmt_tf.nosuchtool --x=1",
+        "make setup && make nosuchtarget",
+        "python benchmarks/no_such_script.py",
+        "```"])
+    assert broken_links(page, "README.md") == ["docs/nothing.md", "docs/training.md#no-such-heading"]
+    assert [w.split(": ", 1)[1] for w in wrong_commands(page)] == [
+        "--port is not a flag of nmt_tf.train", "no tool nmt_tf.nosuchtool", "no Makefile target nosuchtarget",
+        "no file benchmarks/no_such_script.py", "--beam_sizes is not a flag of nmt_tf.translate"]
