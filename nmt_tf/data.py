@@ -41,6 +41,7 @@ from nmt_tf import model_dir as layout
 from nmt_tf import text
 from nmt_tf.files import WriteFailed, is_gzip, write_atomically
 from nmt_tf.text import with_bos, with_eos
+from nmt_tf.tokenizers import tokenizer_class
 
 _TOKENIZE_BATCH = 1024          # lines tokenized together (vectorized TF string ops)
 _SCAN_BATCH = 8192
@@ -228,12 +229,6 @@ def vocabulary_paths(model_dir: str) -> tuple[str, str]:
     return layout.pair(model_dir, layout.VOCABULARIES)
 
 
-def sentencepiece_paths(model_dir: str) -> tuple[str, str]:
-    """The SentencePiece models of --tokenizer=sentencepiece (the same bytes
-    twice with --joint_vocabulary)."""
-    return layout.pair(model_dir, layout.SENTENCEPIECE_MODELS)
-
-
 def word_shortlist_paths(model_dir: str) -> tuple[str, str]:
     """The most frequent training words, as many as the vocabulary size: what
     counts as a known word for the papers' "no UNK" analyses, also for
@@ -247,8 +242,9 @@ def word_splitter(lang: str):
 
 def load_tokenizers(config, model_dir: str):
     """(source, target) `nmt_tf.text.Tokenizer`s of a model directory's vocabularies."""
-    models = sentencepiece_paths(model_dir) if config.tokenizer == "sentencepiece" else (None, None)
-    return tuple(text.Tokenizer(vocab, config.tokenizer, lang, name=f"{side}_tokenizer", sentencepiece_model=model)
+    names = tokenizer_class(config.tokenizer).model_files
+    models = layout.pair(model_dir, names) if names else (None, None)
+    return tuple(text.make_tokenizer(vocab, config.tokenizer, lang, name=f"{side}_tokenizer", model_file=model)
                  for vocab, model, lang, side in zip(vocabulary_paths(model_dir), models,
                                                      (config.src_lang, config.tgt_lang), ("source", "target")))
 
@@ -267,30 +263,24 @@ def _used_pairs(config) -> tf.data.Dataset:
     return parallel_lines(config.train_src, config.train_tgt).batch(_SCAN_BATCH).map(used)
 
 
-def _cleaned_sentences(config, sides):
-    """The cleaned lines of the given sides (0 source, 1 target) of the used pairs, streamed."""
-    for batch in _used_pairs(config).map(lambda b: b["lines"]).prefetch(2).as_numpy_iterator():
-        for side in sides:
-            for line in batch[side]:
-                yield line.decode("utf-8")
+@dataclasses.dataclass
+class VocabularyCorpus:
+    """What a tokenizer learns its vocabularies from (`Tokenizer.learn_vocabularies`):
+    the used training pairs, as counted words and as streams."""
+    config: object
+    word_counts: tuple           # (source, target) collections.Counter of the Moses-like words
+    word_shortlists: tuple       # (source, target) the most frequent of them, specials first
 
+    def words(self, side: int) -> tf.data.Dataset:
+        """Batches of [batch, (words)] Moses-like words of one side (0 source, 1 target)."""
+        return _used_pairs(self.config).map(lambda b: b["words"][side])
 
-def _learn_sentencepiece(config, model_dir, log):
-    """Learns the SentencePiece model(s); writes them; returns (source, target) vocabularies."""
-    learn = lambda sides, size: text.learn_sentencepiece(
-        _cleaned_sentences(config, sides), size, config.sentencepiece_type,
-        config.sentencepiece_character_coverage, config.sentencepiece_sample_size, config.seed)
-    if config.joint_vocabulary:
-        joint = learn((0, 1), config.src_vocab_size)
-        models = (joint, joint)
-    else:
-        models = (learn((0,), config.src_vocab_size), learn((1,), config.tgt_vocab_size))
-    for model, path in zip(models, sentencepiece_paths(model_dir)):
-        write_atomically(path, model)
-    vocabularies = [text.sentencepiece_vocabulary(m) for m in models]
-    log(f"  SentencePiece ({config.sentencepiece_type}{', joint' if config.joint_vocabulary else ''}) "
-        f"vocabularies: {len(vocabularies[0]):,} source and {len(vocabularies[1]):,} target pieces")
-    return vocabularies
+    def sentences(self, sides):
+        """The cleaned lines of the given sides (0 source, 1 target), streamed."""
+        for batch in _used_pairs(self.config).map(lambda b: b["lines"]).prefetch(2).as_numpy_iterator():
+            for side in sides:
+                for line in batch[side]:
+                    yield line.decode("utf-8")
 
 
 def build_vocabularies(config, model_dir: str, log=print):
@@ -313,21 +303,11 @@ def build_vocabularies(config, model_dir: str, log=print):
         tgt_words = text.shortlist(tgt_counts, config.tgt_vocab_size)
         for words, path in zip((src_words, tgt_words), word_shortlist_paths(model_dir)):
             text.write_vocabulary(words, path)
-        if config.tokenizer == "word":
-            src_vocab, tgt_vocab = src_words, tgt_words
-            for side, counts, vocab in (("source", src_counts, src_vocab), ("target", tgt_counts, tgt_vocab)):
-                covered = sum(counts[t] for t in vocab[len(text.SPECIAL_TOKENS):])
-                log(f"  {side}: {len(counts):,} word types; the {len(vocab):,}-entry shortlist "
-                    f"covers {covered / max(1, sum(counts.values())):.2%} of the words")
-        elif config.tokenizer == "sentencepiece":
-            stats = None   # piece lengths differ from word lengths: scan again later
-            src_vocab, tgt_vocab = _learn_sentencepiece(config, model_dir, log)
-        else:
-            stats = None
-            src_vocab, tgt_vocab = (
-                text.wordpiece_vocabulary(_used_pairs(config).map(lambda b, side=side: b["words"][side]), size)
-                for side, size in ((0, config.src_vocab_size), (1, config.tgt_vocab_size)))
-            log(f"  WordPiece vocabularies: {len(src_vocab):,} source and {len(tgt_vocab):,} target entries")
+        tokenizer = tokenizer_class(config.tokenizer)
+        corpus = VocabularyCorpus(config, (src_counts, tgt_counts), (src_words, tgt_words))
+        src_vocab, tgt_vocab = tokenizer.learn_vocabularies(config, corpus, model_dir, log)
+        if not tokenizer.word_level:
+            stats = None   # token lengths differ from word lengths: scan again later
         text.write_vocabulary(src_vocab, src_path)
         text.write_vocabulary(tgt_vocab, tgt_path)
     src_tok, tgt_tok = load_tokenizers(config, model_dir)

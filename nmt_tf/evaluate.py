@@ -59,6 +59,7 @@ from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import read_lines, write_atomically
 from nmt_tf.lexicon import for_search
 from nmt_tf.progress import Progress
+from nmt_tf.tokenizers import tokenizer_class
 from nmt_tf.translator import (TranslationGraph, UnkReplacement, compiled_translate, read_metadata, restore_ensemble,
                                translate_lines)
 
@@ -121,7 +122,7 @@ def subject_from_model_dir(model_dirs, label, options, weights, max_input_length
                                                    shortlist))
     words = data.word_shortlist_paths(model_dir)
     if not all(os.path.exists(p) for p in words):
-        words = data.vocabulary_paths(model_dir) if config.tokenizer == "word" else None
+        words = data.vocabulary_paths(model_dir) if tokenizer_class(config.tokenizer).word_level else None
     if words is None:
         raise EvaluationError(f"{model_dir} has no words.src.txt / words.tgt.txt (trained by an older nmt_tf)")
     return Subject(label, make(options), make(dataclasses.replace(options, suppress_unk=True)),

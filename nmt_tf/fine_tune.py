@@ -32,6 +32,7 @@ from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
 from nmt_tf import presets
 from nmt_tf.files import read_lines
+from nmt_tf.tokenizers import tokenizer_class
 
 FREEZABLE = ("embeddings", "encoder")
 
@@ -120,8 +121,8 @@ def describe_coverage(config, source_tokenizer, target_tokenizer, source_dir: st
             words = [w for sentence in words_of_lines(text, lang) for w in sentence]
             new = [w for w in words if w not in seen]
             line += (f"; {len(set(new)):,} word types ({len(new):,} of {len(words):,} words) are not among the "
-                     f"source model's training words" + ("" if config.tokenizer == "word" else
-                                                         ", spelled in pieces"))
+                     f"source model's training words" + ("" if tokenizer_class(config.tokenizer).word_level
+                                                         else ", spelled in pieces"))
         lines.append(line)
     return "Vocabularies kept from the source model; on the new training corpus:\n" + "\n".join(lines)
 

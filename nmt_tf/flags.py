@@ -27,6 +27,7 @@ from nmt_tf import startup
 from nmt_tf.files import write_atomically
 from nmt_tf.hardware import resolve_precision
 from nmt_tf.models import ARCHITECTURES
+from nmt_tf.tokenizers import TOKENIZERS
 
 FLAGS = flags.FLAGS
 
@@ -56,7 +57,7 @@ flags.DEFINE_string("dev_src", None, "Development (validation) source text, for 
 flags.DEFINE_string("dev_tgt", None, "Development target text, line-aligned with --dev_src.")
 flags.DEFINE_string("src_lang", "en", "Source language code; selects the tokenizer's apostrophe and abbreviation rules (en, fr, de; others get generic rules).")
 flags.DEFINE_string("tgt_lang", "fr", "Target language code (see --src_lang).")
-flags.DEFINE_enum("tokenizer", "word", ["word", "wordpiece", "sentencepiece"],
+flags.DEFINE_enum("tokenizer", "word", list(TOKENIZERS),
                   "word: the paper's Moses-like words with a shortlist of the most frequent words plus [UNK]. "
                   "wordpiece: the same words cut into WordPiece sub-words (tensorflow-text FastWordpieceTokenizer, "
                   "vocabulary learned by keras-hub compute_word_piece_vocabulary). "

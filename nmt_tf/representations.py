@@ -191,7 +191,7 @@ def word_vectors(model, tokenizer, lines: list[str]) -> Representations:
         kept.append((word, word_pieces))
         vectors.append(table[row].mean(axis=0))
     tied = " (tied with the target)" if getattr(model, "tied_embeddings", "none") == "all" else ""
-    piece_kind = "" if tokenizer.kind == "word" else ", mean of the word's pieces"
+    piece_kind = "" if tokenizer.word_level else ", mean of the word's pieces"
     return Representations(
         "words", f"source word embedding E_x{tied}{piece_kind}", [w for w, _ in kept],
         np.asarray(vectors, np.float32).reshape(len(kept), table.shape[1]),

@@ -5,7 +5,9 @@ with `tf.strings` / tensorflow-text ops, so that the same code runs in the
 tf.data training pipeline and inside an exported SavedModel's graph: a model
 can never see text prepared differently at serving time.
 
-Three tokenizers:
+Three tokenizers, registered by their --tokenizer name in nmt_tf/tokenizers.py
+(each a `Tokenizer` subclass here: how it cuts text, joins tokens back, and
+learns its vocabularies):
 
 * ``word`` (the paper's setting): Moses-like splitting of punctuation with the
   case kept, then a shortlist of the most frequent words; every other word
@@ -39,17 +41,18 @@ import io
 import os
 from typing import Sequence
 
+import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tft  # its ops: WordPiece and SentencePiece, in the graph and in exports
 
-from nmt_tf.files import WriteFailed
+from nmt_tf import model_dir as layout
+from nmt_tf.files import WriteFailed, write_atomically
+from nmt_tf.tokenizers import tokenizer_class
 
 PAD, UNK, BOS, EOS = "[PAD]", "[UNK]", "[BOS]", "[EOS]"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-
-TOKENIZERS = ("word", "wordpiece", "sentencepiece")
 
 
 # The models' input convention, built here for the training pipeline
@@ -353,16 +356,18 @@ def sentencepiece_vocabulary(model: bytes) -> list[str]:
 
 
 class Tokenizer(tf.Module):
-    """Raw text <-> ids for one language, entirely in TF ops.
+    """Raw text <-> ids for one language, entirely in TF ops: the base of the
+    tokenizers of nmt_tf/tokenizers.py, which say how text is cut into tokens
+    (`tokenize`), how tokens are joined back (`detokenize`) and how the
+    vocabularies are learned (`learn_vocabularies`).
 
     Args:
       vocabulary: list of tokens (specials first) or the path of a
         vocabulary file.
-      kind: "word", "wordpiece" or "sentencepiece".
       lang: language code for the Moses-like rules ("en", "fr", "de", ...).
-      sentencepiece_model: with kind "sentencepiece", the path of the model
-        file (`vocabulary` is then its pieces in id order). An export keeps
-        the file as an asset; tensorflow-text's op holds its bytes.
+      model_file: the tokenizer's model file, for those that have one
+        (SentencePiece: `vocabulary` is then its pieces in id order). An
+        export keeps the file as an asset.
 
     Shapes:
       tokenize:   [batch] string -> [batch, (tokens)] string (ragged)
@@ -370,14 +375,14 @@ class Tokenizer(tf.Module):
       decode:     [batch, len] int32 (ids after EOS are ignored) -> [batch] string
     """
 
-    def __init__(self, vocabulary, kind: str = "word", lang: str = "en", name=None,
-                 sentencepiece_model: str | None = None):
+    kind = ""              # its --tokenizer name
+    word_level = False     # every token is a whole word (no sub-words)
+    model_files = None     # model_dir.SENTENCEPIECE_MODELS-like names of its (source, target) model files
+
+    def __init__(self, vocabulary, lang: str = "en", name=None, model_file: str | None = None):
         super().__init__(name=name)
-        if kind not in TOKENIZERS:
-            raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZERS)}")
-        if (kind == "sentencepiece") != (sentencepiece_model is not None):
-            raise ValueError("a SentencePiece model file goes with kind 'sentencepiece', and only with it")
-        self.kind = kind
+        if (self.model_files is not None) != (model_file is not None):
+            raise ValueError(f"the {self.kind} tokenizer takes {'a' if self.model_files else 'no'} model file")
         self.lang = lang
         if isinstance(vocabulary, (str, os.PathLike)):
             # Tables initialized from the file: a SavedModel stores it as an asset.
@@ -398,33 +403,44 @@ class Tokenizer(tf.Module):
         self.vocab_size = len(self.vocabulary)
         self._token_to_id = tf.lookup.StaticHashTable(to_id, default_value=UNK_ID)
         self._id_to_token = tf.lookup.StaticHashTable(to_token, default_value=UNK)
-        if kind == "wordpiece":
-            self._wordpiece = tft.FastWordpieceTokenizer(
-                vocab=self.vocabulary, suffix_indicator="##", unknown_token=UNK,
-                no_pretokenization=True, support_detokenization=True,
-                token_out_type=tf.string)
-        if kind == "sentencepiece":
-            with tf.io.gfile.GFile(sentencepiece_model, "rb") as f:
-                model = f.read()
-            if sentencepiece_vocabulary(model) != self.vocabulary:
-                raise ValueError(f"{sentencepiece_model} does not hold the pieces of the vocabulary "
-                                 f"{vocabulary if isinstance(vocabulary, str) else '(list)'}")
-            self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_model)
-            self._sentencepiece = tft.SentencepieceTokenizer(model=model, out_type=tf.string)
+
+    # What a tokenizer defines.
+
+    def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
+        """[batch] raw string -> [batch, (tokens)] string tokens."""
+        raise NotImplementedError
+
+    def detokenize(self, tokens: tf.RaggedTensor) -> tf.Tensor:
+        """[batch, (tokens)] string tokens -> [batch] text."""
+        raise NotImplementedError
+
+    def continues_word(self, token: str) -> bool:
+        """Whether `token` continues the word before it (a sub-word piece that
+        is not the start of a word); never for word-level tokenizers."""
+        return False
+
+    @classmethod
+    def learn_vocabularies(cls, config, corpus, model_dir: str, log=print) -> tuple[list[str], list[str]]:
+        """The (source, target) vocabularies of the used training pairs, specials
+        first (`corpus`: nmt_tf.data.VocabularyCorpus). A tokenizer with model
+        files writes them into `model_dir` here."""
+        raise NotImplementedError
+
+    # What they share.
 
     def words(self, text: tf.Tensor) -> tf.RaggedTensor:
         """[batch] raw string -> [batch, (words)] Moses-like words."""
         return split_words(clean(text), self.lang)
 
-    def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
-        """[batch] raw string -> [batch, (tokens)] string tokens (sub-words unless word)."""
-        if self.kind == "sentencepiece":
-            return self._sentencepiece.tokenize(clean(text))
-        words = self.words(text)
-        if self.kind == "word":
-            return words
-        pieces = self._wordpiece.tokenize(words)  # [batch, (words), (pieces)]
-        return pieces.merge_dims(-2, -1)
+    def word_continuation(self) -> np.ndarray | None:
+        """[V] bool: the vocabulary's tokens that continue the word before them
+        (`continues_word`; the special tokens never), or None for word-level
+        tokenizers (every token is a word)."""
+        if self.word_level:
+            return None
+        table = [self.continues_word(token) for token in self.vocabulary]
+        table[:len(SPECIAL_TOKENS)] = [False] * len(SPECIAL_TOKENS)
+        return np.array(table, bool)
 
     def lookup(self, tokens: tf.RaggedTensor) -> tf.RaggedTensor:
         """String tokens -> int32 ids ([UNK] for tokens outside the vocabulary)."""
@@ -438,17 +454,6 @@ class Tokenizer(tf.Module):
         """int ids of any shape -> string tokens of the same shape."""
         return self._id_to_token.lookup(tf.cast(ids, tf.int64))
 
-    def detokenize(self, tokens: tf.RaggedTensor) -> tf.Tensor:
-        """[batch, (tokens)] string tokens -> [batch] text."""
-        if self.kind == "sentencepiece":
-            text = tf.strings.reduce_join(tokens, axis=-1)
-            return tf.strings.strip(tf.strings.regex_replace(text, SENTENCEPIECE_SPACE, " "))
-        if self.kind == "wordpiece":
-            text = tf.strings.reduce_join(tokens, axis=-1, separator=" ")
-            text = tf.strings.regex_replace(text, r"(^| )##", "")
-            tokens = tf.strings.split(text)
-        return join_words(tokens, self.lang)
-
     def decode(self, ids: tf.Tensor, tokens: tf.Tensor | None = None) -> tf.Tensor:
         """[batch, len] ids -> [batch] text; stops at the first EOS, drops PAD/BOS.
 
@@ -461,3 +466,110 @@ class Tokenizer(tf.Module):
         if tokens is None:
             return self.detokenize(tf.ragged.map_flat_values(self.id_to_token, tf.ragged.boolean_mask(ids, keep)))
         return self.detokenize(tf.ragged.boolean_mask(tokens, keep))
+
+
+def make_tokenizer(vocabulary, kind: str, lang: str = "en", name=None, model_file: str | None = None) -> Tokenizer:
+    """The --tokenizer=`kind` tokenizer (nmt_tf/tokenizers.py) of a vocabulary;
+    ValueError for an unknown kind."""
+    return tokenizer_class(kind)(vocabulary, lang, name=name, model_file=model_file)
+
+
+class WordTokenizer(Tokenizer):
+    """The paper's setting: Moses-like words with the case kept, a shortlist of
+    the most frequent ones; every other word is [UNK]."""
+
+    kind = "word"
+    word_level = True
+
+    def tokenize(self, text):
+        return self.words(text)
+
+    def detokenize(self, tokens):
+        return join_words(tokens, self.lang)
+
+    @classmethod
+    def learn_vocabularies(cls, config, corpus, model_dir, log=print):
+        for side, counts, vocab in zip(("source", "target"), corpus.word_counts, corpus.word_shortlists):
+            covered = sum(counts[t] for t in vocab[len(SPECIAL_TOKENS):])
+            log(f"  {side}: {len(counts):,} word types; the {len(vocab):,}-entry shortlist "
+                f"covers {covered / max(1, sum(counts.values())):.2%} of the words")
+        return corpus.word_shortlists
+
+
+class WordpieceTokenizer(Tokenizer):
+    """The Moses-like words cut into WordPiece sub-words by tensorflow-text's
+    FastWordpieceTokenizer ("##" marks a piece that continues a word)."""
+
+    kind = "wordpiece"
+
+    def __init__(self, vocabulary, lang="en", name=None, model_file=None):
+        super().__init__(vocabulary, lang, name=name, model_file=model_file)
+        self._wordpiece = tft.FastWordpieceTokenizer(
+            vocab=self.vocabulary, suffix_indicator="##", unknown_token=UNK,
+            no_pretokenization=True, support_detokenization=True,
+            token_out_type=tf.string)
+
+    def tokenize(self, text):
+        pieces = self._wordpiece.tokenize(self.words(text))  # [batch, (words), (pieces)]
+        return pieces.merge_dims(-2, -1)
+
+    def detokenize(self, tokens):
+        text = tf.strings.reduce_join(tokens, axis=-1, separator=" ")
+        text = tf.strings.regex_replace(text, r"(^| )##", "")
+        return join_words(tf.strings.split(text), self.lang)
+
+    def continues_word(self, token):
+        return token.startswith("##")
+
+    @classmethod
+    def learn_vocabularies(cls, config, corpus, model_dir, log=print):
+        vocabularies = tuple(wordpiece_vocabulary(corpus.words(side), size)
+                             for side, size in ((0, config.src_vocab_size), (1, config.tgt_vocab_size)))
+        log(f"  WordPiece vocabularies: {len(vocabularies[0]):,} source and {len(vocabularies[1]):,} target entries")
+        return vocabularies
+
+
+class SentencepieceTokenizer(Tokenizer):
+    """SentencePiece pieces of the cleaned raw text (no pre-tokenization),
+    applied by tensorflow-text's SentencepieceTokenizer; its model file is an
+    asset of an export."""
+
+    kind = "sentencepiece"
+    model_files = layout.SENTENCEPIECE_MODELS
+
+    def __init__(self, vocabulary, lang="en", name=None, model_file=None):
+        super().__init__(vocabulary, lang, name=name, model_file=model_file)
+        with tf.io.gfile.GFile(model_file, "rb") as f:
+            model = f.read()
+        if sentencepiece_vocabulary(model) != self.vocabulary:
+            raise ValueError(f"{model_file} does not hold the pieces of the vocabulary "
+                             f"{vocabulary if isinstance(vocabulary, str) else '(list)'}")
+        self.sentencepiece_model = tf.saved_model.Asset(model_file)
+        self._sentencepiece = tft.SentencepieceTokenizer(model=model, out_type=tf.string)
+
+    def tokenize(self, text):
+        return self._sentencepiece.tokenize(clean(text))
+
+    def detokenize(self, tokens):
+        text = tf.strings.reduce_join(tokens, axis=-1)
+        return tf.strings.strip(tf.strings.regex_replace(text, SENTENCEPIECE_SPACE, " "))
+
+    def continues_word(self, token):
+        return bool(token) and not token.startswith(SENTENCEPIECE_SPACE) and token[0].isalnum()
+
+    @classmethod
+    def learn_vocabularies(cls, config, corpus, model_dir, log=print):
+        learn = lambda sides, size: learn_sentencepiece(
+            corpus.sentences(sides), size, config.sentencepiece_type,
+            config.sentencepiece_character_coverage, config.sentencepiece_sample_size, config.seed)
+        if config.joint_vocabulary:
+            joint = learn((0, 1), config.src_vocab_size)
+            models = (joint, joint)
+        else:
+            models = (learn((0,), config.src_vocab_size), learn((1,), config.tgt_vocab_size))
+        for model, path in zip(models, layout.pair(model_dir, cls.model_files)):
+            write_atomically(path, model)
+        vocabularies = tuple(sentencepiece_vocabulary(m) for m in models)
+        log(f"  SentencePiece ({config.sentencepiece_type}{', joint' if config.joint_vocabulary else ''}) "
+            f"vocabularies: {len(vocabularies[0]):,} source and {len(vocabularies[1]):,} target pieces")
+        return vocabularies

@@ -217,7 +217,7 @@ class TranslationGraph:
             prefix_ids, prefix_tokens, given = self._prefix(target_prefix)
             term_ids, term_tokens = self._required_terms(required_terms)
         out = search(self.model, source, options, shortlist, prefix_ids, term_ids,
-                     None if term_ids is None else word_continuation(self.target_tokenizer))
+                     None if term_ids is None else self.target_tokenizer.word_continuation())
         batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
         flat = tf.reshape(out["tokens"], [batch * n, -1])
         replaced = None
@@ -294,24 +294,6 @@ class TranslationGraph:
         module.score = tf.function(self.score, input_signature=[
             tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
         return module
-
-
-def word_continuation(tokenizer) -> np.ndarray | None:
-    """[V] bool: the tokens of `tokenizer`'s vocabulary that continue the word
-    before them (a SentencePiece piece that starts with a letter or digit
-    and no word-start mark; a WordPiece "##" piece), or None (word
-    tokenizers: every token is a word)."""
-    from nmt_tf.text import SENTENCEPIECE_SPACE, SPECIAL_TOKENS
-
-    if tokenizer.kind == "word":
-        return None
-    if tokenizer.kind == "wordpiece":
-        table = [token.startswith("##") for token in tokenizer.vocabulary]
-    else:
-        table = [bool(piece) and not piece.startswith(SENTENCEPIECE_SPACE) and piece[0].isalnum()
-                 for piece in tokenizer.vocabulary]
-    table[:len(SPECIAL_TOKENS)] = [False] * len(SPECIAL_TOKENS)
-    return np.array(table, bool)
 
 
 def _overlay(tf, tokens, prefix_tokens):

@@ -12,7 +12,7 @@ from nmt_tf import plots, train
 from nmt_tf.files import read_lines
 from nmt_tf import representations as reps
 from nmt_tf.models.rnnsearch import RNNSearch
-from nmt_tf.text import EOS_ID, SPECIAL_TOKENS, Tokenizer
+from nmt_tf.text import EOS_ID, SPECIAL_TOKENS, WordpieceTokenizer
 from nmt_tf.translator import restore_model
 from test_evaluate import png_shape, read_events
 
@@ -91,7 +91,7 @@ def test_word_vectors_are_the_source_embedding_rows(rnnsearch):
 
 def test_sub_word_models_map_a_word_to_the_mean_of_its_pieces():
     vocab = list(SPECIAL_TOKENS) + ["a", "man", "run", "##s", "##ning", "dog"]
-    tok = Tokenizer(vocab, kind="wordpiece")
+    tok = WordpieceTokenizer(vocab)
     model = RNNSearch(len(vocab), 8, embedding_size=5, hidden_size=4, attention_size=4, maxout_size=3)
     model.build()
     table = model.source_embedding.embeddings.numpy()

@@ -462,8 +462,8 @@ def test_unk_replacement_copies_the_attended_source_word_or_its_dictionary_trans
     from nmt_tf.translator import TranslationGraph, UnkReplacement
 
     vocab = list(text.SPECIAL_TOKENS) + ["le", "chat"]
-    src_tok = text.Tokenizer(list(text.SPECIAL_TOKENS) + ["Hello", "."], "word", "en")
-    tgt_tok = text.Tokenizer(vocab, "word", "fr")
+    src_tok = text.make_tokenizer(list(text.SPECIAL_TOKENS) + ["Hello", "."], "word", "en")
+    tgt_tok = text.make_tokenizer(vocab, "word", "fr")
     sentences = tf.constant(["Hello Ziegler .", "Dr Who ."])
     options = SearchOptions(beam_size=1, min_length_ratio=0.0)
     plain = TranslationGraph(ScriptedModel(), src_tok, tgt_tok, options, 20).translate(sentences)

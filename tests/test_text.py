@@ -73,7 +73,7 @@ def test_word_tokenizer_encode_decode(tmp_path):
     vocab = list(text.SPECIAL_TOKENS) + ["Un", "homme", "l'", "observe", "."]
     path = str(tmp_path / "v.txt")
     text.write_vocabulary(vocab, path)
-    tok = text.Tokenizer(path, "word", "fr")
+    tok = text.make_tokenizer(path, "word", "fr")
     ids = tok.encode(tf.constant(["Un homme l'observe.", "Un chat"])).to_list()
     assert ids == [[4, 5, 6, 7, 8], [4, text.UNK_ID]]
     padded = tf.constant([[4, 5, 6, 7, 8, 3, 0], [2, 4, 1, 3, 5, 5, 0]])
@@ -93,7 +93,7 @@ def test_wordpiece_tokenizer_round_trip():
         lambda l: text.split_words(text.clean(l), "fr"))
     vocab = text.wordpiece_vocabulary(batches, 400)
     assert vocab[:4] == list(text.SPECIAL_TOKENS) and 200 < len(vocab) <= 400
-    tok = text.Tokenizer(vocab, "wordpiece", "fr")
+    tok = text.make_tokenizer(vocab, "wordpiece", "fr")
     sample = tf.constant(lines[:50])
     pieces = tok.tokenize(sample)
     assert any(p.startswith(b"##") for p in pieces.flat_values.numpy())
@@ -117,14 +117,14 @@ def test_sentencepiece_in_the_graph_equals_the_sentencepiece_package_on_multi30k
         path.write_bytes(model)
         vocab = text.sentencepiece_vocabulary(model)
         assert vocab[:4] == list(text.SPECIAL_TOKENS) and len(vocab) == 600
-        tok = text.Tokenizer(vocab, "sentencepiece", "fr", sentencepiece_model=str(path))
+        tok = text.make_tokenizer(vocab, "sentencepiece", "fr", model_file=str(path))
         processor = spm.SentencePieceProcessor(model_proto=model)
         ids = tok.encode(tf.constant(lines)).to_list()
         assert ids == [processor.encode(c) for c in cleaned], kind
         back = [b.decode() for b in tok.decode(tf.ragged.constant(ids).to_tensor()).numpy()]
         assert back == cleaned, kind
     with pytest.raises(ValueError, match="does not hold the pieces"):
-        text.Tokenizer(vocab[:-1] + ["other"], "sentencepiece", "fr", sentencepiece_model=str(path))
+        text.make_tokenizer(vocab[:-1] + ["other"], "sentencepiece", "fr", model_file=str(path))
 
 
 def test_sentencepiece_learns_no_piece_for_invalid_bytes():
@@ -142,3 +142,35 @@ def test_the_model_input_convention():
     assert text.with_bos(ids).to_list() == [[text.BOS_ID, 5, 6, 7], [text.BOS_ID], [text.BOS_ID, 8]]
     words = tf.ragged.constant([["a", "b"], []])
     assert text.with_eos(words).to_list() == [[b"a", b"b", b"[EOS]"], [b"[EOS]"]]
+
+
+def test_every_registered_tokenizer_is_a_tokenizer_and_a_flag_choice():
+    from nmt_tf import flags
+    from nmt_tf.tokenizers import TOKENIZERS, tokenizer_class
+
+    assert flags.FLAGS["tokenizer"].parser.enum_values == list(TOKENIZERS)
+    for name in TOKENIZERS:
+        cls = tokenizer_class(name)
+        assert issubclass(cls, text.Tokenizer) and cls.kind == name
+    with pytest.raises(ValueError, match="unknown tokenizer 'bytes'; choose one of word, wordpiece, sentencepiece"):
+        text.make_tokenizer(list(text.SPECIAL_TOKENS), "bytes")
+    with pytest.raises(ValueError, match="the word tokenizer takes no model file"):
+        text.make_tokenizer(list(text.SPECIAL_TOKENS), "word", model_file="x.model")
+
+
+def test_which_tokens_continue_a_word(tmp_path):
+    """What required terms need (a term must end where a word ends): WordPiece's "##"
+    pieces and SentencePiece pieces without the word-start mark continue a word;
+    special tokens and punctuation never do; word tokenizers have no table."""
+    specials = list(text.SPECIAL_TOKENS)
+    assert text.make_tokenizer(specials + ["chien", "s"], "word", "fr").word_continuation() is None
+    wordpiece = text.make_tokenizer(specials + ["chien", "##s", "."], "wordpiece", "fr")
+    assert wordpiece.word_continuation().tolist() == [False] * 4 + [False, True, False]
+    model = text.learn_sentencepiece([f"le chien {i} des chiens, le chat." for i in range(200)], 30)
+    path = tmp_path / "sp.model"
+    path.write_bytes(model)
+    pieces = text.sentencepiece_vocabulary(model)
+    table = text.make_tokenizer(pieces, "sentencepiece", "fr", model_file=str(path)).word_continuation()
+    expected = [i >= 4 and p[0].isalnum() for i, p in enumerate(pieces)]
+    assert table.tolist() == expected and any(expected) and not all(expected[4:])
+    assert not any(table[i] for i, p in enumerate(pieces) if p.startswith(text.SENTENCEPIECE_SPACE))
