@@ -31,15 +31,16 @@ import os
 
 import numpy as np
 
+from nmt_tf import model_dir as layout
 from nmt_tf.alignment import NULL, model1
 from nmt_tf.files import open_binary
 
-LEXICAL_TABLE = "lexical_shortlist.npz"         # in a model directory: written by `python -m nmt_tf.shortlist`
 SPECIALS = 4      # nmt_tf.text.SPECIAL_TOKENS ([PAD], [UNK], [BOS], [EOS]: ids 0-3), without importing TensorFlow
 
 
 def lexical_table_path(model_dir: str) -> str:
-    return os.path.join(model_dir, LEXICAL_TABLE)
+    """In a model directory: written by `python -m nmt_tf.shortlist`."""
+    return layout.path(model_dir, layout.LEXICAL_TABLE)
 
 
 def lexical_table(pairs, source_vocab_size: int, target_vocab_size: int, keep: int = 50, iterations: int = 5,

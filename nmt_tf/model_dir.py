@@ -14,6 +14,7 @@
     logs/train, logs/dev      TensorBoard
     train_summary.json        steps, epochs, time, NLL, tokens/s, status
     eval/<source name>/       nmt_tf.evaluate's default output folder
+    lexical_shortlist.npz     nmt_tf.shortlist's lexical table (--shortlist_size)
     prepared/                 the training corpus tokenized into TFRecord shards
                               (--prepared_shards), with manifest.json
     workers/<task>_<id>/      what a worker other than the chief writes under
@@ -31,7 +32,7 @@ import os
 FLAGS_JSON, FLAGS_TXT, MODEL_CONFIG = "flags.json", "flags.txt", "model_config.json"
 CORPUS_STATS, DEV_CORPUS_STATS, TRAIN_SUMMARY = "corpus_stats.json", "corpus_stats.dev.json", "train_summary.json"
 CHECKPOINTS, BEST, AVERAGED, DAMAGED, LOGS, EVAL = "checkpoints", "best", "averaged", "damaged", "logs", "eval"
-WORKERS, PREPARED = "workers", "prepared"
+WORKERS, PREPARED, LEXICAL_TABLE = "workers", "prepared", "lexical_shortlist.npz"
 VOCABULARIES = ("vocab.src.txt", "vocab.tgt.txt")
 SENTENCEPIECE_MODELS = ("sentencepiece.src.model", "sentencepiece.tgt.model")
 WORD_SHORTLISTS = ("words.src.txt", "words.tgt.txt")
@@ -45,6 +46,10 @@ def path(model_dir: str, name: str) -> str:
 def pair(model_dir: str, names: tuple[str, str]) -> tuple[str, str]:
     """The (source, target) files of VOCABULARIES, SENTENCEPIECE_MODELS or WORD_SHORTLISTS."""
     return path(model_dir, names[0]), path(model_dir, names[1])
+
+
+# What a preset carries of its run (those that exist), besides the weights.
+RUN_FILES = (FLAGS_JSON, *VOCABULARIES, *SENTENCEPIECE_MODELS, *WORD_SHORTLISTS)
 
 
 def eval_dir(model_dir: str, source_name: str) -> str:

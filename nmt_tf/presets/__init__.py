@@ -44,6 +44,7 @@ import numpy as np
 
 from nmt_tf import exporter
 from nmt_tf import flags as nmt_flags
+from nmt_tf import model_dir as layout
 from nmt_tf.models import build_model
 from nmt_tf.translator import dtype_policy, restore_model
 
@@ -52,9 +53,6 @@ PACKAGE_DIR = os.path.dirname(PRESETS_DIR)
 MANIFEST, WEIGHTS, CHECKS, MODEL_CARD = "preset.json", "weights.npz", "checks.json", "MODEL_CARD.md"
 FORMAT = 1
 WEIGHT_DTYPES = ("float16", "bfloat16", "float32")
-# Model-directory files a preset carries (those that exist in the source run).
-_RUN_FILES = ("flags.json", "vocab.src.txt", "vocab.tgt.txt", "sentencepiece.src.model", "sentencepiece.tgt.model",
-              "words.src.txt", "words.tgt.txt")
 EXPORT_VERSION = 1
 
 
@@ -186,7 +184,7 @@ def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
     from nmt_tf import checkpoints, data
 
     os.makedirs(out)
-    for name in _RUN_FILES:
+    for name in layout.RUN_FILES:
         if name in manifest["files"]:
             shutil.copy(os.path.join(folder, name), os.path.join(out, name))
     config = nmt_flags.load_config(out)
@@ -275,7 +273,7 @@ def create(model_dir_path: str, out_dir: str, name: str, weights="averaged", wei
     arrays = weight_arrays(restored.model, weights_dtype)
     os.makedirs(out_dir, exist_ok=True)
     np.savez_compressed(os.path.join(out_dir, WEIGHTS), **arrays)
-    copied = [n for n in _RUN_FILES if os.path.exists(os.path.join(model_dir_path, n))]
+    copied = [n for n in layout.RUN_FILES if os.path.exists(os.path.join(model_dir_path, n))]
     for n in copied:
         shutil.copy(os.path.join(model_dir_path, n), os.path.join(out_dir, n))
     config = restored.config
