@@ -306,7 +306,55 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
         return _train(config, explicit, log, run_scope)
 
 
+@dataclasses.dataclass
+class _Run:
+    """One training run, as `_train`'s stages hand it on: each stage reads what
+    the earlier ones set and sets its own part."""
+    config: object
+    log: object
+    model_dir: str
+    resuming: bool
+    init: object = None             # fine_tune.Source with --init_from
+    # _start: where it runs
+    strategy: object = None
+    worker: object = None
+    write_dir: str = ""             # the chief writes model_dir; another worker its own part of it
+    # _read_corpus: the data
+    src_tok: object = None
+    tgt_tok: object = None
+    stats: object = None
+    dev_stats: object = None
+    prepared: str | None = None     # --prepared_shards: the shards' folder
+    own_data: bool = False          # several workers, each reading its own part of the data
+    context: object = None          # with own_data: this worker's tf.distribute.InputContext
+    n_batches: int | None = None    # per epoch (None: data-dependent, token batches)
+    # _build, _restore, _controller: the model and its training
+    model: object = None
+    optimizer: object = None
+    state: object = None            # callbacks.TrainingState
+    manager: object = None          # tf.train.CheckpointManager of checkpoints/
+    evaluator: object = None
+    bleu: object = None
+    best_checkpoints: object = None
+    controller: object = None
+    print_lines: bool = False
+
+
 def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitStack) -> dict:
+    """The stages of a run, in order (each below says what it does)."""
+    run = _resolve_config(config, explicit, log)
+    _start(run, run_scope)
+    _read_corpus(run)
+    _build(run)
+    _restore(run)
+    _controller(run)
+    step, started = _fit(run)
+    return _finish(run, step, started)
+
+
+def _resolve_config(config, explicit, log) -> _Run:
+    """The run's flags: a resume's merged with its flags.json, a fine-tuning
+    run's with its source's model flags; checked."""
     if not config.model_dir:
         raise TrainingError("--model_dir is required.")
     model_dir = config.model_dir
@@ -323,107 +371,136 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
             raise TrainingError(str(e)) from None
         log(f"Fine-tuning {init.model_dir} ({init.checkpoint}): its model and vocabulary flags are kept.")
     check_config(config)
-    # Before anything else touches TensorFlow (a multi-worker strategy and
-    # logical CPU devices configure its runtime as it starts).
+    return _Run(config, log, model_dir, resuming, init)
+
+
+def _start(run: _Run, run_scope: contextlib.ExitStack) -> None:
+    """The distribution strategy (before anything else touches TensorFlow: a
+    multi-worker strategy and logical CPU devices configure its runtime as it
+    starts), the seed, the kernels and the precision of the run."""
+    import keras
+
+    config = run.config
     try:
-        strategy, worker = distribution.make_strategy(config.distribution, config.cpu_devices,
-                                                      config.collective_timeout)
+        run.strategy, run.worker = distribution.make_strategy(config.distribution, config.cpu_devices,
+                                                              config.collective_timeout)
     except distribution.DistributionError as e:
         raise TrainingError(str(e)) from None
-    distribution.barrier(strategy)      # every worker has seen whether this is a resume
-
-    import keras
-    import tensorflow as tf
-
-    from nmt_tf import callbacks as cb
-    from nmt_tf import checkpoints, data
-
-    # The chief writes the model directory; other workers their own part of it.
-    write_dir = model_dir if worker.is_chief else layout.worker_dir(model_dir, worker.name)
+    distribution.barrier(run.strategy)      # every worker has seen whether this is a resume
+    run.write_dir = run.model_dir if run.worker.is_chief else layout.worker_dir(run.model_dir, run.worker.name)
     if config.distribution != "none":
-        log(distribution.describe(strategy, worker))
+        run.log(distribution.describe(run.strategy, run.worker))
     keras.utils.set_random_seed(config.seed)
     if training_kernels():
-        log(training_kernels())
-    log(step_products_choice())
-    run_scope.enter_context(dtype_policy(chosen_precision(config, log)))
+        run.log(training_kernels())
+    run.log(step_products_choice())
+    run_scope.enter_context(dtype_policy(chosen_precision(config, run.log)))
+
+
+def _read_corpus(run: _Run) -> None:
+    """Checks and counts the corpora, writes flags.json and the vocabularies (a
+    fine-tuning run copies its source's), prepares shards, and decides how
+    each worker reads the data and how many batches an epoch has."""
+    import tensorflow as tf
+
+    from nmt_tf import data
+
+    config, log, model_dir, worker = run.config, run.log, run.model_dir, run.worker
     before = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else None
     # Several workers with --worker_input=own_data each read their own part of
     # the data (their prepared shards, or every N-th line of the text) and make
     # their replicas' batches of it; with global_batches every worker reads all
     # of it and keeps its replicas' shares of each batch.
-    own_data = worker.workers > 1 and (config.worker_input == "own_data" or (
+    run.own_data = worker.workers > 1 and (config.worker_input == "own_data" or (
         config.worker_input == "auto" and config.batch_type == "sentences"))
-    line_pipelines = worker.workers if own_data and not config.prepared_shards else 1
+    line_pipelines = worker.workers if run.own_data and not config.prepared_shards else 1
     try:
         if worker.is_chief:
-            if init is not None:
-                fine_tune.copy_vocabularies(init.model_dir, model_dir)
-            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, pipelines=line_pipelines)
-            if init is not None:
-                log(fine_tune.describe_coverage(config, src_tok, tgt_tok, init.model_dir))
-        distribution.barrier(strategy)  # the chief's flags and vocabularies are written
+            if run.init is not None:
+                fine_tune.copy_vocabularies(run.init.model_dir, model_dir)
+            run.src_tok, run.tgt_tok, run.stats, run.dev_stats = _prepare_data(config, model_dir, log,
+                                                                               pipelines=line_pipelines)
+            if run.init is not None:
+                log(fine_tune.describe_coverage(config, run.src_tok, run.tgt_tok, run.init.model_dir))
+        distribution.barrier(run.strategy)  # the chief's flags and vocabularies are written
         if not worker.is_chief:
-            src_tok, tgt_tok, stats, dev_stats = _prepare_data(config, model_dir, log, write_dir=write_dir,
-                                                               pipelines=line_pipelines)
+            run.src_tok, run.tgt_tok, run.stats, run.dev_stats = _prepare_data(
+                config, model_dir, log, write_dir=run.write_dir, pipelines=line_pipelines)
     except BaseException:
-        if not resuming and worker.is_chief:   # nothing was trained: a corrected retry must start afresh
+        if not run.resuming and worker.is_chief:   # nothing was trained: a corrected retry must start afresh
             _remove_new_files(model_dir, before)
         raise
-    prepared = None
     if config.prepared_shards:
-        prepared = layout.path(model_dir, layout.PREPARED)
+        run.prepared = layout.path(model_dir, layout.PREPARED)
         if worker.is_chief:
-            _prepare_shards(config, src_tok, tgt_tok, prepared, stats, log)
-        distribution.barrier(strategy)  # the shards are written
-    has_dev = dev_stats is not None
-    n_batches = data.batches_per_epoch(stats, config.batch_size, config.batch_type, config.pool_size)
-    if own_data:
-        if config.prepared_shards and config.prepared_shards < worker.workers:
-            raise TrainingError(f"--prepared_shards={config.prepared_shards} is fewer than the "
-                                f"{worker.workers} workers: each worker reads its own shards.")
-        context = tf.distribute.InputContext(num_input_pipelines=worker.workers,
-                                             num_replicas_in_sync=strategy.num_replicas_in_sync)
-        if prepared:
-            source = f"shards of {prepared}"
-            pipeline_pairs = data.prepared_pipeline_pairs(data.read_prepared_manifest(prepared), worker.workers)
-        else:
-            source = f"lines of {config.train_src} | {config.train_tgt} (one line in {worker.workers})"
-            pipeline_pairs = stats.pipeline_pairs
-        n_batches = data.pipeline_batches_per_epoch(pipeline_pairs, config.batch_size, config.batch_type,
-                                                    config.pool_size, context)
-        if not n_batches:
-            raise TrainingError(f"The {source} give some of the {worker.workers} workers no batch: the corpus "
-                                "is too small for them.")
-        log(f"Each of the {worker.workers} workers reads its own {source}; an epoch is the "
-            f"{n_batches:,} steps all of them can make (a worker's batches beyond that are left out).")
+            _prepare_shards(config, run.src_tok, run.tgt_tok, run.prepared, run.stats, log)
+        distribution.barrier(run.strategy)  # the shards are written
+    run.n_batches = data.batches_per_epoch(run.stats, config.batch_size, config.batch_type, config.pool_size)
+    if not run.own_data:
+        return
+    if config.prepared_shards and config.prepared_shards < worker.workers:
+        raise TrainingError(f"--prepared_shards={config.prepared_shards} is fewer than the "
+                            f"{worker.workers} workers: each worker reads its own shards.")
+    run.context = tf.distribute.InputContext(num_input_pipelines=worker.workers,
+                                             num_replicas_in_sync=run.strategy.num_replicas_in_sync)
+    if run.prepared:
+        source = f"shards of {run.prepared}"
+        pipeline_pairs = data.prepared_pipeline_pairs(data.read_prepared_manifest(run.prepared), worker.workers)
+    else:
+        source = f"lines of {config.train_src} | {config.train_tgt} (one line in {worker.workers})"
+        pipeline_pairs = run.stats.pipeline_pairs
+    run.n_batches = data.pipeline_batches_per_epoch(pipeline_pairs, config.batch_size, config.batch_type,
+                                                    config.pool_size, run.context)
+    if not run.n_batches:
+        raise TrainingError(f"The {source} give some of the {worker.workers} workers no batch: the corpus "
+                            "is too small for them.")
+    log(f"Each of the {worker.workers} workers reads its own {source}; an epoch is the "
+        f"{run.n_batches:,} steps all of them can make (a worker's batches beyond that are left out).")
 
-    with strategy.scope():
-        model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
-        if init is not None:
-            fine_tune.load_weights(model, init.checkpoint,
-                                   lambda: build_model(config, src_tok.vocab_size, tgt_tok.vocab_size))
-            log(f"Weights from {init.checkpoint}; a fresh optimizer and learning-rate schedule.")
+
+def _build(run: _Run) -> None:
+    """The model (a fine-tuning run's with its source's weights, --freeze
+    applied) and its optimizer, under the strategy; model_config.json."""
+    config, log = run.config, run.log
+    vocab_sizes = (run.src_tok.vocab_size, run.tgt_tok.vocab_size)
+    with run.strategy.scope():
+        run.model = build_model(config, *vocab_sizes)
+        if run.init is not None:
+            fine_tune.load_weights(run.model, run.init.checkpoint, lambda: build_model(config, *vocab_sizes))
+            log(f"Weights from {run.init.checkpoint}; a fresh optimizer and learning-rate schedule.")
         if config.freeze:
-            log(f"Frozen (not trained): {', '.join(fine_tune.freeze(model, config.freeze))}.")
-        optimizer = make_optimizer(config)
-        model.compile(optimizer=optimizer, jit_compile=config.jit_compile)
-        optimizer.build(model.trainable_variables)
-    if worker.is_chief:
-        write_atomically(layout.path(model_dir, layout.MODEL_CONFIG),
-                         json.dumps({"class_name": type(model).__name__, "config": model.get_config()}, indent=2))
+            log(f"Frozen (not trained): {', '.join(fine_tune.freeze(run.model, config.freeze))}.")
+        run.optimizer = make_optimizer(config)
+        run.model.compile(optimizer=run.optimizer, jit_compile=config.jit_compile)
+        run.optimizer.build(run.model.trainable_variables)
+    if run.worker.is_chief:
+        write_atomically(layout.path(run.model_dir, layout.MODEL_CONFIG),
+                         json.dumps({"class_name": type(run.model).__name__, "config": run.model.get_config()},
+                                    indent=2))
 
-    state = cb.TrainingState()
+
+def _restore(run: _Run) -> None:
+    """The checkpoint manager, and the newest intact checkpoint restored (damaged
+    ones moved aside first): the last regular one whole, or a best one's model
+    and optimizer with the epoch position from its step."""
+    import keras
+    import tensorflow as tf
+
+    from nmt_tf import callbacks as cb
+    from nmt_tf import checkpoints
+
+    model, optimizer, n_batches, log = run.model, run.optimizer, run.n_batches, run.log
+    state = run.state = cb.TrainingState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, state=state)
     # Before the manager reads the state file: damaged checkpoints are moved aside.
-    if worker.is_chief:
-        checkpoints.remove_unfinished_saves(model_dir, log=log)
-        restore_from, kind = checkpoints.newest_intact(model_dir, log=log)    # or NoIntactCheckpointError
-    distribution.barrier(strategy)     # damaged ones are moved aside: the others read the chief's choice
-    if not worker.is_chief:
-        restore_from, kind = checkpoints.newest_intact(model_dir, log=log)
-    manager = tf.train.CheckpointManager(checkpoint, checkpoints.checkpoints_dir(write_dir),
-                                         max_to_keep=config.keep_checkpoints, checkpoint_name="ckpt")
+    if run.worker.is_chief:
+        checkpoints.remove_unfinished_saves(run.model_dir, log=log)
+        restore_from, kind = checkpoints.newest_intact(run.model_dir, log=log)    # or NoIntactCheckpointError
+    distribution.barrier(run.strategy)     # damaged ones are moved aside: the others read the chief's choice
+    if not run.worker.is_chief:
+        restore_from, kind = checkpoints.newest_intact(run.model_dir, log=log)
+    run.manager = tf.train.CheckpointManager(checkpoint, checkpoints.checkpoints_dir(run.write_dir),
+                                             max_to_keep=run.config.keep_checkpoints, checkpoint_name="ckpt")
     if kind == "last":
         # Weights and optimizer must match exactly; training-state counters
         # added by a newer nmt_tf keep their defaults when a checkpoint lacks them.
@@ -445,50 +522,77 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
         log(f"Restored {restore_from} (model and optimizer): step {step:,}, epoch {int(state.epoch.numpy()) + 1}, "
             f"batch {int(state.epoch_batches.numpy()):,}; the training-time and token counters start again "
             "from zero.")
-    log(f"Model {config.model}: {model.count_params():,} parameters; "
+    log(f"Model {run.config.model}: {model.count_params():,} parameters; "
         f"{f'{n_batches:,}' if n_batches else 'a data-dependent number of'} batches per epoch; "
         f"precision {keras.mixed_precision.dtype_policy().name}.")
 
-    def dataset(path_src, path_tgt, **kw):
-        ds = data.make_dataset(path_src, path_tgt, src_tok, tgt_tok, max_len=config.max_len,
-                               batch_size=config.batch_size, batch_type=config.batch_type,
-                               pool_size=config.pool_size, **kw)
-        # Without own_data (global_batches): every worker reads the corpus and keeps its
-        # replicas' shares of each global batch (a text corpus is one file a side:
-        # it cannot be shared out by files).
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-        return ds.with_options(options)
 
-    evaluator = cb.DevEvaluator(model, dataset(config.dev_src, config.dev_tgt)) if has_dev else None
-    bleu = None
+def _dataset(run: _Run, path_src: str, path_tgt: str, **kw):
+    """The batches of a corpus, as the run reads them."""
+    import tensorflow as tf
+
+    from nmt_tf import data
+
+    config = run.config
+    ds = data.make_dataset(path_src, path_tgt, run.src_tok, run.tgt_tok, max_len=config.max_len,
+                           batch_size=config.batch_size, batch_type=config.batch_type,
+                           pool_size=config.pool_size, **kw)
+    # Without own_data (global_batches): every worker reads the corpus and keeps its
+    # replicas' shares of each global batch (a text corpus is one file a side:
+    # it cannot be shared out by files).
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options)
+
+
+def _controller(run: _Run) -> None:
+    """What watches the training: dev loss and dev BLEU, the best checkpoints,
+    the learning-rate schedule and the budgets (callbacks.TrainingController)."""
+    import tensorflow as tf
+
+    from nmt_tf import callbacks as cb
+    from nmt_tf import checkpoints
+
+    config, log = run.config, run.log
+    has_dev = run.dev_stats is not None
+    run.evaluator = cb.DevEvaluator(run.model, _dataset(run, config.dev_src, config.dev_tgt)) if has_dev else None
     if has_dev and config.dev_bleu:
         from nmt_tf.search import SearchOptions
 
         options = SearchOptions(beam_size=config.dev_bleu_beam_size, n_best=1)
-        bleu = cb.DevBleu(model, src_tok, tgt_tok, config.dev_src, config.dev_tgt, options,
-                          sentences=config.dev_bleu_sentences, attention_examples=config.attention_examples)
+        run.bleu = cb.DevBleu(run.model, run.src_tok, run.tgt_tok, config.dev_src, config.dev_tgt, options,
+                              sentences=config.dev_bleu_sentences, attention_examples=config.attention_examples)
     elif config.early_stopping_metric == "bleu" and has_dev:
         log("Dev BLEU is off (--nodev_bleu): the best checkpoint and early stopping use the dev loss.")
-    best_checkpoints = checkpoints.BestCheckpoints(
-        tf.train.Checkpoint(model=model), checkpoints.best_dir(write_dir), config.keep_best_checkpoints,
-        higher_is_better=bleu is not None and config.early_stopping_metric == "bleu") if has_dev else None
-    print_lines = not cb.is_terminal()
-    controller = cb.TrainingController(config, state, manager, best_checkpoints, evaluator,
-                                       layout.path(write_dir, layout.LOGS), n_batches, log=log,
-                                       print_lines=print_lines, bleu=bleu)
-    controller.set_model(model)
+    run.best_checkpoints = checkpoints.BestCheckpoints(
+        tf.train.Checkpoint(model=run.model), checkpoints.best_dir(run.write_dir), config.keep_best_checkpoints,
+        higher_is_better=run.bleu is not None and config.early_stopping_metric == "bleu") if has_dev else None
+    run.print_lines = not cb.is_terminal()
+    controller = run.controller = cb.TrainingController(
+        config, run.state, run.manager, run.best_checkpoints, run.evaluator,
+        layout.path(run.write_dir, layout.LOGS), run.n_batches, log=log, print_lines=run.print_lines, bleu=run.bleu)
+    controller.set_model(run.model)
     log(f"Learning rate ({config.lr_schedule}): {controller.schedule.describe()}"
         + (f"; x{config.decay_factor:g} after every {config.decay_patience} dev evaluations without improvement"
            if config.decay_factor < 1.0 else "") + ".")
-    if worker.workers > 1:
+    if run.worker.workers > 1:
         # Not tracked by the model (a plain object): checkpoints stay as they are.
-        model.stop_votes = controller.votes = cb.StopVotes()
+        run.model.stop_votes = controller.votes = cb.StopVotes()
+
+
+def _fit(run: _Run) -> tuple[int, float]:
+    """The epochs, each one `model.fit` from where the last one stopped, until
+    the controller stops them or --max_epochs; then the last evaluation and
+    checkpoint. Returns (the last step, when this run started)."""
+    from nmt_tf import callbacks as cb
+    from nmt_tf import checkpoints, data
+
+    config, state, controller, n_batches = run.config, run.state, run.controller, run.n_batches
     callbacks = [controller]
-    if not print_lines:
+    if not run.print_lines:
         callbacks.append(cb.TrainingProgbar())
     started = time.time()
-    start_step = int(optimizer.iterations.numpy())
+    start_step = int(run.optimizer.iterations.numpy())
     with controller.signal_handlers():
         controller.check_budgets()
         while not controller.stop_reason and int(state.epoch.numpy()) < config.max_epochs:
@@ -499,43 +603,51 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
                 controller.on_epoch_end(epoch)
                 continue
             epoch_data = dict(shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
-                              skip_batches=skip, prepared=prepared)
-            if own_data:
-                local = data.replicas_per_pipeline(context)
+                              skip_batches=skip, prepared=run.prepared)
+            if run.own_data:
+                local = data.replicas_per_pipeline(run.context)
                 epoch_data["skip_batches"] = skip * local
-                ds = strategy.distribute_datasets_from_function(
-                    lambda context, kw=epoch_data, batches=(n_batches - skip) * local: dataset(
-                        config.train_src, config.train_tgt, input_context=context, **kw).take(batches))
+                ds = run.strategy.distribute_datasets_from_function(
+                    lambda context, kw=epoch_data, batches=(n_batches - skip) * local: _dataset(
+                        run, config.train_src, config.train_tgt, input_context=context, **kw).take(batches))
             else:
-                ds = dataset(config.train_src, config.train_tgt, **epoch_data)
-            if not print_lines:
-                log(f"Epoch {epoch + 1}/{config.max_epochs}")
+                ds = _dataset(run, config.train_src, config.train_tgt, **epoch_data)
+            if not run.print_lines:
+                run.log(f"Epoch {epoch + 1}/{config.max_epochs}")
             with warnings.catch_warnings():
                 # An epoch of data-dependent length (token batches) ends when the
                 # data does; Keras warns about that as if it were a mistake.
                 warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
-                model.fit(ds, epochs=epoch + 1, initial_epoch=epoch,
-                          steps_per_epoch=n_batches - skip if n_batches else None,
-                          callbacks=callbacks, verbose=0 if print_lines else 1, shuffle=False)
-        step = int(optimizer.iterations.numpy())
+                run.model.fit(ds, epochs=epoch + 1, initial_epoch=epoch,
+                              steps_per_epoch=n_batches - skip if n_batches else None,
+                              callbacks=callbacks, verbose=0 if run.print_lines else 1, shuffle=False)
+        step = int(run.optimizer.iterations.numpy())
         if controller.nan_step is not None:
             controller.flush()
-            last = manager.latest_checkpoint or "none"
+            last = run.manager.latest_checkpoint or "none"
             raise NaNLossError(
                 f"The training loss became NaN or infinite at step {controller.nan_step:,}; training "
                 f"stopped. The last good checkpoint is {last}. Lower --learning_rate or --clip_norm, "
                 "or use --mixed_precision=none.")
-        if step > start_step or not manager.latest_checkpoint:
+        if step > start_step or not run.manager.latest_checkpoint:
             controller.evaluate(step)
-            checkpoints.save_checkpoint(manager, step)
+            checkpoints.save_checkpoint(run.manager, step)
     controller.flush()
+    return step, started
 
+
+def _finish(run: _Run, step: int, started: float) -> dict:
+    """train_summary.json, what the run says at its end, and the summary."""
+    from nmt_tf import checkpoints
+
+    state, controller, manager, worker, n_batches = run.state, run.controller, run.manager, run.worker, run.n_batches
     status = controller.stop_reason or "max_epochs"
+    by_bleu = run.bleu is not None and run.config.early_stopping_metric == "bleu"
     summary = {
         "status": status,
         "signal": controller.received_signal if status == "interrupted" else None,
-        "model_dir": os.path.abspath(model_dir),
-        "distribution": {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
+        "model_dir": os.path.abspath(run.model_dir),
+        "distribution": {"strategy": type(run.strategy).__name__, "replicas": run.strategy.num_replicas_in_sync,
                          "workers": worker.workers, "worker": worker.name, "chief": worker.is_chief},
         "steps": step,
         "epochs": int(state.epoch.numpy()) + (int(state.epoch_batches.numpy()) / n_batches if n_batches else 0.0),
@@ -545,39 +657,39 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
         "target_tokens": int(state.target_tokens.numpy()),
         "target_tokens_per_sec": int(state.target_tokens.numpy()) / max(float(state.train_seconds.numpy()), 1e-9),
         "target_tokens_per_sec_this_run": controller.run_tokens / max(controller.run_seconds, 1e-9),
-        "parameters": model.count_params(),
+        "parameters": run.model.count_params(),
         "train": controller.epoch_train_nll(),
         "dev": controller.last_dev,
-        "best_dev": ({"metric": "bleu" if bleu is not None and config.early_stopping_metric == "bleu" else "loss",
+        "best_dev": ({"metric": "bleu" if by_bleu else "loss",
                       "step": int(state.best_step.numpy()),           # of the best by that metric
-                      "bleu": float(state.best_bleu.numpy()) if bleu is not None else None,
+                      "bleu": float(state.best_bleu.numpy()) if run.bleu is not None else None,
                       # the lowest dev loss of the run, wherever it was (with metric=bleu, not at `step`)
                       "lowest_nll_per_token": float(state.best_dev.numpy()),
                       "lowest_perplexity": math.exp(min(float(state.best_dev.numpy()), 700.0))}
                      if int(state.best_step.numpy()) >= 0 else None),
         # (another worker's copies are removed below: name the chief's, which are the same)
-        "checkpoint": (os.path.join(checkpoints.checkpoints_dir(model_dir),
+        "checkpoint": (os.path.join(checkpoints.checkpoints_dir(run.model_dir),
                                     os.path.basename(manager.latest_checkpoint))
                        if manager.latest_checkpoint else None),
-        "best_checkpoint": (os.path.join(checkpoints.best_dir(model_dir), best_checkpoints.ranking[0]["path"])
-                            if best_checkpoints and best_checkpoints.ranking else None),
-        "corpus": {"train": _stats_dict(stats), "dev": _stats_dict(dev_stats) if dev_stats else None},
-        "weights_sha256": weights_fingerprint(model),
+        "best_checkpoint": (os.path.join(checkpoints.best_dir(run.model_dir), run.best_checkpoints.ranking[0]["path"])
+                            if run.best_checkpoints and run.best_checkpoints.ranking else None),
+        "corpus": {"train": _stats_dict(run.stats), "dev": _stats_dict(run.dev_stats) if run.dev_stats else None},
+        "weights_sha256": weights_fingerprint(run.model),
     }
-    path = layout.path(write_dir, layout.TRAIN_SUMMARY)
-    write_atomically(path, json.dumps(summary, indent=2))
+    write_atomically(layout.path(run.write_dir, layout.TRAIN_SUMMARY), json.dumps(summary, indent=2))
     if not worker.is_chief:
         # Saved only because a checkpoint needs every worker; a resume reads the chief's.
         for name in (layout.CHECKPOINTS, layout.BEST):
-            shutil.rmtree(layout.path(write_dir, name), ignore_errors=True)
+            shutil.rmtree(layout.path(run.write_dir, name), ignore_errors=True)
         return summary
-    log(f"Training stopped ({status}) at step {step:,}, epoch {summary['epochs']:.2f}, after "
-        f"{summary['train_seconds'] / 60:.1f} min of training "
-        f"({summary['target_tokens_per_sec']:,.0f} target tokens/s).")
-    log(f"Outputs in {os.path.abspath(model_dir)}:\n"
-        f"  checkpoints/ (last: {os.path.basename(manager.latest_checkpoint or '-')}), "
-        f"best/ (best dev {summary['best_dev']['metric'] if summary['best_dev'] else '-'}), vocab.src.txt, vocab.tgt.txt, flags.json\n"
-        f"  train_summary.json; TensorBoard: tensorboard --logdir {layout.path(model_dir, layout.LOGS)}")
+    run.log(f"Training stopped ({status}) at step {step:,}, epoch {summary['epochs']:.2f}, after "
+            f"{summary['train_seconds'] / 60:.1f} min of training "
+            f"({summary['target_tokens_per_sec']:,.0f} target tokens/s).")
+    run.log(f"Outputs in {os.path.abspath(run.model_dir)}:\n"
+            f"  checkpoints/ (last: {os.path.basename(manager.latest_checkpoint or '-')}), "
+            f"best/ (best dev {summary['best_dev']['metric'] if summary['best_dev'] else '-'}), "
+            "vocab.src.txt, vocab.tgt.txt, flags.json\n"
+            f"  train_summary.json; TensorBoard: tensorboard --logdir {layout.path(run.model_dir, layout.LOGS)}")
     return summary
 
 
