@@ -86,7 +86,7 @@ def main(argv):
         "untimed_steps": FLAGS.untimed_steps, "window_steps": FLAGS.window_steps,
         "mixed_precision": config.mixed_precision, "dtype_policy": policy, "jit_compile": config.jit_compile,
         "batch_size": config.batch_size, "batch_type": config.batch_type,
-        "sizes": {k: config[k] for k in ("embedding_size", "hidden_size", "attention_size",
+        "sizes": {k: getattr(config, k) for k in ("embedding_size", "hidden_size", "attention_size",
                                           "maxout_size", "src_vocab_size", "tgt_vocab_size")},
         "parameters": model.count_params(),
         "tensorflow": tf.__version__, "keras": keras.__version__,

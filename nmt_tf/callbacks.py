@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from nmt_tf import checkpoints, data, metrics, plots, schedules
-from nmt_tf.flags import learning_rate
+from nmt_tf.config import learning_rate
 from nmt_tf.translator import TranslationGraph, compiled_translate, translate_lines
 
 

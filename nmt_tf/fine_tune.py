@@ -28,9 +28,10 @@ import os
 import shutil
 from typing import NamedTuple
 
-from nmt_tf import flags as nmt_flags
+from nmt_tf import config as nmt_config
 from nmt_tf import model_dir as layout
 from nmt_tf import presets
+from nmt_tf.config import TrainingConfig
 from nmt_tf.files import read_lines
 from nmt_tf.tokenizers import tokenizer_class
 
@@ -51,7 +52,7 @@ def source(init_from: str, init_checkpoint: str = "", log=print) -> Source:
     """The model directory, flags and checkpoint that --init_from names."""
     from nmt_tf import checkpoints
 
-    if os.path.isfile(nmt_flags.flags_path(init_from)):
+    if os.path.isfile(nmt_config.path(init_from)):
         model_dir = init_from
     else:
         try:
@@ -66,21 +67,20 @@ def source(init_from: str, init_checkpoint: str = "", log=print) -> Source:
         path = checkpoints.resolve(model_dir, choice)
     except FileNotFoundError as e:
         raise FineTuneError(f"--init_from={init_from}: {e}") from None
-    return Source(model_dir, nmt_flags.load_config(model_dir), path)
+    return Source(model_dir, nmt_config.load(model_dir), path)
 
 
-def merge(config, stored: dict, explicit: set[str], init_from: str):
-    """`config` with the source's model and vocabulary flags; a conflicting
+def merge(config: TrainingConfig, source: TrainingConfig, explicit: set[str], init_from: str) -> TrainingConfig:
+    """`config` with the source's model and vocabulary settings; a conflicting
     one given on the command line is a FineTuneError."""
-    taken = [name for name in nmt_flags.FROZEN_FLAGS if name != "optimizer"]
-    conflicts = [f"--{name}={config[name]!r} (the source has {stored[name]!r})"
-                 for name in taken if name in explicit and config[name] != stored[name]]
+    taken = [name for name in nmt_config.FROZEN if name != "optimizer"]
+    given, stored = config.as_dict(), source.as_dict()
+    conflicts = [f"--{name}={given[name]!r} (the source has {stored[name]!r})"
+                 for name in taken if name in explicit and given[name] != stored[name]]
     if conflicts:
         raise FineTuneError(f"--init_from={init_from} fixes the model and its vocabularies, but "
                             f"{', '.join(conflicts)}: leave these flags out, or train from scratch.")
-    merged = dict(config)
-    merged.update({name: stored[name] for name in taken})
-    return nmt_flags.Config(merged)
+    return config.replace(**{name: stored[name] for name in taken})
 
 
 def copy_vocabularies(source_dir: str, model_dir: str) -> list[str]:

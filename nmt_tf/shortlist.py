@@ -29,6 +29,7 @@ import numpy as np
 from absl import app
 from absl import flags as absl_flags
 
+from nmt_tf import config as nmt_config
 from nmt_tf import flags as nmt_flags
 from nmt_tf.files import write_atomically
 from nmt_tf.lexicon import coverage, encoded_pairs, lexical_table, lexical_table_path
@@ -46,7 +47,7 @@ TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "train_src", "train_tg
 def _corpus_path(flag: str, config) -> str:
     """--train_src etc. as given, else the model directory's training flags' value."""
     FLAGS = absl_flags.FLAGS
-    path = FLAGS[flag].value if FLAGS[flag].present else config[flag]
+    path = FLAGS[flag].value if FLAGS[flag].present else getattr(config, flag)
     if path and not os.path.exists(path):
         origin = "" if FLAGS[flag].present else ", from the model directory"
         raise FileNotFoundError(f"{path} does not exist (--{flag}{origin})")
@@ -62,7 +63,7 @@ def main(argv):
     try:
         from nmt_tf import data
 
-        config = nmt_flags.load_config(FLAGS.model_dir)
+        config = nmt_config.load(FLAGS.model_dir)
         source_tokenizer, target_tokenizer = data.load_tokenizers(config, FLAGS.model_dir)
         train_src, train_tgt = _corpus_path("train_src", config), _corpus_path("train_tgt", config)
         started = time.time()

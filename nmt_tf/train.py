@@ -60,10 +60,12 @@ import warnings
 
 from absl import app
 
+from nmt_tf import config as nmt_config
 from nmt_tf import distribution
 from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
 from nmt_tf import fine_tune, models, schedules
+from nmt_tf.config import TrainingConfig
 from nmt_tf.files import WriteFailed, write_atomically
 from nmt_tf.hardware import choose_training_kernels, resolve_precision, step_products_choice, training_kernels
 from nmt_tf.translator import dtype_policy
@@ -138,7 +140,7 @@ def make_optimizer(config):
     take the train step's gradient norm and replica sums."""
     from nmt_tf.optimizers import SGD, FusedAdadelta, FusedAdam, RMSprop
 
-    lr = nmt_flags.learning_rate(config)
+    lr = nmt_config.learning_rate(config)
     clip = config.clip_norm or None
     if config.optimizer == "adadelta":
         return FusedAdadelta(learning_rate=lr, rho=config.adadelta_rho, epsilon=config.adadelta_epsilon,
@@ -187,23 +189,23 @@ def dry_run(config, log=log_line) -> int:
 
 def _check_resume(config, model_dir, explicit, log):
     """Merges stored flags into `config` for a resumed run; rejects model changes."""
-    stored = nmt_flags.load_config(model_dir)
-    merged = dict(config)
+    stored = nmt_config.load(model_dir).as_dict()
+    merged = config.as_dict()
     for name, value in stored.items():
         if name not in explicit and name in merged:
             merged[name] = value
     changed = [f"--{n} (was {stored[n]!r}, now {merged[n]!r})"
-               for n in nmt_flags.FROZEN_FLAGS if merged[n] != stored[n]]
+               for n in nmt_config.FROZEN if merged[n] != stored[n]]
     if changed:
         raise TrainingError(
             f"{model_dir} holds a model trained with other settings: {', '.join(changed)}. "
             "Use a new --model_dir, or the stored values.")
-    log(f"Resuming in {model_dir} (flags not given now are taken from {nmt_flags.flags_path(model_dir)}).")
+    log(f"Resuming in {model_dir} (flags not given now are taken from {nmt_config.path(model_dir)}).")
     for name in ("train_src", "train_tgt", "dev_src", "dev_tgt"):
         if merged[name] != stored[name]:
             log(f"warning: --{name} is now {merged[name]} but this run started with {stored[name]}; "
                 "training goes on with the new file and the vocabularies built from the first one.")
-    return nmt_flags.Config(merged)
+    return TrainingConfig(**merged)
 
 
 def _prepare_data(config, model_dir: str, log, write_dir: str | None = None, pipelines: int = 1):
@@ -229,7 +231,7 @@ def _prepare_data(config, model_dir: str, log, write_dir: str | None = None, pip
             data.check_parallel(config.dev_src, config.dev_tgt, "dev_src", "dev_tgt")
     os.makedirs(write_dir, exist_ok=True)
     if chief:
-        nmt_flags.save_config(config, model_dir)
+        nmt_config.save(config, model_dir)
     src_tok, tgt_tok, known = data.build_vocabularies(config, model_dir, log=log)
     stats = data.corpus_stats(config.train_src, config.train_tgt, src_tok, tgt_tok, config.max_len,
                               cache_path=layout.path(write_dir, layout.CORPUS_STATS), known=known,
@@ -358,8 +360,8 @@ def _resolve_config(config, explicit, log) -> _Run:
     if not config.model_dir:
         raise TrainingError("--model_dir is required.")
     model_dir = config.model_dir
-    resuming = os.path.exists(nmt_flags.flags_path(model_dir))
-    explicit = set(config) if explicit is None else explicit
+    resuming = os.path.exists(nmt_config.path(model_dir))
+    explicit = set(nmt_config.NAMES) if explicit is None else explicit
     init = None
     if resuming:
         config = _check_resume(config, model_dir, explicit, log)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from nmt_tf import flags as nmt_flags
+from nmt_tf import config as nmt_config
 from nmt_tf.models import build_model
 
 
@@ -379,7 +379,7 @@ def restore_model(model_dir: str, weights="best", log=print, precision: str = "f
 
     if isinstance(weights, str):
         weights = checkpoints.WeightsChoice(checkpoint=weights)
-    config = nmt_flags.load_config(model_dir)
+    config = nmt_config.load(model_dir)
     source_tokenizer, target_tokenizer = data.load_tokenizers(config, model_dir)
     with dtype_policy(precision):
         model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
@@ -413,9 +413,9 @@ def restore_ensemble(model_dirs: list[str], weights="best", log=print, precision
     first = restored[0]
     for model_dir, member in zip(model_dirs[1:], restored[1:]):
         for key in ("tokenizer", "src_lang", "tgt_lang"):
-            if member.config[key] != first.config[key]:
-                raise ValueError(f"{model_dir} has --{key}={member.config[key]}, {model_dirs[0]} has "
-                                 f"{first.config[key]}: ensemble members must share it")
+            if getattr(member.config, key) != getattr(first.config, key):
+                raise ValueError(f"{model_dir} has --{key}={getattr(member.config, key)}, {model_dirs[0]} has "
+                                 f"{getattr(first.config, key)}: ensemble members must share it")
         pairs = ((first.source_tokenizer, member.source_tokenizer), (first.target_tokenizer, member.target_tokenizer))
         for side, path, (a, b) in zip(("source", "target"), data.vocabulary_paths(model_dir), pairs):
             if a.vocabulary != b.vocabulary:

@@ -9,6 +9,7 @@ import unicodedata
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
+from nmt_tf.config import TrainingConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(REPO, "data", "multi30k")
@@ -94,7 +95,6 @@ def tiny_corpus(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_config(tiny_corpus):
     """The smoke-sized model on the tiny corpus (a function of overrides)."""
-    from nmt_tf import flags
 
     def make(**overrides):
         base = dict(
@@ -106,7 +106,7 @@ def tiny_config(tiny_corpus):
             patience=0, shuffle_buffer=1000,    # one pool of 40 pairs: 5 batches of 8
             mixed_precision="none")             # float32 on every CPU, as pipelines/smoke.flags
         base.update(overrides)
-        return flags.default_config(**base)
+        return TrainingConfig(**base)
     return make
 
 

@@ -8,13 +8,14 @@ import pytest
 import tensorflow as tf
 
 from conftest import read_multi30k, write_lines
-from nmt_tf import data, flags, text
+from nmt_tf import data, text
+from nmt_tf.config import TrainingConfig
 
 
 @pytest.fixture(scope="module")
 def tokenizers(tiny_corpus, tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("vocab"))
-    config = flags.default_config(train_src=tiny_corpus["train_src"], train_tgt=tiny_corpus["train_tgt"],
+    config = TrainingConfig(train_src=tiny_corpus["train_src"], train_tgt=tiny_corpus["train_tgt"],
                                   src_vocab_size=60, tgt_vocab_size=60)
     src_tok, tgt_tok, stats = data.build_vocabularies(config, model_dir, log=lambda *a: None)
     return src_tok, tgt_tok, stats

@@ -17,6 +17,7 @@ import tensorflow as tf
 from conftest import checkpoint_weights, run_cli, smoke_train_args, start_cli
 
 from nmt_tf import distribution
+from nmt_tf import config as nmt_config
 
 # One device and N replicas sum the same numbers in another order (and the
 # replicas' shares are padded to their own longest sentence): float32
@@ -285,9 +286,8 @@ def test_settings_that_cannot_work_are_one_clear_error(tiny_corpus, tmp_path, mo
 
 
 def test_the_distribution_flags_describe_where_a_run_runs_and_are_not_stored(tiny_config, tmp_path):
-    from nmt_tf import flags
 
     config = tiny_config(model_dir=str(tmp_path), distribution="mirrored", cpu_devices=2)
-    flags.save_config(config, str(tmp_path))
-    stored = json.load(open(flags.flags_path(str(tmp_path))))
+    nmt_config.save(config, str(tmp_path))
+    stored = json.load(open(nmt_config.path(str(tmp_path))))
     assert not {"distribution", "cpu_devices", "collective_timeout", "worker_input"} & set(stored)

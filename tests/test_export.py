@@ -13,6 +13,7 @@ from conftest import REPO, UNICODE_SEPARATORS, run_cli
 from nmt_tf import export, search, train
 from nmt_tf.text import with_eos
 from nmt_tf.translator import read_metadata, restore_model
+from nmt_tf import config as nmt_config
 
 OPTIONS = search.SearchOptions(beam_size=3, n_best=2)
 
@@ -46,12 +47,12 @@ def sentencepiece_export(tiny_config, tmp_path_factory):
 def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentencepiece_export):
     """Multi30k val through the training pipeline and through the exported
     graph: the same pieces; the SentencePiece model files are assets."""
-    from nmt_tf import data, flags
+    from nmt_tf import data
 
     model_dir, path = sentencepiece_export
     assert sorted(os.listdir(os.path.join(path, "assets"))) == [
         "sentencepiece.src.model", "sentencepiece.tgt.model", "vocab.src.txt", "vocab.tgt.txt"]
-    src_tok, tgt_tok = data.load_tokenizers(flags.load_config(model_dir), model_dir)
+    src_tok, tgt_tok = data.load_tokenizers(nmt_config.load(model_dir), model_dir)
     src, tgt = (os.path.join(REPO, "data", "multi30k", f"val.{lang}.gz") for lang in ("en", "fr"))
     pipeline = data.make_dataset(src, tgt, src_tok, tgt_tok, max_len=1000, batch_size=1, pool_size=1)
     source_ids = [x["source_ids"][0].numpy().tolist() for x, _ in pipeline]

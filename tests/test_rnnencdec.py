@@ -7,10 +7,11 @@ import tensorflow as tf
 
 import reference as ref
 from conftest import memorization_batch, memorize, padded
-from nmt_tf import export, flags, search, train
+from nmt_tf import export, search, train
 from nmt_tf.layers import GatedRecursiveConvolution
 from nmt_tf.models.rnnencdec import RNNEncDec
 from nmt_tf.translator import restore_model
+from nmt_tf.config import TrainingConfig
 
 RNG = np.random.default_rng(5)
 
@@ -90,18 +91,18 @@ def test_paper_sized_rnnencdec_and_grconv_dry_runs():
     set --mixed_precision=auto's for good, and every later test of the suite
     ran in bfloat16 on CPUs with bfloat16 instructions)."""
     lines = []
-    total = train.dry_run(flags.default_config(model="rnnencdec", src_vocab_size=30000, tgt_vocab_size=30000),
+    total = train.dry_run(TrainingConfig(model="rnnencdec", src_vocab_size=30000, tgt_vocab_size=30000),
                           log=lines.append)
     # embeddings 2 x 18.6M, GRU encoder 4.863M, c 1.001M, decoder GRU 7.863M (C: 1000 x 3000),
     # s_0 1.001M, readout 2.621M (C_o: 1000 x 1000), output 15.03M
     assert total == 2 * 18_600_000 + 4_863_000 + 1_001_000 + 7_863_000 + 1_001_000 + 2_621_000 + 15_030_000
-    grconv = train.dry_run(flags.default_config(model="rnnencdec", encoder="grconv", src_vocab_size=30000,
+    grconv = train.dry_run(TrainingConfig(model="rnnencdec", encoder="grconv", src_vocab_size=30000,
                                                 tgt_vocab_size=30000), log=lines.append)
     # grConv: U 620x2000 + 2000, W^l, W^r 2000x2000, b 2000, G^l, G^r 2000x3, 3; c from 2000
     assert grconv - total == (620 * 2000 + 2000 + 2 * 2000 * 2000 + 2000 + 2 * 2000 * 3 + 3 - 4_863_000
                               + 1000 * 1000)
     with pytest.raises(train.TrainingError, match="grconv goes with --model=rnnencdec"):
-        train.build_model(flags.default_config(encoder="grconv"), 10, 10)
+        train.build_model(TrainingConfig(encoder="grconv"), 10, 10)
     assert keras.mixed_precision.dtype_policy().name == "float32"
 
 

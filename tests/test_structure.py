@@ -4,6 +4,7 @@ import ast
 import os
 
 from conftest import REPO
+from nmt_tf.config import TrainingConfig
 
 PACKAGE = os.path.join(REPO, "nmt_tf")
 
@@ -97,8 +98,8 @@ def test_every_registered_architecture_builds_and_is_a_model_choice():
 
     assert list(models.ARCHITECTURES) == flags.FLAGS["model"].parser.enum_values
     for name in models.ARCHITECTURES:
-        config = flags.default_config(model=name, embedding_size=8, hidden_size=8, attention_size=8,
-                                      maxout_size=4, grconv_size=8)
+        config = TrainingConfig(model=name, embedding_size=8, hidden_size=8, attention_size=8,
+                                maxout_size=4, grconv_size=8)
         model = models.build_model(config, 12, 14)
         assert isinstance(model, Seq2SeqModel) and model.built
         assert model.source_vocab_size == 12 and model.target_vocab_size == 14
@@ -109,16 +110,41 @@ def test_no_module_imports_a_command_line_tool():
     never each other: a tool importing a tool would run its flag definitions
     and drag in its dependencies."""
     graph = import_graph()
+    tools = tool_modules(graph)
+    assert {"nmt_tf.train", "nmt_tf.translate", "nmt_tf.evaluate", "nmt_tf.export", "nmt_tf.serve"} <= tools
+    for module, deps in graph.items():
+        assert not deps & tools, f"{module} imports the tool(s) {sorted(deps & tools)}"
 
+
+def tool_modules(graph):
+    """The modules run as `python -m nmt_tf.<tool>`."""
     def source(module):
         path = os.path.join(REPO, *module.split("."))
         return open(os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py",
                     encoding="utf-8").read()
 
-    tools = {m for m in graph if 'if __name__ == "__main__":' in source(m)}
-    assert {"nmt_tf.train", "nmt_tf.translate", "nmt_tf.evaluate", "nmt_tf.export", "nmt_tf.serve"} <= tools
-    for module, deps in graph.items():
-        assert not deps & tools, f"{module} imports the tool(s) {sorted(deps & tools)}"
+    return {m for m in graph if 'if __name__ == "__main__":' in source(m)}
+
+
+def test_the_library_defines_and_reads_no_command_line_flag():
+    """Flags belong to the command-line layer (the tools and nmt_tf.flags): no
+    other module imports nmt_tf.flags, directly or through another, and importing
+    every other module in a fresh process leaves absl with no nmt_tf flag. The
+    library takes a nmt_tf.config.TrainingConfig instead."""
+    import subprocess
+    import sys
+
+    graph = import_graph()
+    command_line = tool_modules(graph) | {"nmt_tf.flags"}
+    library = sorted(m for m in set(graph) - command_line if m != "nmt_tf.presets.__main__")
+    assert {"nmt_tf.translator", "nmt_tf.callbacks", "nmt_tf.fine_tune", "nmt_tf.presets", "nmt_tf.api"} <= set(library)
+    assert not [m for m in library if reaches(graph, m, "nmt_tf.flags")]
+    code = (f"import importlib\nfor m in {library!r}: importlib.import_module(m)\n"
+            "from absl import flags\n"
+            "print(sorted(m for m in flags.FLAGS.flags_by_module_dict() if m.startswith('nmt_tf')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_every_tool_reports_errors_through_one_path():

@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from conftest import REPO, checkpoint_weights, run_cli, smoke_train_args, start_cli
 from nmt_tf import flags, train
+from nmt_tf import config as nmt_config
+from nmt_tf.config import TrainingConfig
 
 QUIET = dict(log=lambda *a: None)
 
@@ -31,7 +33,7 @@ def test_training_writes_every_output(trained_model_dir):
     assert stored["corpus"]["train"]["pairs"] == 40
     assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith("ckpt-10")
     assert tf.train.latest_checkpoint(os.path.join(model_dir, "best"))
-    assert flags.load_config(model_dir).hidden_size == 16
+    assert nmt_config.load(model_dir).hidden_size == 16
 
 
 def read_scalars(log_dir):
@@ -146,7 +148,7 @@ def test_train_gives_back_the_callers_dtype_policy(tiny_config, tmp_path):
 
     from nmt_tf.data import CorpusError
 
-    assert flags.default_config().mixed_precision == "auto"
+    assert TrainingConfig().mixed_precision == "auto"
     lines = []
     train.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1, mixed_precision="auto"),
                 log=lines.append)
@@ -187,7 +189,7 @@ def test_a_start_that_fails_on_its_data_leaves_nothing_a_retry_would_trip_over(t
         train.train(tiny_config(model_dir=str(mine), max_len=2), **QUIET)
     assert os.listdir(mine) == ["notes.txt"]
     summary = train.train(tiny_config(model_dir=str(mine), hidden_size=12, max_steps=1), **QUIET)
-    assert summary["steps"] == 1 and flags.load_config(str(mine)).hidden_size == 12
+    assert summary["steps"] == 1 and nmt_config.load(str(mine)).hidden_size == 12
     lines = []
     other = tmp_path / "other.en.gz"
     other.write_bytes(open(tiny_corpus["train_src"], "rb").read())
@@ -200,10 +202,10 @@ def test_a_start_that_fails_on_its_data_leaves_nothing_a_retry_would_trip_over(t
 def test_resume_takes_unspecified_flags_from_the_model_dir(tiny_config, tmp_path):
     model_dir = str(tmp_path / "m")
     train.train(tiny_config(model_dir=model_dir, max_steps=2, batch_size=4), **QUIET)
-    summary = train.train(flags.default_config(model_dir=model_dir, max_steps=4),
+    summary = train.train(TrainingConfig(model_dir=model_dir, max_steps=4),
                           explicit={"model_dir", "max_steps"}, **QUIET)
     assert summary["steps"] == 4
-    assert flags.load_config(model_dir).batch_size == 4
+    assert nmt_config.load(model_dir).batch_size == 4
 
 
 def test_budget_max_steps_and_early_stopping(tiny_config, tmp_path):

@@ -43,7 +43,7 @@ import ml_dtypes
 import numpy as np
 
 from nmt_tf import exporter
-from nmt_tf import flags as nmt_flags
+from nmt_tf import config as nmt_config
 from nmt_tf import model_dir as layout
 from nmt_tf.models import build_model
 from nmt_tf.translator import dtype_policy, restore_model
@@ -187,7 +187,7 @@ def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
     for name in layout.RUN_FILES:
         if name in manifest["files"]:
             shutil.copy(os.path.join(folder, name), os.path.join(out, name))
-    config = nmt_flags.load_config(out)
+    config = nmt_config.load(out)
     source_tokenizer, target_tokenizer = data.load_tokenizers(config, out)
     with dtype_policy("float32"):
         model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
