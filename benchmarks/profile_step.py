@@ -236,11 +236,11 @@ def main(argv):
     import keras
     import tensorflow as tf
 
-    from nmt_tf import train
+    from nmt_tf import precision
 
     config = nmt_flags.config_from_flags()
     keras.utils.set_random_seed(config.seed)
-    policy = train.set_precision(config)
+    policy = precision.set_globally(config.mixed_precision)
     logdir = FLAGS.logdir or tempfile.mkdtemp(prefix="profile_step_")
     report = profile_training(config, logdir) if FLAGS.mode == "train" else profile_search(config, logdir, policy)
     report.update({"mode": FLAGS.mode, "profile_steps": FLAGS.profile_steps, "trace": logdir if FLAGS.logdir else None,

@@ -113,12 +113,12 @@ def worker() -> None:
     import keras
     import tensorflow as tf
 
-    from nmt_tf import train
+    from nmt_tf import precision
     from training_setup import compiled_model_and_data
 
     config = nmt_flags.config_from_flags()
     keras.utils.set_random_seed(config.seed)
-    policy = train.set_precision(config)
+    policy = precision.set_globally(config.mixed_precision)
     ds, model = compiled_model_and_data(config)
     batches = ds.take(FLAGS.round_steps).cache()
     marks = []

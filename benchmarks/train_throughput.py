@@ -53,12 +53,12 @@ def main(argv):
     import keras
     import tensorflow as tf
 
-    from nmt_tf import train
+    from nmt_tf import precision
 
     FLAGS = absl_flags.FLAGS
     config = nmt_flags.config_from_flags()
     keras.utils.set_random_seed(config.seed)
-    policy = train.set_precision(config)
+    policy = precision.set_globally(config.mixed_precision)
     ds, model = compiled_model_and_data(config)
 
     marks = []   # (time after the update, target tokens of the update)

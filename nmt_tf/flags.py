@@ -25,7 +25,7 @@ from absl import app, flags, logging
 from nmt_tf import config
 from nmt_tf import startup
 from nmt_tf.config import TrainingConfig
-from nmt_tf.hardware import resolve_precision
+from nmt_tf import precision
 
 FLAGS = flags.FLAGS
 
@@ -141,13 +141,8 @@ def fixed_at_export_given() -> list[str]:
 def search_precision(log=print) -> str:
     """The Keras dtype policy nmt_tf.export / nmt_tf.evaluate build a model
     with: float32 unless --mixed_precision is given (auto: from this CPU,
-    nmt_tf.hardware.resolve_precision, and `log` says what it chose)."""
-    if not FLAGS["mixed_precision"].present:
-        return "float32"
-    policy, why = resolve_precision(FLAGS.mixed_precision)
-    if FLAGS.mixed_precision == "auto":
-        log(why + ".")
-    return policy
+    nmt_tf.precision, and `log` says what it chose)."""
+    return precision.chosen(FLAGS.mixed_precision, log) if FLAGS["mixed_precision"].present else "float32"
 
 
 FIXED_AT_EXPORT_REASON = "fixed when the SavedModel was exported: export again with it (nmt_tf.export)"

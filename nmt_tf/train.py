@@ -67,8 +67,9 @@ from nmt_tf import model_dir as layout
 from nmt_tf import fine_tune, models, schedules
 from nmt_tf.config import TrainingConfig
 from nmt_tf.files import WriteFailed, write_atomically
-from nmt_tf.hardware import choose_training_kernels, resolve_precision, step_products_choice, training_kernels
-from nmt_tf.translator import dtype_policy
+from nmt_tf import precision
+from nmt_tf.hardware import choose_training_kernels, step_products_choice, training_kernels
+from nmt_tf.precision import dtype_policy
 
 EXIT_NAN = 3
 EXIT_NO_INTACT_CHECKPOINT = 4
@@ -152,31 +153,11 @@ def make_optimizer(config):
     return SGD(learning_rate=lr, global_clipnorm=clip)
 
 
-def chosen_precision(config, log=None) -> str:
-    """The Keras dtype policy --mixed_precision asks for (auto: from the CPU's
-    features, nmt_tf.hardware); `log` gets what auto chose."""
-    policy, why = resolve_precision(config.mixed_precision)
-    if log is not None and config.mixed_precision == "auto":
-        log(why + ".")
-    return policy
-
-
-def set_precision(config, log=None) -> str:
-    """Sets Keras' global dtype policy to `chosen_precision` for good and
-    returns it (for a process that only trains: the benchmarks, --dry_run;
-    `train` sets it for the run only)."""
-    import keras
-
-    policy = chosen_precision(config, log)
-    keras.mixed_precision.set_dtype_policy(policy)
-    return policy
-
-
 def dry_run(config, log=log_line) -> int:
     """Builds the model from the flags alone and prints its summary; returns
     its size. The dtype policy is the run's for the build only, as in `train`
     (a caller's later models keep the caller's)."""
-    with dtype_policy(chosen_precision(config)):
+    with dtype_policy(precision.chosen(config.mixed_precision)):
         model = build_model(config, config.src_vocab_size, config.tgt_vocab_size)
     model.summary(print_fn=lambda line, *a, **k: log(line))
     log("Parameters by part of the model:")
@@ -300,7 +281,7 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
 
     Training sets Keras' global dtype policy from --mixed_precision (auto,
     the default, is bfloat16 on CPUs with bfloat16 instructions) for the
-    run only (`nmt_tf.translator.dtype_policy`, entered in `run_scope`): the
+    run only (`nmt_tf.precision.dtype_policy`, entered in `run_scope`): the
     caller's policy is back in place when this returns or raises, so models
     built afterwards in the same process are not bfloat16 by accident.
     """
@@ -396,7 +377,7 @@ def _start(run: _Run, run_scope: contextlib.ExitStack) -> None:
     if training_kernels():
         run.log(training_kernels())
     run.log(step_products_choice())
-    run_scope.enter_context(dtype_policy(chosen_precision(config, run.log)))
+    run_scope.enter_context(dtype_policy(precision.chosen(config.mixed_precision, run.log)))
 
 
 def _read_corpus(run: _Run) -> None:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from nmt_tf import config as nmt_config
+from nmt_tf.precision import dtype_policy
 from nmt_tf.models import build_model
 
 
@@ -350,21 +351,6 @@ def tf_variables(model) -> list:
     if wrong:
         raise TypeError(f"not backed by a tf.Variable (is KERAS_BACKEND tensorflow?): {wrong[:3]}")
     return out
-
-
-@contextlib.contextmanager
-def dtype_policy(name: str):
-    """Keras' global dtype policy set to `name` ("float32", "mixed_bfloat16",
-    ...) inside the block and restored after it. Layers take the policy when
-    they are made, so a model built inside keeps it."""
-    import keras
-
-    previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous)
 
 
 def restore_model(model_dir: str, weights="best", log=print, precision: str = "float32") -> RestoredModel:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nmt_tf import hardware
+from nmt_tf import hardware, precision
 
 
 @pytest.mark.parametrize("flags, policy", [
@@ -14,7 +14,7 @@ from nmt_tf import hardware
 ])
 def test_auto_is_bfloat16_only_where_the_cpu_has_bfloat16_instructions(monkeypatch, flags, policy):
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
-    chosen, why = hardware.resolve_precision("auto")
+    chosen, why = precision.resolve("auto")
     assert chosen == policy
     assert why.startswith("--mixed_precision=auto: " + policy)
 
@@ -23,7 +23,7 @@ def test_auto_is_bfloat16_only_where_the_cpu_has_bfloat16_instructions(monkeypat
     ("none", "float32"), ("mixed_bfloat16", "mixed_bfloat16"), ("mixed_float16", "mixed_float16")])
 def test_explicit_choices_are_kept_whatever_the_cpu(monkeypatch, requested, policy):
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset())
-    assert hardware.resolve_precision(requested)[0] == policy
+    assert precision.resolve(requested)[0] == policy
 
 
 def test_the_cpu_flags_are_read_from_cpuinfo():

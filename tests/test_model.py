@@ -137,7 +137,7 @@ def test_a_bfloat16_search_scores_its_attention_in_float32(layer_norm):
     the tanh of the attention scores in float32 (bfloat16 tanh is slow on
     CPU), and float32 layer-norm weights, so that it normalises in float32;
     its log-probabilities stay close to the float32 model's."""
-    from nmt_tf.translator import dtype_policy
+    from nmt_tf.precision import dtype_policy
 
     model = tiny_model(layer_norm=layer_norm)
     with dtype_policy("mixed_bfloat16"):
