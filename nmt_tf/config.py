@@ -1,6 +1,7 @@
-"""The configuration of a training job: typed, with its defaults, checked, in one place.
+"""The configuration of a training job and of search: typed, with its defaults, checked, in one place.
 
-`TrainingConfig` holds every setting of a run (data, model, training); its
+`SearchOptions` holds how beam search runs (the search flags of export,
+evaluate, visualize). `TrainingConfig` holds every setting of a run (data, model, training); its
 fields are the single source of the defaults and of the help texts, and
 nmt_tf.flags turns each field into the command-line flag of the same name
 (`--batch_size` is `TrainingConfig.batch_size`). The library takes a
@@ -28,11 +29,12 @@ from nmt_tf.models import ARCHITECTURES
 from nmt_tf.tokenizers import TOKENIZERS
 
 
-def _flag(kind: str, default, help: str, choices=None, lower=None, upper=None):
+def _flag(kind: str, default, help: str, choices=None, lower=None, upper=None, name=None):
     """A field of the configuration and the command-line flag it becomes:
     `kind` is absl's DEFINE_<kind> (string, integer, float, boolean, enum,
-    list), `choices` an enum's values, `lower` / `upper` a number's bounds."""
-    metadata = {"flag": kind, "help": help, "choices": choices, "lower": lower, "upper": upper}
+    list), `choices` an enum's values, `lower` / `upper` a number's bounds,
+    `name` the flag's name where it is not the field's."""
+    metadata = {"flag": kind, "help": help, "choices": choices, "lower": lower, "upper": upper, "name": name}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -286,6 +288,66 @@ class TrainingConfig:
 
 
 NAMES = tuple(field.name for field in dataclasses.fields(TrainingConfig))
+
+
+def flag_name(field) -> str:
+    """The command-line flag of a configuration field."""
+    return field.metadata["name"] or field.name
+
+
+MIN_SHORTLIST = 16   # the special tokens and a few more
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """How beam search runs (nmt_tf.search); the search flags of nmt_tf.export,
+    evaluate and visualize are its fields (fixed in an export)."""
+
+    beam_size: int = _flag("integer", 10, "Beam width (paper: 10); 1 runs greedy search.", lower=1)
+    n_best: int = _flag(
+        "integer", 1, "Hypotheses returned per sentence, best first (at most --beam_size; nmt_tf.translate: "
+        "at most the n-best size fixed at export).", lower=1)
+    length_penalty: str = _flag(
+        "enum", "average", "How finished hypotheses are ranked: average: log p / length^alpha (the papers, "
+        "alpha=1); gnmt: log p / ((5 + length) / 6)^alpha (Wu et al. 2016).", choices=["average", "gnmt"])
+    length_alpha: float = _flag(
+        "float", 1.0, "Exponent alpha of --length_penalty; 0 ranks by raw log-probability.", lower=0.0)
+    max_length_ratio: float = _flag(
+        "float", 3.0, "Outputs end after this many times the source length, [EOS] counted on both sides "
+        "(reference implementation: 3).", lower=0.01)
+    min_length_ratio: float = _flag(
+        "float", 0.5, "[EOS] is forbidden before this fraction of the source length (reference "
+        "implementation: 0.5).", lower=0.0)
+    max_length: int = _flag("integer", 256, "Absolute cap on output tokens.", lower=1, name="max_output_length")
+    suppress_unk: bool = _flag(
+        "boolean", False, "Never generate [UNK] (how the 'no UNK' column of the paper's Table 1 was decoded).")
+    shortlist_size: int = _flag(
+        "integer", 0, "Search over at least this many candidate target tokens per batch instead of the whole "
+        "target vocabulary (Jean et al. 2015): the special tokens, the --shortlist_per_word likeliest "
+        "translations of every source token of the batch (all of them: the list grows past this size when "
+        "they need more room), then the most frequent tokens; needs the model directory's lexical table "
+        "(python -m nmt_tf.shortlist). Faster, and translations may differ (docs/translating.md). 0: the "
+        "whole vocabulary.", lower=0)
+    shortlist_per_word: int = _flag(
+        "integer", 10, "With --shortlist_size: translations per source token taken into the shortlist (by "
+        "IBM Model 1 probability).", lower=1)
+
+    def __post_init__(self):
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
+        if self.length_penalty not in ("average", "gnmt"):
+            raise ValueError(f"length_penalty must be 'average' or 'gnmt', got {self.length_penalty!r}")
+        if self.length_alpha < 0:   # the early stop of beam_search relies on a non-decreasing penalty
+            raise ValueError(f"length_alpha must be >= 0, got {self.length_alpha}")
+        if self.max_length_ratio <= 0 or self.max_length < 1:
+            raise ValueError("max_length_ratio and max_length must be positive")
+        if self.shortlist_size and self.shortlist_size < MIN_SHORTLIST:
+            raise ValueError(f"shortlist_size must be 0 (no shortlist) or at least {MIN_SHORTLIST}, "
+                             f"got {self.shortlist_size}")
+        if self.shortlist_per_word < 1:
+            raise ValueError(f"shortlist_per_word must be >= 1, got {self.shortlist_per_word}")
 
 # Settings that define the model or its vocabularies: a run resumed in an
 # existing model directory must keep them.

@@ -24,7 +24,7 @@ from absl import app, flags, logging
 
 from nmt_tf import config
 from nmt_tf import startup
-from nmt_tf.config import TrainingConfig
+from nmt_tf.config import SearchOptions, TrainingConfig
 from nmt_tf import precision
 
 FLAGS = flags.FLAGS
@@ -50,14 +50,14 @@ for _help_flag in (app.HelpFlag, app.HelpfullFlag, app.HelpXMLFlag):    # Helpsh
 
 # ---------------------------------------------------------------- training (data, model, training)
 def _define(field) -> None:
-    """The flag of a nmt_tf.config.TrainingConfig field: same name, default, help and limits."""
+    """The flag of a nmt_tf.config field (TrainingConfig, SearchOptions): its name, default, help and limits."""
     meta = field.metadata
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
     bounds = {k: v for k, v in (("lower_bound", meta["lower"]), ("upper_bound", meta["upper"])) if v is not None}
     if meta["flag"] == "enum":
-        flags.DEFINE_enum(field.name, default, list(meta["choices"]), meta["help"])
+        flags.DEFINE_enum(config.flag_name(field), default, list(meta["choices"]), meta["help"])
     else:
-        getattr(flags, f"DEFINE_{meta['flag']}")(field.name, default, meta["help"], **bounds)
+        getattr(flags, f"DEFINE_{meta['flag']}")(config.flag_name(field), default, meta["help"], **bounds)
 
 
 for _field in dataclasses.fields(TrainingConfig):
@@ -67,18 +67,8 @@ for _field in dataclasses.fields(TrainingConfig):
 TRAINING_FLAGS = tuple(sorted(config.NAMES))
 
 # ---------------------------------------------------------------- search (export, translate, evaluate)
-flags.DEFINE_integer("beam_size", 10, "Beam width (paper: 10); 1 runs greedy search.", lower_bound=1)
-flags.DEFINE_integer("n_best", 1, "Hypotheses returned per sentence, best first (at most --beam_size; nmt_tf.translate: at most the n-best size fixed at export).", lower_bound=1)
-flags.DEFINE_enum("length_penalty", "average", ["average", "gnmt"],
-                  "How finished hypotheses are ranked: average: log p / length^alpha (the papers, alpha=1); "
-                  "gnmt: log p / ((5 + length) / 6)^alpha (Wu et al. 2016).")
-flags.DEFINE_float("length_alpha", 1.0, "Exponent alpha of --length_penalty; 0 ranks by raw log-probability.", lower_bound=0.0)
-flags.DEFINE_float("max_length_ratio", 3.0, "Outputs end after this many times the source length, [EOS] counted on both sides (reference implementation: 3).", lower_bound=0.01)
-flags.DEFINE_float("min_length_ratio", 0.5, "[EOS] is forbidden before this fraction of the source length (reference implementation: 0.5).", lower_bound=0.0)
-flags.DEFINE_integer("max_output_length", 256, "Absolute cap on output tokens.", lower_bound=1)
-flags.DEFINE_boolean("suppress_unk", False, "Never generate [UNK] (how the 'no UNK' column of the paper's Table 1 was decoded).")
-flags.DEFINE_integer("shortlist_size", 0, "Search over at least this many candidate target tokens per batch instead of the whole target vocabulary (Jean et al. 2015): the special tokens, the --shortlist_per_word likeliest translations of every source token of the batch (all of them: the list grows past this size when they need more room), then the most frequent tokens; needs the model directory's lexical table (python -m nmt_tf.shortlist). Faster, and translations may differ (docs/translating.md). 0: the whole vocabulary.", lower_bound=0)
-flags.DEFINE_integer("shortlist_per_word", 10, "With --shortlist_size: translations per source token taken into the shortlist (by IBM Model 1 probability).", lower_bound=1)
+for _field in dataclasses.fields(SearchOptions):
+    _define(_field)
 
 flags.DEFINE_boolean("replace_unk", False, "Replace every generated [UNK] by the source word it attended to most (Luong et al. 2015; Jean et al. 2015), or by its translation in --unk_dictionary; for word models. The target_tokens output keeps [UNK].")
 flags.DEFINE_string("unk_dictionary", None, "With --replace_unk: a 'source<TAB>target' file; an attended source word found in it is replaced by its translation instead of being copied (an export keeps the file as an asset).")
@@ -197,16 +187,10 @@ def weights_choice():
     return WeightsChoice(FLAGS.checkpoint, FLAGS.average_checkpoints, FLAGS.average_from)
 
 
-def search_options():
-    """`nmt_tf.search.SearchOptions` from the parsed search flags."""
-    from nmt_tf.search import SearchOptions
-
-    return SearchOptions(
-        beam_size=FLAGS.beam_size, n_best=FLAGS.n_best, length_penalty=FLAGS.length_penalty,
-        length_alpha=FLAGS.length_alpha, max_length_ratio=FLAGS.max_length_ratio,
-        min_length_ratio=FLAGS.min_length_ratio, max_length=FLAGS.max_output_length,
-        suppress_unk=FLAGS.suppress_unk, shortlist_size=FLAGS.shortlist_size,
-        shortlist_per_word=FLAGS.shortlist_per_word)
+def search_options() -> SearchOptions:
+    """`nmt_tf.config.SearchOptions` from the parsed search flags."""
+    return SearchOptions(**{field.name: FLAGS[config.flag_name(field)].value
+                            for field in dataclasses.fields(SearchOptions)})
 
 
 def config_from_flags() -> TrainingConfig:

@@ -71,49 +71,15 @@ hypothesis' end are [PAD] (0); its alignment rows past the end are zero.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import tensorflow as tf
 
 from nmt_tf.constraints import UNMET_COST, RequiredTerms, TermState, contains_terms, eos_mask
+from nmt_tf.config import SearchOptions
 from nmt_tf.lexicon import SPECIALS, uses_shortlist
 from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 NEG = -1e9   # a finite "minus infinity": no inf - inf = nan anywhere
-MIN_SHORTLIST = 16   # the special tokens and a few more
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchOptions:
-    beam_size: int = 10
-    n_best: int = 1
-    length_penalty: str = "average"
-    length_alpha: float = 1.0
-    max_length_ratio: float = 3.0
-    min_length_ratio: float = 0.5
-    max_length: int = 256
-    suppress_unk: bool = False
-    shortlist_size: int = 0
-    shortlist_per_word: int = 10
-
-    def __post_init__(self):
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
-        if not 1 <= self.n_best <= self.beam_size:
-            raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
-        if self.length_penalty not in ("average", "gnmt"):
-            raise ValueError(f"length_penalty must be 'average' or 'gnmt', got {self.length_penalty!r}")
-        if self.length_alpha < 0:   # the early stop of beam_search relies on a non-decreasing penalty
-            raise ValueError(f"length_alpha must be >= 0, got {self.length_alpha}")
-        if self.max_length_ratio <= 0 or self.max_length < 1:
-            raise ValueError("max_length_ratio and max_length must be positive")
-        if self.shortlist_size and self.shortlist_size < MIN_SHORTLIST:
-            raise ValueError(f"shortlist_size must be 0 (no shortlist) or at least {MIN_SHORTLIST}, "
-                             f"got {self.shortlist_size}")
-        if self.shortlist_per_word < 1:
-            raise ValueError(f"shortlist_per_word must be >= 1, got {self.shortlist_per_word}")
-
 
 def length_penalty(lengths, options: SearchOptions):
     """The divisor of a finished hypothesis' log-probability."""
