@@ -132,16 +132,18 @@ def load_weights(model, checkpoint: str, build) -> None:
     model made by `build()` and copied by variable path: reading the
     checkpoint into `model` itself would also restore, deferred, the
     source's optimizer state (tracked by its model) into the new optimizer
-    once it exists."""
+    once it exists. Weights only: the dropout layers' random-number states
+    are not weights (a second model's are named after the first's, and the
+    new run draws its own)."""
     from nmt_tf import checkpoints
 
     source = build()
     checkpoints.read_weights(source, checkpoint)
-    values = {v.path: v for v in source.variables}
-    missing = sorted({v.path for v in model.variables} - set(values))
+    values = {v.path: v for v in source.weights}
+    missing = sorted({v.path for v in model.weights} - set(values))
     if missing:
         raise FineTuneError(f"{checkpoint} does not hold {missing[:3]}: the model does not match its source")
-    for variable in model.variables:
+    for variable in model.weights:
         variable.assign(values[variable.path])
 
 

@@ -449,7 +449,10 @@ def _build(run: _Run) -> None:
     with run.strategy.scope():
         run.model = build_model(config, *vocab_sizes)
         if run.init is not None:
-            fine_tune.load_weights(run.model, run.init.checkpoint, lambda: build_model(config, *vocab_sizes))
+            try:
+                fine_tune.load_weights(run.model, run.init.checkpoint, lambda: build_model(config, *vocab_sizes))
+            except fine_tune.FineTuneError as e:
+                raise TrainingError(str(e)) from None
             log(f"Weights from {run.init.checkpoint}; a fresh optimizer and learning-rate schedule.")
         if config.freeze:
             log(f"Frozen (not trained): {', '.join(fine_tune.freeze(run.model, config.freeze))}.")

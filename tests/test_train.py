@@ -319,18 +319,21 @@ def test_prepared_shards_are_made_once_and_trained_from(tiny_config, tmp_path):
 
 def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(trained_model_dir, tiny_config,
                                                                               tiny_corpus, tmp_path):
-    """--init_from with --freeze=embeddings,encoder: the frozen weights are the
-    source's exactly (so training started from them) and the others moved;
+    """--init_from with --freeze=embeddings,encoder, and dropout the source did
+    not have: the frozen weights are the source's exactly (so training started
+    from them) and the others moved;
     the vocabularies are the source's; the log counts the new corpus' [UNK]s;
     a model flag that contradicts the source is one error."""
     from nmt_tf import checkpoints
 
     source = trained_model_dir[0]
     tuned = str(tmp_path / "tuned")
-    given = {"model_dir", "train_src", "train_tgt", "init_from", "freeze", "max_epochs"}
+    given = {"model_dir", "train_src", "train_tgt", "init_from", "freeze", "max_epochs", "dropout",
+             "recurrent_dropout"}
     lines = []
     train.train(tiny_config(model_dir=tuned, train_src=tiny_corpus["dev_src"], train_tgt=tiny_corpus["dev_tgt"],
-                            init_from=source, freeze=["embeddings", "encoder"], max_epochs=2),
+                            init_from=source, freeze=["embeddings", "encoder"], max_epochs=2, dropout=0.3,
+                            recurrent_dropout=0.2),
                 explicit=given, log=lines.append)
     log = "\n".join(lines)
     assert f"Fine-tuning {source}" in log and "tokens are [UNK]" in log and "Frozen (not trained)" in log
@@ -340,7 +343,7 @@ def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(t
     from nmt_tf.translator import restore_model
 
     weights = lambda directory, which: {v.path: v.numpy() for v in restore_model(
-        directory, which, log=lambda *a: None).model.variables}
+        directory, which, log=lambda *a: None).model.weights}
     before, after = weights(source, "best"), weights(tuned, "last")
     assert sorted(before) == sorted(after)
     frozen = [k for k in before if k.split("/")[1] in ("source_embedding", "target_embedding", "encoder")]
