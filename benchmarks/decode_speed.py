@@ -67,7 +67,7 @@ absl_flags.DEFINE_boolean("sort_by_length", False, "Batch the sentences in order
 def measure(signature, lines, batch_size, runs, parallel_batches=1):
     import tensorflow as tf
 
-    from nmt_tf.translator import batches_by_length
+    from nmt_tf.line_batches import batches_by_length
 
     signature(text=tf.constant(lines[:batch_size]))          # warm-up (tracing, allocation)
 
@@ -122,7 +122,7 @@ def main(argv):
 
     from nmt_tf import export
     from nmt_tf.hardware import vector_flags
-    from nmt_tf.translator import load_signature
+    from nmt_tf.saved_models import load_signature
 
     FLAGS = absl_flags.FLAGS
     if FLAGS.intra_op_threads:

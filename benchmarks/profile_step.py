@@ -192,11 +192,11 @@ def profile_training(config, logdir: str) -> dict:
 def profile_search(config, logdir: str, policy: str) -> dict:
     import tensorflow as tf
 
-    from nmt_tf import data, lexicon, search, train, translator
+    from nmt_tf import data, lexicon, restore, search, train, translation_graph
     from nmt_tf.files import read_lines
 
     if FLAGS.model_dir:
-        restored = translator.restore_model(FLAGS.model_dir, log=lambda *a: None, precision=policy)
+        restored = restore.restore_model(FLAGS.model_dir, log=lambda *a: None, precision=policy)
         model, src_tok, tgt_tok = restored.model, restored.source_tokenizer, restored.target_tokenizer
         origin = f"trained model {FLAGS.model_dir}"
     else:
@@ -208,7 +208,7 @@ def profile_search(config, logdir: str, policy: str) -> dict:
         model.freeze_step_weights()
     options = nmt_flags.search_options()
     # The exported signature's source ids: tokenized, [EOS] appended, padded.
-    prepare = translator.TranslationGraph(model, src_tok, tgt_tok, options, max_input_length=FLAGS.max_input_length)
+    prepare = translation_graph.TranslationGraph(model, src_tok, tgt_tok, options, max_input_length=FLAGS.max_input_length)
     lines = tf.constant(read_lines(FLAGS.source)[:FLAGS.search_sentences])
     source_ids = prepare._dense(prepare._ids(src_tok, lines)[0])
     lexical = lexicon.for_search(FLAGS.model_dir, model, options) if FLAGS.model_dir else None

@@ -38,8 +38,10 @@ import numpy as np
 from nmt_tf import exporter, presets, startup
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.lexicon import for_search
-from nmt_tf.translator import (MAX_REQUIRED_TERMS, TranslationGraph, as_text, batches_by_length, load_saved_model,
-                               read_metadata, restore_model, rows_by_line)
+from nmt_tf.line_batches import as_text, batches_by_length, rows_by_line
+from nmt_tf.restore import restore_model
+from nmt_tf.saved_models import load_saved_model, read_metadata
+from nmt_tf.translation_graph import MAX_REQUIRED_TERMS, TranslationGraph
 
 
 @dataclasses.dataclass

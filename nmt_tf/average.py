@@ -27,7 +27,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf.files import write_atomically
-from nmt_tf.translator import restore_model
+from nmt_tf.restore import restore_model
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "average_checkpoints", "average_from"))
 

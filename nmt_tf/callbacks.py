@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from nmt_tf import checkpoints, data, metrics, plots, schedules
 from nmt_tf.config import learning_rate
-from nmt_tf.translator import TranslationGraph, compiled_translate, translate_lines
+from nmt_tf.line_batches import translate_lines
+from nmt_tf.translation_graph import TranslationGraph, compiled_translate
 
 
 class TrainingState(tf.Module):

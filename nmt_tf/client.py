@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import grpc
 
-from nmt_tf.translator import load_signature
+from nmt_tf.saved_models import load_signature
 
 
 class ClientError(RuntimeError):
     """A server that refused or failed, or has no such model or signature, in
     one sentence. (A missing or broken SavedModel, or one without the
-    signature, is the FileNotFoundError of `nmt_tf.translator.load_signature`.)"""
+    signature, is the FileNotFoundError of `nmt_tf.saved_models.load_signature`.)"""
 
 
 class SignatureClient:

@@ -60,8 +60,10 @@ from nmt_tf.files import read_lines, write_atomically
 from nmt_tf.lexicon import for_search
 from nmt_tf.progress import Progress
 from nmt_tf.tokenizers import tokenizer_class
-from nmt_tf.translator import (TranslationGraph, UnkReplacement, compiled_translate, read_metadata, restore_ensemble,
-                               translate_lines)
+from nmt_tf.line_batches import translate_lines
+from nmt_tf.restore import restore_ensemble
+from nmt_tf.saved_models import read_metadata
+from nmt_tf.translation_graph import TranslationGraph, UnkReplacement, compiled_translate
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
 absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")
@@ -109,7 +111,7 @@ def _word_set(path: str) -> set:
 def subject_from_model_dir(model_dirs, label, options, weights, max_input_length, out_dir, log,
                            unk_replacement=None, precision: str = "float32"):
     """`model_dirs`: one model directory, or several decoded as one ensemble;
-    `unk_replacement`: a `nmt_tf.translator.UnkReplacement` or None;
+    `unk_replacement`: a `nmt_tf.translation_graph.UnkReplacement` or None;
     `precision`: the Keras dtype policy of the search."""
     from nmt_tf import data
 

@@ -2,7 +2,7 @@
 
 The library half of nmt_tf.export (whose docstring lists the signatures and
 their outputs): `export()` restores the weights, builds the signature graph
-(nmt_tf.translator.TranslationGraph), saves it atomically as
+(nmt_tf.translation_graph.TranslationGraph), saves it atomically as
 <export_dir>/<version>/, and writes the warm-up requests and nmt_tf.json
 into its assets.extra/. nmt_tf.presets builds its SavedModels with it.
 """
@@ -17,7 +17,9 @@ import shutil
 
 from nmt_tf.files import WriteFailed
 from nmt_tf.lexicon import for_search
-from nmt_tf.translator import EXPORT_METADATA, TranslationGraph, restore_ensemble
+from nmt_tf.restore import restore_ensemble
+from nmt_tf.saved_models import EXPORT_METADATA
+from nmt_tf.translation_graph import TranslationGraph
 
 WARMUP_SENTENCES = ["A man is walking his dog in the park.", "Two children are playing.", ""]
 
@@ -115,7 +117,7 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
 
     `model_dir`: a model directory, or a list of several (an ensemble).
     `weights`: a `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value.
-    `unk_replacement`: a `nmt_tf.translator.UnkReplacement`, or None.
+    `unk_replacement`: a `nmt_tf.translation_graph.UnkReplacement`, or None.
     `freeze_step_weights`, `freeze_token_products`: see
     `Seq2SeqModel.freeze_step_weights` (its `token_products`; only with
     `freeze_step_weights`).

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from nmt_tf.translator import check_dictionary
+from nmt_tf.translation_graph import check_dictionary
 
 
 class Glossary:

@@ -19,7 +19,7 @@ import functools
 import html
 import os
 
-from nmt_tf.translator import read_metadata
+from nmt_tf.saved_models import read_metadata
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
 # path -> (file in nmt_tf/web/, Content-Type)

@@ -149,7 +149,7 @@ def frequent_phrases(path: str, split_words, n: int, max_lines: int = DEFAULT_LI
 
 
 def source_batch(tokenizer, lines: list[str]):
-    """Lines -> the encoder's input, as nmt_tf.translator builds it (without its length cut).
+    """Lines -> the encoder's input, as nmt_tf.translation_graph builds it (without its length cut).
 
     Returns (ids [N, L] int32: each line's token ids, then [EOS], right-padded
     with 0; tokens: N lists of the string tokens, [EOS] left out).

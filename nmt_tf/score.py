@@ -47,7 +47,7 @@ from absl import flags as absl_flags
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --model_name, ...
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import open_binary
-from nmt_tf.translator import batches_by_length, rows_by_line
+from nmt_tf.line_batches import batches_by_length, rows_by_line
 
 absl_flags.DEFINE_string("phrase_table", None, "A Moses phrase table to extend with the model's score.")
 absl_flags.DEFINE_string("nbest", None, "A Moses n-best list to add the model's score to (needs --source).")

@@ -24,7 +24,7 @@ from absl import logging
 from google.protobuf import any_pb2
 
 from nmt_tf import batching, protos
-from nmt_tf.translator import load_session, read_metadata
+from nmt_tf.saved_models import load_session, read_metadata
 
 DEFAULT_SIGNATURE = "serving_default"
 
@@ -52,7 +52,7 @@ _NOT_SIGNATURES = ("__saved_model_init_op",)
 
 class LoadedVersion:
     """One SavedModel version, held as tensorflow_model_server holds one: in a
-    TF1 session of its own (translator.load_session), its signatures run by
+    TF1 session of its own (nmt_tf.saved_models.load_session), its signatures run by
     Session.run on their SignatureDefs' tensor names. `tf.saved_model.load`
     kept about 256 MB per load of the shipped model (85 MB for the tiny test
     export) after the loaded object was gone; a closed session frees its

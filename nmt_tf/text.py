@@ -56,7 +56,7 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 # The models' input convention, built here for the training pipeline
-# (nmt_tf.data), the exported graph (nmt_tf.translator) and the tools alike:
+# (nmt_tf.data), the exported graph (nmt_tf.translation_graph) and the tools alike:
 # a source is x_1 .. x_n [EOS], the decoder reads [BOS] y_1 .. y_m (teacher
 # forcing) and is trained to predict y_1 .. y_m [EOS].
 

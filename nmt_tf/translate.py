@@ -60,7 +60,8 @@ from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, count_lines, input_lines
 from nmt_tf.glossary import Glossary
 from nmt_tf.progress import Progress
-from nmt_tf.translator import MAX_REQUIRED_TERMS, as_text, batches_by_length, rows_by_line
+from nmt_tf.line_batches import as_text, batches_by_length, rows_by_line
+from nmt_tf.translation_graph import MAX_REQUIRED_TERMS
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")

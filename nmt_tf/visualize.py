@@ -50,7 +50,9 @@ from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.files import InputError, input_lines
 from nmt_tf.representations import PHRASE_VECTORS, RepresentationError
 from nmt_tf.lexicon import for_search
-from nmt_tf.translator import TranslationGraph, compiled_translate, restore_model, translate_lines
+from nmt_tf.line_batches import translate_lines
+from nmt_tf.restore import restore_model
+from nmt_tf.translation_graph import TranslationGraph, compiled_translate
 
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
 absl_flags.DEFINE_string("out", None, "PNG file (--text) or directory (--input, --representations); default "

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import checkpoint_weights, run_cli
-from nmt_tf import checkpoints, export, translator
-from nmt_tf.translator import restore_ensemble, restore_model
+from nmt_tf import checkpoints, export, saved_models
+from nmt_tf.restore import restore_ensemble, restore_model
 
 
 def test_best_checkpoints_keep_the_n_best_by_score(tmp_path):
@@ -69,12 +69,12 @@ def test_average_cli_writes_a_checkpoint_that_export_uses(trained_model_dir, tmp
 
 def test_an_exported_ensemble_of_a_model_with_itself_translates_like_the_model(exported, tmp_path):
     model_dir, _, single = exported
-    options = translator.read_metadata(single)["search"]
+    options = saved_models.read_metadata(single)["search"]
     from nmt_tf.search import SearchOptions
 
     path = export.export([model_dir, model_dir], str(tmp_path / "ens"), SearchOptions(**options),
                          max_input_length=20, log=lambda *a: None)
-    meta = translator.read_metadata(path)
+    meta = saved_models.read_metadata(path)
     assert meta["model_dirs"] == [os.path.abspath(model_dir)] * 2
     lines = tf.constant(["Un homme marche.", "A dog runs on the beach.", ""])
     want = tf.saved_model.load(single).signatures["serving_default"](text=lines)

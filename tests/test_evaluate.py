@@ -22,9 +22,9 @@ def png_shape(png: bytes):
 
 @pytest.mark.parametrize("parallel_batches", [1, 3])
 def test_translate_lines_batches_by_length_and_returns_input_order(parallel_batches):
-    """nmt_tf.translator.translate_lines: batches of similar length, several
+    """nmt_tf.line_batches.translate_lines: batches of similar length, several
     at once, results in the order of the lines; an error stops it."""
-    from nmt_tf.translator import translate_lines
+    from nmt_tf.line_batches import translate_lines
 
     sent = []
 

@@ -12,7 +12,8 @@ import tensorflow as tf
 from conftest import REPO, UNICODE_SEPARATORS, run_cli
 from nmt_tf import export, search, train
 from nmt_tf.text import with_eos
-from nmt_tf.translator import read_metadata, restore_model
+from nmt_tf.restore import restore_model
+from nmt_tf.saved_models import read_metadata
 from nmt_tf import config as nmt_config
 
 OPTIONS = search.SearchOptions(beam_size=3, n_best=2)

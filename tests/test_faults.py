@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cli, smoke_train_args, start_cli
-from nmt_tf import checkpoints, export, files, search, train, translator
+from nmt_tf import checkpoints, export, files, saved_models, search, train
 
 QUIET = dict(log=lambda *a: None)
 NO_SPACE = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -97,7 +97,7 @@ def test_a_full_disk_during_export_makes_no_version_and_leaves_the_others(export
         export.export(model_dir, copy, search.SearchOptions(beam_size=2), max_input_length=20, **QUIET)
     assert sorted(os.listdir(copy)) == before              # nothing half-written for a server to load
     monkeypatch.setattr(tf.saved_model, "save", real_save)
-    assert json.load(open(os.path.join(copy, "1", "assets.extra", translator.EXPORT_METADATA)))["search"]["beam_size"] == 3
+    assert json.load(open(os.path.join(copy, "1", "assets.extra", saved_models.EXPORT_METADATA)))["search"]["beam_size"] == 3
 
 
 def test_a_full_disk_while_keeping_a_best_checkpoint_keeps_the_previous_best(tmp_path, monkeypatch):

@@ -79,7 +79,7 @@ def test_a_damaged_preset_is_refused_naming_the_file(tiny_preset, tmp_path, dama
 
 
 def test_weights_that_do_not_fit_the_model_are_refused(tiny_preset, exported, tmp_path):
-    from nmt_tf.translator import restore_model
+    from nmt_tf.restore import restore_model
 
     model = restore_model(exported[0], log=lambda *a: None).model
     arrays = presets.weight_arrays(model, "float32")

@@ -13,7 +13,7 @@ from nmt_tf.files import read_lines
 from nmt_tf import representations as reps
 from nmt_tf.models.rnnsearch import RNNSearch
 from nmt_tf.text import EOS_ID, SPECIAL_TOKENS, WordpieceTokenizer
-from nmt_tf.translator import restore_model
+from nmt_tf.restore import restore_model
 from test_evaluate import png_shape, read_events
 
 # Phrases of different lengths (so a batch is padded); "zebrafoo" is in no vocabulary.

@@ -10,7 +10,7 @@ from conftest import memorization_batch, memorize, padded
 from nmt_tf import export, search, train
 from nmt_tf.layers import GatedRecursiveConvolution
 from nmt_tf.models.rnnencdec import RNNEncDec
-from nmt_tf.translator import restore_model
+from nmt_tf.restore import restore_model
 from nmt_tf.config import TrainingConfig
 
 RNG = np.random.default_rng(5)

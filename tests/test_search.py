@@ -459,7 +459,7 @@ class ScriptedModel:
 
 def test_unk_replacement_copies_the_attended_source_word_or_its_dictionary_translation(tmp_path):
     from nmt_tf import text
-    from nmt_tf.translator import TranslationGraph, UnkReplacement
+    from nmt_tf.translation_graph import TranslationGraph, UnkReplacement
 
     vocab = list(text.SPECIAL_TOKENS) + ["le", "chat"]
     src_tok = text.make_tokenizer(list(text.SPECIAL_TOKENS) + ["Hello", "."], "word", "en")

@@ -15,7 +15,8 @@ from nmt_tf import lexicon as shortlist
 from nmt_tf.models.ensemble import Ensemble
 from nmt_tf.search import SearchOptions, _block_size, beam_search, greedy_search, search
 from nmt_tf.text import EOS_ID, PAD_ID, SPECIAL_TOKENS, with_eos
-from nmt_tf.translator import load_signature, restore_model
+from nmt_tf.restore import restore_model
+from nmt_tf.saved_models import load_signature
 from test_export import _op_types, _registered
 from test_search import SOURCES, model_with_random_weights
 

@@ -87,7 +87,7 @@ def reaches(graph, start, target):
 
 def test_translation_export_and_serving_do_not_import_the_training_tool():
     graph = import_graph()
-    for module in ("nmt_tf.translator", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.serving", "nmt_tf.rest",
+    for module in ("nmt_tf.translation_graph", "nmt_tf.restore", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.serving", "nmt_tf.rest",
                    "nmt_tf.translate", "nmt_tf.evaluate", "nmt_tf.models"):
         assert not reaches(graph, module, "nmt_tf.train"), module
 
@@ -137,7 +137,7 @@ def test_the_library_defines_and_reads_no_command_line_flag():
     graph = import_graph()
     command_line = tool_modules(graph) | {"nmt_tf.flags"}
     library = sorted(m for m in set(graph) - command_line if m != "nmt_tf.presets.__main__")
-    assert {"nmt_tf.translator", "nmt_tf.callbacks", "nmt_tf.fine_tune", "nmt_tf.presets", "nmt_tf.api"} <= set(library)
+    assert {"nmt_tf.translation_graph", "nmt_tf.restore", "nmt_tf.callbacks", "nmt_tf.fine_tune", "nmt_tf.presets", "nmt_tf.api"} <= set(library)
     assert not [m for m in library if reaches(graph, m, "nmt_tf.flags")]
     code = (f"import importlib\nfor m in {library!r}: importlib.import_module(m)\n"
             "from absl import flags\n"
@@ -215,7 +215,7 @@ def test_imports_inside_functions_are_only_those_that_must_wait():
     paths = module_paths()
     heavy = tensorflow_at_import(paths)
     assert {"nmt_tf.data", "nmt_tf.text", "nmt_tf.models.base"} <= heavy      # the finder finds them
-    assert not {"nmt_tf.translator", "nmt_tf.flags", "nmt_tf.files"} & heavy
+    assert not {"nmt_tf.translation_graph", "nmt_tf.restore", "nmt_tf.saved_models", "nmt_tf.flags", "nmt_tf.files"} & heavy
     late = []
     for module, path in sorted(paths.items()):
         for line, name in imports_of(path, at_top=False):

@@ -340,7 +340,7 @@ def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(t
     for name in ("vocab.src.txt", "vocab.tgt.txt"):
         with open(os.path.join(source, name)) as a, open(os.path.join(tuned, name)) as b:
             assert a.read() == b.read()
-    from nmt_tf.translator import restore_model
+    from nmt_tf.restore import restore_model
 
     weights = lambda directory, which: {v.path: v.numpy() for v in restore_model(
         directory, which, log=lambda *a: None).model.weights}

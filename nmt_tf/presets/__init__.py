@@ -47,7 +47,7 @@ from nmt_tf import config as nmt_config
 from nmt_tf import model_dir as layout
 from nmt_tf.models import build_model
 from nmt_tf.precision import dtype_policy
-from nmt_tf.translator import restore_model
+from nmt_tf.restore import restore_model
 
 PRESETS_DIR = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_DIR = os.path.dirname(PRESETS_DIR)

@@ -1,39 +1,21 @@
-"""Translation with a trained model, exactly as the exported graph does it.
+"""The translation graph: the functions nmt_tf.export saves as signatures.
 
-`TranslationGraph` builds the functions that nmt_tf.export saves as signatures
-(raw text in, detokenized text, scores, tokens and alignments out), so
-nmt_tf.evaluate, nmt_tf.visualize and the training callbacks translate with
-the same graph code that TF Serving runs. `restore_model` loads a trained
-model directory; `translate_lines` feeds sentences through a translate
-function in batches of similar length and returns the results in input
-order.
+`TranslationGraph` wraps a model and its tokenizers into the serving
+functions (raw text in; detokenized text, scores, tokens and alignments
+out; the steered `translate_constrained`; `score`), so nmt_tf.evaluate,
+nmt_tf.visualize and the training callbacks translate with the same graph
+code that TF Serving runs. `UnkReplacement` is the in-graph [UNK]
+replacement from attention. The model it wraps comes from
+nmt_tf.restore; lines are fed through it by nmt_tf.line_batches.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
-import json
 import os
-from typing import Any, NamedTuple
-
-import numpy as np
-
-from nmt_tf import config as nmt_config
-from nmt_tf.precision import dtype_policy
-from nmt_tf.models import build_model
 
 
 MAX_REQUIRED_TERMS = 16      # per sentence: each term adds a bank to its beam (nmt_tf.constraints)
-
-
-class RestoredModel(NamedTuple):
-    model: Any
-    source_tokenizer: Any
-    target_tokenizer: Any
-    config: Any
-    checkpoint: str        # the checkpoint path the weights came from
 
 
 class UnkReplacement:
@@ -353,135 +335,6 @@ def tf_variables(model) -> list:
     return out
 
 
-def restore_model(model_dir: str, weights="best", log=print, precision: str = "float32") -> RestoredModel:
-    """The trained model of `model_dir` with the chosen weights, and its tokenizers.
-
-    `weights`: a `nmt_tf.checkpoints.WeightsChoice`, or just the checkpoint
-    (best, last, averaged or a path). With averaging, RestoredModel.checkpoint
-    says which checkpoints were averaged. `precision`: the Keras dtype policy
-    the model computes in (float32 whatever it was trained in, unless asked:
-    nmt_tf.flags.search_precision)."""
-    from nmt_tf import checkpoints, data
-
-    if isinstance(weights, str):
-        weights = checkpoints.WeightsChoice(checkpoint=weights)
-    config = nmt_config.load(model_dir)
-    source_tokenizer, target_tokenizer = data.load_tokenizers(config, model_dir)
-    with dtype_policy(precision):
-        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-    if weights.average > 1:
-        paths = checkpoints.checkpoint_paths(model_dir, weights.average_from, weights.average)
-        if len(paths) < weights.average:
-            log(f"Only {len(paths)} {weights.average_from} checkpoints in {model_dir}, not {weights.average}: "
-                "averaging those.")
-        checkpoints.average_into(model, paths)
-        path = (f"mean of {len(paths)} {weights.average_from} checkpoints "
-                f"({', '.join(os.path.basename(p) for p in paths)})")
-    else:
-        path = checkpoints.resolve(model_dir, weights.checkpoint)
-        checkpoints.read_weights(model, path)
-    log(f"Loaded {path}")
-    return RestoredModel(model, source_tokenizer, target_tokenizer, config, path)
-
-
-def restore_ensemble(model_dirs: list[str], weights="best", log=print, precision: str = "float32") -> RestoredModel:
-    """Several trained models as one `nmt_tf.models.Ensemble` (a single model
-    directory gives that model itself). They must share tokenizer, languages
-    and vocabularies (the source is tokenized once and the log-probabilities
-    of the same target tokens are averaged); the first one's tokenizers and
-    flags are returned."""
-    from nmt_tf import data
-    from nmt_tf.models.ensemble import Ensemble
-
-    restored = [restore_model(d, weights, log=log, precision=precision) for d in model_dirs]
-    if len(restored) == 1:
-        return restored[0]
-    first = restored[0]
-    for model_dir, member in zip(model_dirs[1:], restored[1:]):
-        for key in ("tokenizer", "src_lang", "tgt_lang"):
-            if getattr(member.config, key) != getattr(first.config, key):
-                raise ValueError(f"{model_dir} has --{key}={getattr(member.config, key)}, {model_dirs[0]} has "
-                                 f"{getattr(first.config, key)}: ensemble members must share it")
-        pairs = ((first.source_tokenizer, member.source_tokenizer), (first.target_tokenizer, member.target_tokenizer))
-        for side, path, (a, b) in zip(("source", "target"), data.vocabulary_paths(model_dir), pairs):
-            if a.vocabulary != b.vocabulary:
-                raise ValueError(f"{path} differs from the {side} vocabulary of {model_dirs[0]}: ensemble "
-                                 "members must share their vocabularies")
-    return RestoredModel(Ensemble([r.model for r in restored]), first.source_tokenizer, first.target_tokenizer,
-                         first.config, "; ".join(f"{d}: {r.checkpoint}" for d, r in zip(model_dirs, restored)))
-
-
-def load_saved_model(path: str):
-    """Loads an nmt_tf SavedModel, with tensorflow-text's ops registered first.
-
-    Raises FileNotFoundError (one sentence) when `path` holds no SavedModel,
-    or one that cannot be loaded (missing or damaged variables or assets, a
-    damaged saved_model.pb).
-    """
-    import tensorflow as tf
-
-    import nmt_tf.text  # noqa: F401  (it imports tensorflow_text, which registers the ops)
-
-    with _loading(path):
-        return tf.saved_model.load(path)
-
-
-def load_session(path: str, config=None):
-    """Loads a SavedModel into a TF1 session of its own, as tensorflow_model_server
-    does (the "serve" meta graph, the saver's restore op, the init op); returns
-    (session, its MetaGraphDef). Closing the session frees everything the
-    version holds, which `tf.saved_model.load` does not (BUILD_NOTES.md,
-    "Serving hardening"). Errors as load_saved_model's."""
-    import tensorflow as tf
-
-    import nmt_tf.text  # noqa: F401  (it imports tensorflow_text, which registers the ops)
-
-    with _loading(path):
-        graph = tf.Graph()
-        with graph.as_default():
-            session = tf.compat.v1.Session(graph=graph, config=config)
-            try:
-                meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-            except BaseException:
-                session.close()
-                raise
-        return session, meta
-
-
-@contextlib.contextmanager
-def _loading(path: str):
-    """Turns the errors of loading a SavedModel into one-sentence FileNotFoundErrors."""
-    import tensorflow as tf
-
-    if not os.path.exists(os.path.join(path, "saved_model.pb")):
-        raise FileNotFoundError(f"{path} is not a SavedModel version directory (no saved_model.pb in it)")
-    try:
-        yield
-    except (tf.errors.OpError, ValueError, OSError, IndexError, RuntimeError) as e:   # missing variables, a cut file
-        first = str(getattr(e, "message", e)).strip().splitlines()
-        raise FileNotFoundError(f"{path} could not be loaded as a SavedModel ({type(e).__name__}: "
-                                f"{first[0] if first else 'damaged'}); export it again") from e
-
-
-EXPORT_METADATA = "nmt_tf.json"        # in a SavedModel's assets.extra/: written by nmt_tf.export
-
-
-def read_metadata(saved_model_dir: str) -> dict:
-    path = os.path.join(saved_model_dir, "assets.extra", EXPORT_METADATA)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: {saved_model_dir} is not an nmt_tf export")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def load_signature(path: str, name: str = "serving_default"):
-    """One signature of an nmt_tf SavedModel (see `load_saved_model`)."""
-    signatures = load_saved_model(path).signatures
-    if name not in signatures:
-        raise FileNotFoundError(f"{path} has no '{name}' signature; is it an nmt_tf export?")
-    return signatures[name]
-
-
 def compiled_translate(translator: TranslationGraph):
     """`translator.translate` as a tf.function over a [batch] string vector."""
     import tensorflow as tf
@@ -489,81 +342,3 @@ def compiled_translate(translator: TranslationGraph):
     return tf.function(translator.translate, input_signature=[tf.TensorSpec([None], tf.string)])
 
 
-def as_text(value) -> str:
-    """A signature's string output (bytes; undecodable bytes become U+FFFD) as str."""
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def translate_lines(translate_fn, lines, batch_size: int = 64, progress=None,
-                    keys=("translation", "score", "source_tokens", "target_tokens", "alignment"),
-                    parallel_batches: int = 2) -> dict:
-    """Translates all `lines` (str or bytes) and returns {key: list in input order}.
-
-    Sentences are sorted by length and batched (less padding, fewer wasted
-    decoding steps), `parallel_batches` batches at once on as many threads
-    (one batch's search leaves the cores part of the time idle; see
-    `nmt_tf.translate --parallel_batches`); the results come back in the
-    order of `lines`. Token lists drop their "" padding and alignments are
-    cut to [target tokens, source tokens].
-    """
-    lines = [l.encode("utf-8") if isinstance(l, str) else l for l in lines]
-    results = {k: [None] * len(lines) for k in keys}
-    run = lambda batch: {k: np.asarray(v) for k, v in translate_fn(batch).items()}   # tensors or arrays
-    for index, out in batches_by_length(run, lines, batch_size, parallel_batches):
-        _collect(out, index, keys, results)
-        if progress is not None:
-            progress.update(len(index))
-    return results
-
-
-def batches_by_length(call, lines: list, batch_size: int, parallel_batches: int = 1, by_length: bool = True,
-                      length=lambda line: len(line.split())):
-    """Yields (index, call([lines[i] for i in index])) for the batches of
-    `batch_size` lines, in order: with `by_length`, batches of similar length
-    (by `length`, words by default; shortest first), else in the order of
-    `lines`. `parallel_batches` calls run at once on as many threads; after
-    an error the batches not started are dropped."""
-    order = list(range(len(lines)))
-    if by_length:
-        order.sort(key=lambda i: length(lines[i]))
-    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-    pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
-    try:
-        yield from zip(batches, pool.map(lambda index: call([lines[i] for i in index]), batches))
-    finally:
-        pool.shutdown(cancel_futures=True)
-
-
-def rows_by_line(batched, count: int, on_batch=None) -> list:
-    """The (batch result, row) of each of `count` lines, in the lines' order,
-    from `batches_by_length`'s (index, result) pairs; `on_batch(n)` is called
-    after each batch of n lines (progress)."""
-    rows = [None] * count
-    for index, result in batched:
-        for row, i in enumerate(index):
-            rows[i] = (result, row)
-        if on_batch:
-            on_batch(len(index))
-    return rows
-
-
-def _collect(out: dict, index: list, keys, results: dict) -> None:
-    """Rows of one batch's `out` into `results` at the lines' positions `index`."""
-    for row, i in enumerate(index):
-        src = [t.decode("utf-8") for t in out["source_tokens"][row] if t]
-        tgt = [t.decode("utf-8") for t in out["target_tokens"][row] if t]
-        for key in keys:
-            value = out[key][row]
-            if key == "source_tokens":
-                value = src
-            elif key == "target_tokens":
-                value = tgt
-            elif key == "alignment":
-                value = np.asarray(value[:len(tgt), :len(src)])
-            elif isinstance(value, bytes):
-                value = value.decode("utf-8")
-            elif isinstance(value, np.ndarray) and value.dtype.kind == "O":
-                value = [v.decode("utf-8") for v in value]
-            else:
-                value = value.item() if hasattr(value, "item") else value
-            results[key][i] = value

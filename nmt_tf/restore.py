@@ -1,0 +1,82 @@
+"""A trained model directory back as a model: `restore_model` builds the
+model its configuration describes, reads the chosen weights (best, last,
+averaged, or a checkpoint path) and loads its tokenizers;
+`restore_ensemble` restores several as one `nmt_tf.models.Ensemble`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from nmt_tf import config as nmt_config
+from nmt_tf.models import build_model
+from nmt_tf.precision import dtype_policy
+
+
+class RestoredModel(NamedTuple):
+    model: Any
+    source_tokenizer: Any
+    target_tokenizer: Any
+    config: Any
+    checkpoint: str        # the checkpoint path the weights came from
+
+
+def restore_model(model_dir: str, weights="best", log=print, precision: str = "float32") -> RestoredModel:
+    """The trained model of `model_dir` with the chosen weights, and its tokenizers.
+
+    `weights`: a `nmt_tf.checkpoints.WeightsChoice`, or just the checkpoint
+    (best, last, averaged or a path). With averaging, RestoredModel.checkpoint
+    says which checkpoints were averaged. `precision`: the Keras dtype policy
+    the model computes in (float32 whatever it was trained in, unless asked:
+    nmt_tf.flags.search_precision)."""
+    from nmt_tf import checkpoints, data
+
+    if isinstance(weights, str):
+        weights = checkpoints.WeightsChoice(checkpoint=weights)
+    config = nmt_config.load(model_dir)
+    source_tokenizer, target_tokenizer = data.load_tokenizers(config, model_dir)
+    with dtype_policy(precision):
+        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+    if weights.average > 1:
+        paths = checkpoints.checkpoint_paths(model_dir, weights.average_from, weights.average)
+        if len(paths) < weights.average:
+            log(f"Only {len(paths)} {weights.average_from} checkpoints in {model_dir}, not {weights.average}: "
+                "averaging those.")
+        checkpoints.average_into(model, paths)
+        path = (f"mean of {len(paths)} {weights.average_from} checkpoints "
+                f"({', '.join(os.path.basename(p) for p in paths)})")
+    else:
+        path = checkpoints.resolve(model_dir, weights.checkpoint)
+        checkpoints.read_weights(model, path)
+    log(f"Loaded {path}")
+    return RestoredModel(model, source_tokenizer, target_tokenizer, config, path)
+
+
+def restore_ensemble(model_dirs: list[str], weights="best", log=print, precision: str = "float32") -> RestoredModel:
+    """Several trained models as one `nmt_tf.models.Ensemble` (a single model
+    directory gives that model itself). They must share tokenizer, languages
+    and vocabularies (the source is tokenized once and the log-probabilities
+    of the same target tokens are averaged); the first one's tokenizers and
+    flags are returned."""
+    from nmt_tf import data
+    from nmt_tf.models.ensemble import Ensemble
+
+    restored = [restore_model(d, weights, log=log, precision=precision) for d in model_dirs]
+    if len(restored) == 1:
+        return restored[0]
+    first = restored[0]
+    for model_dir, member in zip(model_dirs[1:], restored[1:]):
+        for key in ("tokenizer", "src_lang", "tgt_lang"):
+            if getattr(member.config, key) != getattr(first.config, key):
+                raise ValueError(f"{model_dir} has --{key}={getattr(member.config, key)}, {model_dirs[0]} has "
+                                 f"{getattr(first.config, key)}: ensemble members must share it")
+        pairs = ((first.source_tokenizer, member.source_tokenizer), (first.target_tokenizer, member.target_tokenizer))
+        for side, path, (a, b) in zip(("source", "target"), data.vocabulary_paths(model_dir), pairs):
+            if a.vocabulary != b.vocabulary:
+                raise ValueError(f"{path} differs from the {side} vocabulary of {model_dirs[0]}: ensemble "
+                                 "members must share their vocabularies")
+    return RestoredModel(Ensemble([r.model for r in restored]), first.source_tokenizer, first.target_tokenizer,
+                         first.config, "; ".join(f"{d}: {r.checkpoint}" for d, r in zip(model_dirs, restored)))
+
+
