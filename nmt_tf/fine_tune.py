@@ -5,7 +5,7 @@
 whose model directory the preset's build holds):
 
 - the model and vocabulary flags (`nmt_tf.flags.FROZEN_FLAGS` but the
-  optimizer) come from SOURCE's flags.json; one given on the command line
+  optimizer) come from SOURCE's stored configuration (config.json); one given on the command line
   with another value is an error naming it. Data, training and search flags
   come from the command line (or its flagfile) as usual;
 - SOURCE's vocabularies (and SentencePiece models and word lists) are
@@ -18,7 +18,7 @@ whose model directory the preset's build holds):
 - --freeze=embeddings,encoder keeps those parts fixed (`freeze`): with
   --tied_embeddings=all "embeddings" is also the output layer's matrix.
 
-A resumed fine-tuning run (its NEW has flags.json) continues from its own
+A resumed fine-tuning run (its NEW has config.json) continues from its own
 checkpoints; --init_from is then not read again.
 """
 
@@ -59,7 +59,7 @@ def source(init_from: str, init_checkpoint: str = "", log=print) -> Source:
             saved_model = presets.build(init_from, log=log)
         except presets.PresetError as e:
             raise FineTuneError(f"--init_from={init_from} is neither a model directory (no "
-                                f"{layout.FLAGS_JSON} in it) nor a preset: {e}") from None
+                                f"{layout.CONFIG_JSON} or {layout.FLAGS_JSON} in it) nor a preset: {e}") from None
         model_dir = os.path.join(os.path.dirname(os.path.dirname(saved_model)), "model")
     choice = init_checkpoint or (checkpoints.AVERAGED if os.path.isdir(checkpoints.averaged_dir(model_dir))
                                  else checkpoints.BEST)

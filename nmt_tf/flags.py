@@ -22,7 +22,7 @@ import sys
 
 from absl import app, flags, logging
 
-from nmt_tf import config
+from nmt_tf import config, settings
 from nmt_tf import startup
 from nmt_tf.config import SearchOptions, TrainingConfig
 from nmt_tf import precision
@@ -55,9 +55,9 @@ def _define(field) -> None:
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
     bounds = {k: v for k, v in (("lower_bound", meta["lower"]), ("upper_bound", meta["upper"])) if v is not None}
     if meta["flag"] == "enum":
-        flags.DEFINE_enum(config.flag_name(field), default, list(meta["choices"]), meta["help"])
+        flags.DEFINE_enum(settings.flag_name(field), default, list(meta["choices"]), meta["help"])
     else:
-        getattr(flags, f"DEFINE_{meta['flag']}")(config.flag_name(field), default, meta["help"], **bounds)
+        getattr(flags, f"DEFINE_{meta['flag']}")(settings.flag_name(field), default, meta["help"], **bounds)
 
 
 for _field in dataclasses.fields(TrainingConfig):
@@ -189,7 +189,7 @@ def weights_choice():
 
 def search_options() -> SearchOptions:
     """`nmt_tf.config.SearchOptions` from the parsed search flags."""
-    return SearchOptions(**{field.name: FLAGS[config.flag_name(field)].value
+    return SearchOptions(**{field.name: FLAGS[settings.flag_name(field)].value
                             for field in dataclasses.fields(SearchOptions)})
 
 

@@ -1,6 +1,8 @@
 """The layout of a model directory: what nmt_tf.train writes and every other tool reads.
 
-    flags.json, flags.txt     resolved flags (flags.txt is a flagfile)
+    config.json               the run's configuration: sections data, model, trainer
+                              (nmt_tf.config; a run from before has flags.json, still read)
+    flags.txt                 the same as a flagfile, to rerun with
     model_config.json         the model's Keras config
     vocab.{src,tgt}.txt       vocabularies (ids in line order, specials first)
     sentencepiece.{src,tgt}.model   SentencePiece models (--tokenizer=sentencepiece)
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import os
 
-FLAGS_JSON, FLAGS_TXT, MODEL_CONFIG = "flags.json", "flags.txt", "model_config.json"
+CONFIG_JSON, FLAGS_TXT, MODEL_CONFIG = "config.json", "flags.txt", "model_config.json"
+FLAGS_JSON = "flags.json"          # a run's configuration before config.json (still read)
 CORPUS_STATS, DEV_CORPUS_STATS, TRAIN_SUMMARY = "corpus_stats.json", "corpus_stats.dev.json", "train_summary.json"
 CHECKPOINTS, BEST, AVERAGED, DAMAGED, LOGS, EVAL = "checkpoints", "best", "averaged", "damaged", "logs", "eval"
 WORKERS, PREPARED, LEXICAL_TABLE = "workers", "prepared", "lexical_shortlist.npz"
@@ -49,7 +52,7 @@ def pair(model_dir: str, names: tuple[str, str]) -> tuple[str, str]:
 
 
 # What a preset carries of its run (those that exist), besides the weights.
-RUN_FILES = (FLAGS_JSON, *VOCABULARIES, *SENTENCEPIECE_MODELS, *WORD_SHORTLISTS)
+RUN_FILES = (CONFIG_JSON, FLAGS_JSON, *VOCABULARIES, *SENTENCEPIECE_MODELS, *WORD_SHORTLISTS)
 
 
 def eval_dir(model_dir: str, source_name: str) -> str:

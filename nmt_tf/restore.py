@@ -37,7 +37,7 @@ def restore_model(model_dir: str, weights="best", log=print, precision: str = "f
     config = nmt_config.load(model_dir)
     source_tokenizer, target_tokenizer = data.load_tokenizers(config, model_dir)
     with dtype_policy(precision):
-        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+        model = build_model(config.model_config(), source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     if weights.average > 1:
         paths = checkpoints.checkpoint_paths(model_dir, weights.average_from, weights.average)
         if len(paths) < weights.average:

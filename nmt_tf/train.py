@@ -65,7 +65,7 @@ from nmt_tf import distribution
 from nmt_tf import flags as nmt_flags
 from nmt_tf import model_dir as layout
 from nmt_tf import fine_tune, models, schedules
-from nmt_tf.config import TrainingConfig
+from nmt_tf.config import ConfigError, TrainingConfig
 from nmt_tf.files import WriteFailed, write_atomically
 from nmt_tf import precision
 from nmt_tf.hardware import choose_training_kernels, step_products_choice, training_kernels
@@ -100,7 +100,8 @@ class NaNLossError(TrainingError):
 
 def check_config(config) -> None:
     """Flag combinations that cannot work, as one TrainingError before anything runs
-    (the vocabulary flags here; the model's own in nmt_tf.models.build_model)."""
+    (those that span the configuration's parts; each part checks its own
+    settings when it is made, nmt_tf.config)."""
     if config.joint_vocabulary:
         if config.tokenizer != "sentencepiece":
             raise TrainingError("--joint_vocabulary needs --tokenizer=sentencepiece.")
@@ -120,17 +121,17 @@ def check_config(config) -> None:
     except schedules.ScheduleError as e:
         raise TrainingError(str(e)) from None
     try:
-        models.model_class(config.model).check_flags(config)
         fine_tune.check_freeze(config.freeze)
     except ValueError as e:
         raise TrainingError(str(e)) from None
 
 
 def build_model(config, source_vocab_size: int, target_vocab_size: int):
-    """nmt_tf.models.build_model, with its ValueErrors as one-line TrainingErrors."""
+    """The model of `config`'s architecture (nmt_tf.models.build_model of
+    `config.model_config()`), with its ValueErrors as one-line TrainingErrors."""
     check_config(config)
     try:
-        return models.build_model(config, source_vocab_size, target_vocab_size)
+        return models.build_model(config.model_config(), source_vocab_size, target_vocab_size)
     except ValueError as e:
         raise TrainingError(str(e)) from None
 
@@ -336,7 +337,7 @@ def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitSta
 
 
 def _resolve_config(config, explicit, log) -> _Run:
-    """The run's flags: a resume's merged with its flags.json, a fine-tuning
+    """The run's flags: a resume's merged with its stored configuration, a fine-tuning
     run's with its source's model flags; checked."""
     if not config.model_dir:
         raise TrainingError("--model_dir is required.")
@@ -344,14 +345,15 @@ def _resolve_config(config, explicit, log) -> _Run:
     resuming = os.path.exists(nmt_config.path(model_dir))
     explicit = set(nmt_config.NAMES) if explicit is None else explicit
     init = None
-    if resuming:
-        config = _check_resume(config, model_dir, explicit, log)
-    elif config.init_from:
-        try:
+    try:
+        if resuming:
+            config = _check_resume(config, model_dir, explicit, log)
+        elif config.init_from:
             init = fine_tune.source(config.init_from, config.init_checkpoint, log=log)
             config = fine_tune.merge(config, init.config, explicit, config.init_from)
-        except fine_tune.FineTuneError as e:
-            raise TrainingError(str(e)) from None
+    except (fine_tune.FineTuneError, ConfigError) as e:     # ConfigError: the stored settings with the new ones
+        raise TrainingError(str(e)) from None
+    if init is not None:
         log(f"Fine-tuning {init.model_dir} ({init.checkpoint}): its model and vocabulary flags are kept.")
     check_config(config)
     return _Run(config, log, model_dir, resuming, init)
@@ -702,14 +704,17 @@ def main(argv):
     from nmt_tf.checkpoints import NoIntactCheckpointError
     from nmt_tf.data import CorpusError  # imports TensorFlow: after start_cli
 
-    config = nmt_flags.config_from_flags()
+    try:
+        config = nmt_flags.config_from_flags()
+    except ConfigError as e:
+        return nmt_flags.user_error(e)
     try:
         if config.dry_run:
             if config.init_from:       # the model fine-tuning would build: the source's
                 try:
                     config = fine_tune.merge(config, fine_tune.source(config.init_from, config.init_checkpoint).config,
                                              nmt_flags.explicitly_set(), config.init_from)
-                except fine_tune.FineTuneError as e:
+                except (fine_tune.FineTuneError, ConfigError) as e:
                     raise TrainingError(str(e)) from None
             dry_run(config)
             return 0

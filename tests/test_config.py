@@ -6,7 +6,8 @@ import json
 import pytest
 
 from nmt_tf import config as nmt_config
-from nmt_tf.config import ConfigError, TrainingConfig
+from nmt_tf.config import NAMES, ConfigError, DataConfig, SearchOptions, TrainerConfig, TrainingConfig
+from nmt_tf.models import RNNEncDecConfig, RNNSearchConfig
 
 
 def test_values_out_of_their_limits_are_one_error_naming_the_flag():
@@ -27,8 +28,12 @@ def test_a_saved_configuration_reads_back_and_reruns_as_a_flagfile(tmp_path):
     config = TrainingConfig(train_src="a.en", train_tgt="a.fr", hidden_size=12, freeze=["encoder"],
                             layer_norm=True, dry_run=True, distribution="mirrored")
     nmt_config.save(config, str(tmp_path))
-    stored = json.load(open(tmp_path / "flags.json"))
-    assert "dry_run" not in stored and "distribution" not in stored     # where it runs, not what it trains
+    stored = json.load(open(tmp_path / "config.json"))
+    assert set(stored) == {"data", "model", "trainer"}
+    assert stored["data"]["train_src"] == "a.en" and stored["trainer"]["freeze"] == ["encoder"]
+    assert stored["model"] == {"model": "rnnsearch", **dataclasses.asdict(config.model_config())}
+    assert stored["model"]["hidden_size"] == 12 and "grconv_size" not in stored["model"]   # RNNsearch's own only
+    assert "dry_run" not in stored["trainer"] and "distribution" not in stored["trainer"]  # where it runs
     assert nmt_config.load(str(tmp_path)) == config.replace(dry_run=False, distribution="none")
     try:
         flags.FLAGS(["train", f"--flagfile={tmp_path / 'flags.txt'}"])
@@ -41,12 +46,51 @@ def test_a_saved_configuration_reads_back_and_reruns_as_a_flagfile(tmp_path):
 
 
 def test_a_run_of_another_nmt_tf_version_still_loads(tmp_path):
-    """Settings a newer version added keep their defaults; ones it dropped are ignored."""
+    """Settings a newer version added keep their defaults; ones it dropped are
+    ignored. A run from before config.json (a flat flags.json, where every
+    architecture's sizes were stored) loads, and config.json wins once written."""
     stored = {name: value for name, value in TrainingConfig(hidden_size=12).as_dict().items()
               if name not in ("lr_schedule", "freeze")}
     stored["a_setting_no_longer_known"] = 3
+    stored.update(model="rnnencdec", attention_size=16, encoder="grconv")     # attention_size: not RNNencdec's
     (tmp_path / "flags.json").write_text(json.dumps(stored))
+    assert nmt_config.path(str(tmp_path)) == str(tmp_path / "flags.json")
     loaded = nmt_config.load(str(tmp_path))
     assert loaded.hidden_size == 12 and loaded.lr_schedule == "plateau" and loaded.freeze == []
-    with pytest.raises(FileNotFoundError, match="must be a directory written by nmt_tf.train"):
+    assert loaded.model_config().encoder == "grconv" and loaded.attention_size == 1000
+    nmt_config.save(loaded.replace(hidden_size=14), str(tmp_path))
+    assert nmt_config.path(str(tmp_path)) == str(tmp_path / "config.json")
+    assert nmt_config.load(str(tmp_path)).hidden_size == 14
+    with pytest.raises(FileNotFoundError, match="config.json not found: --model_dir must be a directory written"):
         nmt_config.load(str(tmp_path / "nothing"))
+
+
+def test_the_parts_of_a_configuration():
+    """The flat configuration (the command line's) and its typed parts: the
+    data, the chosen architecture's model configuration, the trainer."""
+    config = TrainingConfig(model="rnnencdec", encoder="grconv", grconv_size=40, attention_size=9, batch_size=7,
+                            optimizer="adam")
+    assert config.model_config() == RNNEncDecConfig(encoder="grconv", grconv_size=40)   # attention_size: ignored
+    assert config.data().batch_size == 7 and config.trainer().optimizer == "adam"
+    assert set(NAMES) == {f.name for part in (DataConfig, TrainerConfig, RNNSearchConfig, RNNEncDecConfig)
+                          for f in dataclasses.fields(part)} | {"model"}
+    assert TrainingConfig().model_config() == RNNSearchConfig()
+    with pytest.raises(ConfigError, match="--encoder=grconv goes with --model=rnnencdec"):
+        TrainingConfig(encoder="grconv")
+    with pytest.raises(ConfigError, match="--tied_embeddings=target needs --maxout_size equal to --embedding_size"):
+        TrainingConfig(tied_embeddings="target")
+    with pytest.raises(ConfigError, match=r"--hidden_size=0: must be at least 1"):
+        RNNSearchConfig(hidden_size=0)
+
+
+def test_search_options_check_their_limits_like_the_training_configuration():
+    with pytest.raises(ConfigError, match=r"--beam_size=0: must be at least 1"):
+        SearchOptions(beam_size=0)
+    with pytest.raises(ConfigError, match=r"--max_output_length=0: must be at least 1"):
+        SearchOptions(max_length=0)
+    with pytest.raises(ConfigError, match=r"--length_penalty='wu': choose one of average, gnmt"):
+        SearchOptions(length_penalty="wu")
+    with pytest.raises(ConfigError, match=r"--n_best=3: must be at most --beam_size \(2\)"):
+        SearchOptions(beam_size=2, n_best=3)
+    with pytest.raises(ConfigError, match=r"--shortlist_size=5: must be 0 \(no shortlist\) or at least 16"):
+        SearchOptions(shortlist_size=5)

@@ -122,7 +122,7 @@ def test_a_mirrored_run_stopped_and_resumed_trains_what_one_device_trains(tiny_c
     mirrored = ("--distribution=mirrored", "--cpu_devices=2")
     first = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *mirrored, "--max_steps=5"))
     assert first.returncode == 0 and summary(model_dir)["steps"] == 5, first.stderr
-    # (--max_steps=0: a resume takes the flags not given from flags.json)
+    # (--max_steps=0: a resume takes the flags not given from config.json)
     done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *mirrored, "--max_steps=0"))
     assert done.returncode == 0, done.stderr
     assert f"Restored {os.path.join(model_dir, 'checkpoints', 'ckpt-5')}" in done.stdout

@@ -329,7 +329,7 @@ def test_warmup_record_is_a_predict_request_that_runs(exported, signatures):
 
 def test_export_cli_errors(tmp_path):
     result = run_cli("-m", "nmt_tf.export", f"--model_dir={tmp_path}", f"--export_dir={tmp_path / 'e'}")
-    assert result.returncode == 1 and "flags.json not found" in result.stderr
+    assert result.returncode == 1 and "config.json not found" in result.stderr
     result = run_cli("-m", "nmt_tf.export", f"--model_dir={tmp_path}", f"--export_dir={tmp_path / 'e'}",
                      "--nofreeze_step_weights", "--freeze_token_products")
     assert result.returncode == 1 and "--freeze_token_products needs --freeze_step_weights" in result.stderr

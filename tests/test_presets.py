@@ -33,7 +33,7 @@ def test_a_preset_rebuilds_the_export_of_its_model(tiny_preset, exported):
     folder, _, saved_model = tiny_preset
     manifest = json.load(open(os.path.join(folder, "preset.json")))
     assert manifest["name"] == "tiny_en_fr" and manifest["export"]["beam_size"] == 3
-    assert set(manifest["files"]) >= {"weights.npz", "flags.json", "vocab.src.txt", "vocab.tgt.txt"}
+    assert set(manifest["files"]) >= {"weights.npz", "config.json", "vocab.src.txt", "vocab.tgt.txt"}
     original = SignatureClient(saved_model=exported[2])(text=SENTENCES)
     rebuilt = SignatureClient(saved_model=saved_model)(text=SENTENCES)
     assert list(rebuilt["translation"]) == list(original["translation"])

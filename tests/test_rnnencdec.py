@@ -11,7 +11,7 @@ from nmt_tf import export, search, train
 from nmt_tf.layers import GatedRecursiveConvolution
 from nmt_tf.models.rnnencdec import RNNEncDec
 from nmt_tf.restore import restore_model
-from nmt_tf.config import TrainingConfig
+from nmt_tf.config import ConfigError, TrainingConfig
 
 RNG = np.random.default_rng(5)
 
@@ -101,8 +101,8 @@ def test_paper_sized_rnnencdec_and_grconv_dry_runs():
     # grConv: U 620x2000 + 2000, W^l, W^r 2000x2000, b 2000, G^l, G^r 2000x3, 3; c from 2000
     assert grconv - total == (620 * 2000 + 2000 + 2 * 2000 * 2000 + 2000 + 2 * 2000 * 3 + 3 - 4_863_000
                               + 1000 * 1000)
-    with pytest.raises(train.TrainingError, match="grconv goes with --model=rnnencdec"):
-        train.build_model(TrainingConfig(encoder="grconv"), 10, 10)
+    with pytest.raises(ConfigError, match="grconv goes with --model=rnnencdec"):
+        TrainingConfig(encoder="grconv")
     assert keras.mixed_precision.dtype_policy().name == "float32"
 
 

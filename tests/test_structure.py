@@ -100,9 +100,27 @@ def test_every_registered_architecture_builds_and_is_a_model_choice():
     for name in models.ARCHITECTURES:
         config = TrainingConfig(model=name, embedding_size=8, hidden_size=8, attention_size=8,
                                 maxout_size=4, grconv_size=8)
-        model = models.build_model(config, 12, 14)
+        assert type(config.model_config()) is models.ARCHITECTURES[name].config
+        model = models.build_model(config.model_config(), 12, 14)
         assert isinstance(model, Seq2SeqModel) and model.built
         assert model.source_vocab_size == 12 and model.target_vocab_size == 14
+
+
+def test_a_setting_shared_by_architectures_is_one_flag():
+    """TrainingConfig has every architecture's settings, each once: two
+    architectures that declare the same setting must agree on its type,
+    default, help and limits (else the flag would follow whichever came last)."""
+    import dataclasses
+
+    from nmt_tf import models
+
+    seen = {}
+    for name, architecture in models.ARCHITECTURES.items():
+        assert issubclass(architecture.config, models.ModelConfig), name
+        for field in dataclasses.fields(architecture.config):
+            declared = (field.type, field.default, dict(field.metadata))
+            assert seen.setdefault(field.name, (name, declared))[1] == declared, (field.name, name)
+    assert {"hidden_size", "attention_size", "grconv_size"} <= set(seen)
 
 
 def test_no_module_imports_a_command_line_tool():

@@ -21,7 +21,7 @@ QUIET = dict(log=lambda *a: None)
 
 def test_training_writes_every_output(trained_model_dir):
     model_dir, summary = trained_model_dir
-    for name in ("flags.json", "flags.txt", "model_config.json", "vocab.src.txt", "vocab.tgt.txt",
+    for name in ("config.json", "flags.txt", "model_config.json", "vocab.src.txt", "vocab.tgt.txt",
                  "corpus_stats.json", "train_summary.json"):
         assert os.path.exists(os.path.join(model_dir, name)), name
     stored = json.load(open(os.path.join(model_dir, "train_summary.json")))

@@ -1,37 +1,133 @@
-"""The model architectures by their --model name, and building one from the flags.
+"""The model architectures by their --model name, each with its configuration.
 
-Adding an architecture: its module here (a `Seq2SeqModel` subclass with a
-`from_flags` class method, see `Seq2SeqModel.from_flags`), one entry in
-`ARCHITECTURES`, and its row in README.md. The registry names modules rather
-than importing them, so that nmt_tf.flags can take its --model choices from it
-without importing TensorFlow.
+Adding an architecture takes two files: its module here (a `Seq2SeqModel`
+subclass with a `from_model_config` class method that builds it from its model
+configuration), and in this file its configuration (a `ModelConfig`
+subclass with the settings it adds, each one a --flag of nmt_tf.train)
+and its entry in `ARCHITECTURES` (which gives --model its choices); then its
+row in README.md. The registry names modules rather than importing them, so
+that nmt_tf.config and nmt_tf.flags can read it without importing
+TensorFlow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from typing import NamedTuple
 
-# --model name -> (module, class).
+from nmt_tf.settings import ConfigError, check_limits, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The settings every architecture takes (their flags are nmt_tf.train's);
+    the defaults are the paper's (m = 620, n = 1000, l = 500)."""
+
+    embedding_size: int = setting('integer', 620,
+            "Word embedding size m (paper: 620).", lower=1)
+    hidden_size: int = setting('integer', 1000,
+            "GRU state size n, per encoder direction and in the decoder (paper: 1000).", lower=1)
+    maxout_size: int = setting('integer', 500,
+            "Number of maxout units l of the deep output (paper: 500).", lower=1)
+    dropout: float = setting('float', 0.0,
+            "Dropout rate on embeddings and maxout features during training (paper: none).", lower=0.0, upper=0.95)
+    annotation_dropout: float = setting('float', 0.0,
+            "Dropout rate on the encoder's outputs during training: RNNsearch's annotations h_j, "
+            "RNNencdec's summary c (paper: none; nmtpytorch's Multi30k recipes: 0.5).", lower=0.0, upper=0.95)
+    recurrent_dropout: float = setting('float', 0.0,
+            "Variational dropout of the GRU states in training (Gal & Ghahramani 2016; Nematus' "
+            "dropout_hidden, Marian's dropout-rnn): one mask per sentence, the same at every step, where "
+            "the state enters the recurrent products (paper: none).", lower=0.0, upper=0.95)
+    layer_norm: bool = setting('boolean', False,
+            "Layer-normalised GRUs (Ba et al. 2016, as Nematus and Marian use them): the input, recurrent"
+            " and context terms of the gates and of the candidate each normalised on their own, with a "
+            "gain and a bias (paper: none).")
+    tied_embeddings: str = setting('enum', 'none',
+            "Weight tying (Press & Wolf 2017; paper: none): target: the output layer is the transposed "
+            "target embedding matrix (needs --maxout_size equal to --embedding_size); all: the source "
+            "embeddings are that matrix too (needs --joint_vocabulary).", choices=['none', 'target', 'all'])
+    label_smoothing: float = setting('float', 0.0,
+            "Label smoothing eps of the training loss: (1 - eps) NLL + eps x cross-entropy with the "
+            "uniform distribution (paper: 0). Reported losses and perplexities stay the plain NLL.", lower=0.0, upper=0.5)
+
+    def __post_init__(self):
+        check_limits(self)
+        if self.tied_embeddings != "none" and self.maxout_size != self.embedding_size:
+            raise ConfigError(f"--tied_embeddings={self.tied_embeddings} needs --maxout_size equal to "
+                              f"--embedding_size (now {self.maxout_size} and {self.embedding_size}): the "
+                              "output layer multiplies the maxout units by the target embeddings.")
+
+    def refuse(self, given: dict) -> None:
+        """ConfigError for a setting of another architecture that, given to
+        this one, signals a mistake (`given`: name -> value, of the settings
+        this architecture does not take that differ from their defaults).
+        Others are ignored: a flagfile may hold the sizes of several."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RNNSearchConfig(ModelConfig):
+    """RNNsearch (Bahdanau et al. 2015, paper 000): a bidirectional GRU encoder and attention."""
+
+    attention_size: int = setting('integer', 1000,
+            "Hidden size n' of the alignment model (paper: 1000).", lower=1)
+
+    def refuse(self, given: dict) -> None:
+        if given.get("encoder", "rnn") != "rnn":
+            raise ConfigError("--encoder=grconv goes with --model=rnnencdec; RNNsearch always uses its "
+                              "bidirectional GRU.")
+
+
+@dataclasses.dataclass(frozen=True)
+class RNNEncDecConfig(ModelConfig):
+    """RNNencdec (Cho et al. 2014a, paper 004): a fixed-length summary of the
+    source, from a GRU or a grConv encoder (Cho et al. 2014b, paper 002)."""
+
+    encoder: str = setting('enum', 'rnn',
+            "Encoder of --model=rnnencdec: rnn (a GRU) or grconv (gated recursive convolution, Cho et al."
+            " 2014b). RNNsearch always uses its bidirectional GRU.", choices=['rnn', 'grconv'])
+    grconv_size: int = setting('integer', 2000,
+            "Node size of the grConv encoder (paper: 2,000).", lower=1)
+
+
+class Architecture(NamedTuple):
+    module: str          # the model's module, imported when a model is built (it loads TensorFlow)
+    model_class: str     # the Seq2SeqModel subclass in it
+    config: type         # its ModelConfig
+
+
+# --model name -> its model and configuration.
 ARCHITECTURES = {
-    "rnnsearch": ("nmt_tf.models.rnnsearch", "RNNSearch"),      # Bahdanau et al. 2015 (paper 000)
-    "rnnencdec": ("nmt_tf.models.rnnencdec", "RNNEncDec"),      # Cho et al. 2014a (paper 004), grConv 2014b (002)
+    "rnnsearch": Architecture("nmt_tf.models.rnnsearch", "RNNSearch", RNNSearchConfig),   # paper 000
+    "rnnencdec": Architecture("nmt_tf.models.rnnencdec", "RNNEncDec", RNNEncDecConfig),   # papers 004, 002
 }
+
+
+def names_of(config_class) -> tuple[str, ...]:
+    """The setting names of a configuration class."""
+    return tuple(field.name for field in dataclasses.fields(config_class))
+
+
+def architecture_of(model_config: ModelConfig) -> str:
+    """The --model name of a model configuration."""
+    for name, architecture in ARCHITECTURES.items():
+        if type(model_config) is architecture.config:
+            return name
+    raise TypeError(f"{type(model_config).__name__} is not the configuration of a registered architecture")
 
 
 def model_class(name: str):
     """The model class of --model=`name`; ValueError for an unknown name."""
     if name not in ARCHITECTURES:
         raise ValueError(f"unknown --model={name}; choose one of {', '.join(ARCHITECTURES)}")
-    module, cls = ARCHITECTURES[name]
-    return getattr(importlib.import_module(module), cls)
+    architecture = ARCHITECTURES[name]
+    return getattr(importlib.import_module(architecture.module), architecture.model_class)
 
 
-def build_model(config, source_vocab_size: int, target_vocab_size: int):
-    """The model named by --model, built from the flags in `config` (all
-    weights created). Flag combinations the model cannot take are a
-    ValueError naming the flags."""
-    cls = model_class(config.model)
-    cls.check_flags(config)
-    model = cls.from_flags(config, source_vocab_size, target_vocab_size)
+def build_model(model_config: ModelConfig, source_vocab_size: int, target_vocab_size: int):
+    """The model of `model_config` (an architecture's configuration, e.g.
+    `TrainingConfig.model_config()`), all weights created."""
+    cls = model_class(architecture_of(model_config))
+    model = cls.from_model_config(model_config, source_vocab_size, target_vocab_size)
     model.build()
     return model

@@ -14,6 +14,8 @@ perplexity stays the plain NLL.
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
@@ -261,28 +263,11 @@ class Seq2SeqModel(keras.Model):
         self.target_token_count = keras.metrics.Sum(name="target_tokens")
 
     @classmethod
-    def check_flags(cls, config) -> None:
-        """ValueError, naming the flags, for a combination this architecture
-        cannot take (checked before anything runs; subclasses add theirs)."""
-        if config.tied_embeddings != "none" and config.maxout_size != config.embedding_size:
-            raise ValueError(f"--tied_embeddings={config.tied_embeddings} needs --maxout_size equal to "
-                             f"--embedding_size (now {config.maxout_size} and {config.embedding_size}): the "
-                             "output layer multiplies the maxout units by the target embeddings.")
-
-    @staticmethod
-    def shared_flags(config) -> dict:
-        """The constructor arguments every architecture takes from the flags."""
-        return dict(embedding_size=config.embedding_size, hidden_size=config.hidden_size,
-                    maxout_size=config.maxout_size, dropout=config.dropout,
-                    annotation_dropout=config.annotation_dropout, recurrent_dropout=config.recurrent_dropout,
-                    layer_norm=config.layer_norm, tied_embeddings=config.tied_embeddings,
-                    label_smoothing=config.label_smoothing)
-
-    @classmethod
-    def from_flags(cls, config, source_vocab_size: int, target_vocab_size: int):
-        """The model of the flags in `config` (not built yet; `check_flags`
-        first): each architecture adds its own flags to `shared_flags`."""
-        raise NotImplementedError
+    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int):
+        """The model of `model_config`, its architecture's configuration
+        (nmt_tf.models; not built yet): each setting is the constructor
+        argument of the same name."""
+        return cls(source_vocab_size, target_vocab_size, **dataclasses.asdict(model_config))
 
     def build_shared(self, context_dim: int):
         """Creates the embeddings', readout's and output layer's weights."""

@@ -23,6 +23,8 @@ exported models keep the same outputs as RNNsearch with `alignment` zero.
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
@@ -75,9 +77,9 @@ class RNNEncDec(Seq2SeqModel):
         return self.hidden_size if self.encoder_type == "rnn" else self.grconv_size
 
     @classmethod
-    def from_flags(cls, config, source_vocab_size: int, target_vocab_size: int):
-        return cls(source_vocab_size, target_vocab_size, encoder=config.encoder, grconv_size=config.grconv_size,
-                   name=f"rnnencdec_{config.encoder}", **cls.shared_flags(config))
+    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int):
+        return cls(source_vocab_size, target_vocab_size, name=f"rnnencdec_{model_config.encoder}",
+                   **dataclasses.asdict(model_config))
 
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""

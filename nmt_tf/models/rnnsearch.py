@@ -19,6 +19,8 @@ products (one mask per sentence, nmt_tf.layers.gru), during training only. Tied 
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
@@ -64,16 +66,8 @@ class RNNSearch(Seq2SeqModel):
                                         name="decoder")
 
     @classmethod
-    def check_flags(cls, config) -> None:
-        super().check_flags(config)
-        if config.encoder != "rnn":
-            raise ValueError("--encoder=grconv goes with --model=rnnencdec; RNNsearch always uses its "
-                             "bidirectional GRU.")
-
-    @classmethod
-    def from_flags(cls, config, source_vocab_size: int, target_vocab_size: int):
-        return cls(source_vocab_size, target_vocab_size, attention_size=config.attention_size, name="rnnsearch",
-                   **cls.shared_flags(config))
+    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int):
+        return cls(source_vocab_size, target_vocab_size, name="rnnsearch", **dataclasses.asdict(model_config))
 
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""

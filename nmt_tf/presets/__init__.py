@@ -9,7 +9,8 @@ exported SavedModel offline, and nothing that can be rebuilt.
                          file below
     weights.npz          the model's weights by variable path (float16,
                          bfloat16 as raw uint16 bits, or float32)
-    flags.json           the training flags (model sizes, tokenizer, languages)
+    config.json          the training configuration (model sizes, tokenizer,
+                         languages; flags.json in a preset made before it)
     vocab.{src,tgt}.txt, sentencepiece.{src,tgt}.model, words.{src,tgt}.txt
                          the vocabularies, tokenizer models and word shortlists
                          of the training run, as nmt_tf.train wrote them
@@ -191,7 +192,7 @@ def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
     config = nmt_config.load(out)
     source_tokenizer, target_tokenizer = data.load_tokenizers(config, out)
     with dtype_policy("float32"):
-        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+        model = build_model(config.model_config(), source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     set_weights(model, load_weights(os.path.join(folder, WEIGHTS), manifest["weights"]["dtype"]))
     averaged = checkpoints.averaged_dir(out)
     os.makedirs(averaged)
@@ -247,7 +248,7 @@ def set_weights(model, arrays: dict) -> None:
     variables = {v.path: v for v in model.variables}
     missing, extra = sorted(set(variables) - set(arrays)), sorted(set(arrays) - set(variables))
     if missing or extra:
-        raise PresetError(f"the preset's weights do not fit the model its flags.json builds: missing "
+        raise PresetError(f"the preset's weights do not fit the model its configuration builds: missing "
                           f"{missing[:3] or 'none'}, unexpected {extra[:3] or 'none'}")
     for path, variable in variables.items():
         if tuple(arrays[path].shape) != tuple(variable.shape):
