@@ -5,8 +5,8 @@
 whose model directory the preset's build holds):
 
 - the model and vocabulary flags (`nmt_tf.flags.FROZEN_FLAGS` but the
-  optimizer) come from SOURCE's stored configuration (config.json); one given on the command line
-  with another value is an error naming it. Data, training and search flags
+  optimizer) come from SOURCE's stored configuration (config.json); one
+  given on the command line with another value is an error naming it. Data, training and search flags
   come from the command line (or its flagfile) as usual;
 - SOURCE's vocabularies (and SentencePiece models and word lists) are
   copied into NEW and kept: a word the source vocabulary lacks becomes

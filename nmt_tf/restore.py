@@ -78,5 +78,3 @@ def restore_ensemble(model_dirs: list[str], weights="best", log=print, precision
                                  "members must share their vocabularies")
     return RestoredModel(Ensemble([r.model for r in restored]), first.source_tokenizer, first.target_tokenizer,
                          first.config, "; ".join(f"{d}: {r.checkpoint}" for d, r in zip(model_dirs, restored)))
-
-

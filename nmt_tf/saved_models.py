@@ -81,5 +81,3 @@ def load_signature(path: str, name: str = "serving_default"):
     if name not in signatures:
         raise FileNotFoundError(f"{path} has no '{name}' signature; is it an nmt_tf export?")
     return signatures[name]
-
-

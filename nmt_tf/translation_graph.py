@@ -340,5 +340,3 @@ def compiled_translate(translator: TranslationGraph):
     import tensorflow as tf
 
     return tf.function(translator.translate, input_signature=[tf.TensorSpec([None], tf.string)])
-
-
