@@ -257,7 +257,7 @@ class TrainingConfig(DataConfig, *MODEL_CONFIGS, TrainerConfig):
         """The chosen architecture's configuration (what nmt_tf.models.build_model builds)."""
         config_class = ARCHITECTURES[self.model].config
         own = names_of(config_class)
-        model_config = config_class(**{name: getattr(self, name) for name in own})
+        model_config = _part(self, config_class)
         model_config.refuse({field.name: getattr(self, field.name) for field in _MODEL_FIELDS
                              if field.name not in own and getattr(self, field.name) != default(field)})
         return model_config
@@ -280,6 +280,7 @@ class TrainingConfig(DataConfig, *MODEL_CONFIGS, TrainerConfig):
 
 
 def _part(config: TrainingConfig, part_class):
+    """The part of `config` that `part_class` (a part's dataclass) holds."""
     return part_class(**{name: getattr(config, name) for name in names_of(part_class)})
 
 
@@ -406,6 +407,6 @@ def load(model_dir: str) -> TrainingConfig:
     if os.path.basename(stored_path) == layout.CONFIG_JSON:
         stored = {k: v for section in stored.values() for k, v in section.items()}
     else:
-        own = names_of(ARCHITECTURES[stored.get("model", "rnnsearch")].config)
+        own = names_of(ARCHITECTURES[stored.get("model", TrainingConfig.model)].config)
         stored = {k: v for k, v in stored.items() if k in own or k not in _MODEL_NAMES}
     return TrainingConfig(**{k: v for k, v in stored.items() if k in NAMES})

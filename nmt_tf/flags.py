@@ -52,7 +52,7 @@ for _help_flag in (app.HelpFlag, app.HelpfullFlag, app.HelpXMLFlag):    # Helpsh
 def _define(field) -> None:
     """The flag of a nmt_tf.config field (TrainingConfig, SearchOptions): its name, default, help and limits."""
     meta = field.metadata
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    default = settings.default(field)
     bounds = {k: v for k, v in (("lower_bound", meta["lower"]), ("upper_bound", meta["upper"])) if v is not None}
     if meta["flag"] == "enum":
         flags.DEFINE_enum(settings.flag_name(field), default, list(meta["choices"]), meta["help"])
