@@ -75,6 +75,18 @@ class DataConfig:
             "for alphabetic scripts, 0.9995 is usual for Chinese or Japanese).", lower=0.9, upper=1.0)
     sentencepiece_sample_size: int = setting('integer', 1000000,
             "Sentences (a random sample of the training lines) SentencePiece learns from, per model.", lower=1)
+    sentencepiece_alpha: float = setting('float', 0.0,
+            "Subword regularisation with --tokenizer=sentencepiece (training only): every epoch cuts each "
+            "training sentence anew into a sampled segmentation instead of its best one. unigram: a "
+            "segmentation among the --sentencepiece_nbest_size best, with probability proportional to "
+            "P^alpha (Kudo 2018: 0.1 with 64 best, 0.2-0.5 with all); bpe: each merge dropped with "
+            "probability alpha (BPE-dropout, Provilkov et al. 2020: 0.1). The pairs used are decided on "
+            "the best segmentation (--max_len), so every epoch has the same pairs. Dev evaluation, "
+            "exports and translation use the best segmentation. Not with --prepared_shards. 0: off.",
+            lower=0.0, upper=1.0)
+    sentencepiece_nbest_size: int = setting('integer', 64,
+            "--sentencepiece_alpha with a unigram model: sample among this many best segmentations (-1: "
+            "all of them). 0 or 1 would not sample, for bpe either.", lower=-1)
     src_vocab_size: int = setting('integer', 30000,
             "Source vocabulary size, the special tokens [PAD] [UNK] [BOS] [EOS] included (paper: 30,000).", lower=5)
     tgt_vocab_size: int = setting('integer', 30000,

@@ -428,13 +428,21 @@ def _pool_batches(pool, batch_size: int, batch_type: str):
         lambda a, b: {k: v[a:b].to_tensor() for k, v in pool.items()})
 
 
-def _encode_fn(src_tokenizer, tgt_tokenizer, max_len: int):
+def _encode_fn(src_tokenizer, tgt_tokenizer, max_len: int, sampling: tuple[float, int] | None = None):
     """Batch of (source lines, target lines) -> ragged id rows of the pairs
-    training uses (no EOS / BOS), as every input pipeline tokenizes them."""
+    training uses (no EOS / BOS), as every input pipeline tokenizes them.
+
+    sampling: (alpha, nbest_size) of subword regularisation (`make_dataset`).
+    """
+    samplers = (src_tokenizer.sampler(*sampling), tgt_tokenizer.sampler(*sampling)) if sampling else None
 
     def encode(src_lines, tgt_lines):
         s, t = src_tokenizer.tokenize(src_lines), tgt_tokenizer.tokenize(tgt_lines)
         valid = _classify(s, t, max_len)[2]
+        if samplers:
+            s = samplers[0](tf.boolean_mask(src_lines, valid))
+            t = samplers[1](tf.boolean_mask(tgt_lines, valid))
+            return src_tokenizer.lookup(s), tgt_tokenizer.lookup(t)
         s, t = src_tokenizer.lookup(s), tgt_tokenizer.lookup(t)
         return tf.ragged.boolean_mask(s, valid), tf.ragged.boolean_mask(t, valid)
 
@@ -451,7 +459,7 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
                  shuffle: bool = False, shuffle_buffer: int = 100_000, seed: int = 0,
                  epoch: int = 0, skip_batches: int = 0,
                  input_context: tf.distribute.InputContext | None = None,
-                 prepared: str | None = None) -> tf.data.Dataset:
+                 prepared: str | None = None, sampling: tuple[float, int] | None = None) -> tf.data.Dataset:
     """Batches of one epoch of a parallel corpus, ready for `model.fit`.
 
     Each element is ``({"source_ids": [B, Tx], "target_ids": [B, Ty]}, labels [B, Ty])``
@@ -479,10 +487,19 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
         disjoint shard of the lines and builds per-replica batches.
       prepared: a directory of `write_prepared_shards`: the pairs are read
         from its shards, already tokenized, instead of from src / tgt.
+      sampling: (alpha, nbest_size): subword regularisation (Kudo 2018;
+        --sentencepiece_alpha): each pair is cut into a sampled segmentation
+        (the tokenizers' `sampler`), anew every time the dataset is read.
+        Which pairs are kept (--max_len, empty lines) is decided on the best
+        segmentation, so an epoch has the same pairs, and with sentence
+        batches the same number of batches, as without sampling; a sampled
+        segmentation may be longer than max_len. Not with `prepared`.
     """
     epoch_seed = (seed * 1_000_003 + epoch) % (2 ** 31 - 1)
     if input_context is not None:
         batch_size = max(1, input_context.get_per_replica_batch_size(batch_size))
+    if prepared and sampling:
+        raise ValueError("subword sampling cuts the text every epoch: it cannot read prepared shards")
     if prepared:
         ds = _prepared_rows(prepared, shuffle, shuffle_buffer, epoch_seed, input_context)
     else:
@@ -491,7 +508,7 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         if shuffle:
             ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
-        encode = _encode_fn(src_tokenizer, tgt_tokenizer, max_len)
+        encode = _encode_fn(src_tokenizer, tgt_tokenizer, max_len, sampling)
         ds = (ds.batch(_TOKENIZE_BATCH)
               .map(lambda a, b: _model_rows(*encode(a, b)), num_parallel_calls=tf.data.AUTOTUNE,
                    deterministic=True)

@@ -419,6 +419,13 @@ class Tokenizer(tf.Module):
         is not the start of a word); never for word-level tokenizers."""
         return False
 
+    def sampler(self, alpha: float, nbest_size: int):
+        """A `tokenize` that samples one of the text's segmentations instead of
+        the best one, for subword regularisation in training
+        (--sentencepiece_alpha); only SentencePiece has one."""
+        raise ValueError(f"the {self.kind} tokenizer cannot sample segmentations (--sentencepiece_alpha "
+                         "needs --tokenizer=sentencepiece)")
+
     @classmethod
     def learn_vocabularies(cls, config, corpus, model_dir: str, log=print) -> tuple[list[str], list[str]]:
         """The (source, target) vocabularies of the used training pairs, specials
@@ -545,10 +552,23 @@ class SentencepieceTokenizer(Tokenizer):
             raise ValueError(f"{model_file} does not hold the pieces of the vocabulary "
                              f"{vocabulary if isinstance(vocabulary, str) else '(list)'}")
         self.sentencepiece_model = tf.saved_model.Asset(model_file)
+        self._model_file = model_file
         self._sentencepiece = tft.SentencepieceTokenizer(model=model, out_type=tf.string)
 
     def tokenize(self, text):
         return self._sentencepiece.tokenize(clean(text))
+
+    def sampler(self, alpha, nbest_size):
+        """Subword regularisation: a unigram model samples a segmentation with
+        probability proportional to P(segmentation)^alpha among the
+        `nbest_size` best (-1: all; Kudo 2018); a BPE model drops each merge
+        with probability alpha (BPE-dropout, Provilkov et al. 2020). The
+        tensorflow-text op takes no seed: the samples differ from run to run.
+        Not an attribute, so an export never holds it."""
+        with tf.io.gfile.GFile(self._model_file, "rb") as f:
+            sampling = tft.SentencepieceTokenizer(model=f.read(), out_type=tf.string, nbest_size=nbest_size,
+                                                  alpha=alpha)
+        return lambda text: sampling.tokenize(clean(text))
 
     def detokenize(self, tokens):
         text = tf.strings.reduce_join(tokens, axis=-1)

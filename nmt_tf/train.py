@@ -109,6 +109,16 @@ def check_config(config) -> None:
             raise TrainingError(f"--joint_vocabulary learns one vocabulary: --src_vocab_size "
                                 f"({config.src_vocab_size}) and --tgt_vocab_size ({config.tgt_vocab_size}) "
                                 "must be equal.")
+    if config.sentencepiece_alpha:
+        if config.tokenizer != "sentencepiece":
+            raise TrainingError("--sentencepiece_alpha samples SentencePiece segmentations: it needs "
+                                "--tokenizer=sentencepiece.")
+        if config.prepared_shards:
+            raise TrainingError("--sentencepiece_alpha cuts the training text anew every epoch: it cannot be "
+                                "used with --prepared_shards, which tokenizes it once.")
+        if config.sentencepiece_nbest_size in (0, 1):
+            raise TrainingError(f"--sentencepiece_nbest_size={config.sentencepiece_nbest_size} leaves nothing "
+                                "to sample from: use -1 (all segmentations) or at least 2.")
     if config.worker_input == "own_data" and config.batch_type != "sentences":
         raise TrainingError("--worker_input=own_data needs --batch_type=sentences (the workers' steps per epoch "
                             "are counted in sentence batches).")
@@ -591,7 +601,9 @@ def _fit(run: _Run) -> tuple[int, float]:
                 controller.on_epoch_end(epoch)
                 continue
             epoch_data = dict(shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
-                              skip_batches=skip, prepared=run.prepared)
+                              skip_batches=skip, prepared=run.prepared,
+                              sampling=((config.sentencepiece_alpha, config.sentencepiece_nbest_size)
+                                        if config.sentencepiece_alpha else None))
             if run.own_data:
                 local = data.replicas_per_pipeline(run.context)
                 epoch_data["skip_batches"] = skip * local

@@ -213,6 +213,55 @@ def test_length_filter_matches_statistics(tmp_path, tokenizers):
     assert n == stats.pairs == 200 - stats.skipped_too_long - stats.skipped_empty
 
 
+def _texts(tokenizer, rows):
+    return [t.decode() for t in tokenizer.decode(rows).numpy()]
+
+
+def test_subword_sampling_cuts_the_same_pairs_anew_every_epoch(tmp_path):
+    """--sentencepiece_alpha: the pairs (as text), their number and the batches per
+    epoch are those of the best segmentation, max_len included; their pieces are
+    sampled, and differ between two reads of the dataset. Not with prepared shards."""
+    s = write_lines(tmp_path / "s", read_multi30k("val.en.gz", 300))
+    t = write_lines(tmp_path / "t", read_multi30k("val.fr.gz", 300))
+    config = TrainingConfig(train_src=s, train_tgt=t, tokenizer="sentencepiece", joint_vocabulary=True,
+                            src_vocab_size=400, tgt_vocab_size=400, max_len=14)
+    src_tok, tgt_tok, _ = data.build_vocabularies(config, str(tmp_path), log=lambda *a: None)
+    stats = data.corpus_stats(s, t, src_tok, tgt_tok, max_len=14)
+    assert stats.skipped_too_long > 0
+
+    def read(sampling):
+        rows = [(x["source_ids"], y) for x, y in data.make_dataset(
+            s, t, src_tok, tgt_tok, max_len=14, batch_size=16, shuffle=True, seed=5, sampling=sampling)]
+        texts = collections.Counter(pair for x, y in rows for pair in zip(_texts(src_tok, x), _texts(tgt_tok, y)))
+        ids = [pair_key(None, None, a, b) for x, y in rows for a, b in zip(x.numpy(), y.numpy())]
+        return len(rows), texts, ids
+
+    best = read(None)
+    first, second = read((0.2, -1)), read((0.2, -1))
+    assert first[0] == second[0] == best[0] == data.batches_per_epoch(stats, 16, "sentences", 1600)
+    assert sum(best[1].values()) == stats.pairs
+    assert first[1] == second[1] == best[1]                      # the same pairs of text
+    assert first[2] != second[2] and first[2] != best[2]         # cut differently
+    assert sum(map(len, sum(first[2], ()))) > sum(map(len, sum(best[2], ())))   # into more pieces
+    with pytest.raises(ValueError, match="cannot read prepared shards"):
+        data.make_dataset(s, t, src_tok, tgt_tok, max_len=14, batch_size=16, prepared=str(tmp_path),
+                          sampling=(0.1, 64))
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(tokenizer="word"), "needs --tokenizer=sentencepiece"),
+    (dict(tokenizer="sentencepiece", prepared_shards=2), "cannot be used with --prepared_shards"),
+    (dict(tokenizer="sentencepiece", sentencepiece_nbest_size=1), "--sentencepiece_nbest_size=1 leaves nothing"),
+])
+def test_subword_sampling_refuses_what_cannot_sample(settings, message):
+    from nmt_tf import train
+
+    with pytest.raises(train.TrainingError, match=message):
+        train.check_config(TrainingConfig(train_src="s", train_tgt="t", sentencepiece_alpha=0.1, **settings))
+    with pytest.raises(ValueError, match="the word tokenizer cannot sample"):
+        text.make_tokenizer(list(text.SPECIAL_TOKENS), "word").sampler(0.1, 64)
+
+
 def test_corpus_stats_are_cached_by_file_identity(tmp_path, tiny_corpus, tokenizers):
     src_tok, tgt_tok, _ = tokenizers
     cache = str(tmp_path / "stats.json")
