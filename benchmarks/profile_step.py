@@ -192,7 +192,7 @@ def profile_training(config, logdir: str) -> dict:
 def profile_search(config, logdir: str, policy: str) -> dict:
     import tensorflow as tf
 
-    from nmt_tf import data, lexicon, restore, search, train, translation_graph
+    from nmt_tf import data, lexicon, restore, search, training, translation_graph
     from nmt_tf.files import read_lines
 
     if FLAGS.model_dir:
@@ -202,7 +202,7 @@ def profile_search(config, logdir: str, policy: str) -> dict:
     else:
         with tempfile.TemporaryDirectory() as tmp:
             src_tok, tgt_tok, _ = data.build_vocabularies(config, tmp, log=lambda *a: None)
-        model = train.build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
+        model = training.build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
         origin = "untrained model (hypotheses run to the length limit)"
     if FLAGS.as_exported:
         model.freeze_step_weights()

@@ -13,8 +13,8 @@ each field into the command-line flag of the same name (`--batch_size` is
 reads command-line flags, so it is usable from Python without them, and
 importing it defines no flag:
 
-    from nmt_tf import config, train
-    train.train(config.TrainingConfig(train_src="a.en", train_tgt="a.fr", model_dir="runs/a"))
+    from nmt_tf import config, training
+    training.train(config.TrainingConfig(train_src="a.en", train_tgt="a.fr", model_dir="runs/a"))
 
 A run stores its configuration in <model_dir>/config.json by part (`save`;
 runs from before it have a flat flags.json, still read); `load` reads it

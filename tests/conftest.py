@@ -113,10 +113,10 @@ def tiny_config(tiny_corpus):
 @pytest.fixture(scope="session")
 def trained_model_dir(tiny_config, tmp_path_factory):
     """A tiny model trained for 2 epochs (shared by tests that only read it)."""
-    from nmt_tf import train
+    from nmt_tf import training
 
     model_dir = str(tmp_path_factory.mktemp("trained") / "model")
-    summary = train.train(tiny_config(model_dir=model_dir, max_epochs=2), log=lambda *a: None)
+    summary = training.train(tiny_config(model_dir=model_dir, max_epochs=2), log=lambda *a: None)
     return model_dir, summary
 
 

@@ -84,11 +84,11 @@ def test_an_exported_ensemble_of_a_model_with_itself_translates_like_the_model(e
 
 
 def test_ensemble_members_must_share_vocabularies(trained_model_dir, tmp_path, tiny_config):
-    from nmt_tf import train
+    from nmt_tf import training
 
     model_dir, _ = trained_model_dir
     other = str(tmp_path / "other")
-    train.train(tiny_config(model_dir=other, tgt_vocab_size=60, max_steps=1), log=lambda *a: None)
+    training.train(tiny_config(model_dir=other, tgt_vocab_size=60, max_steps=1), log=lambda *a: None)
     with pytest.raises(ValueError, match="vocabular"):
         restore_ensemble([model_dir, other], log=lambda *a: None)
 
@@ -106,18 +106,18 @@ def _regular(model_dir):
 
 
 def test_a_damaged_checkpoint_is_moved_aside_and_the_run_resumes_from_the_newest_intact_one(tiny_config, tmp_path):
-    from nmt_tf import train
+    from nmt_tf import training
 
     model_dir = str(tmp_path / "m")
     config = tiny_config(model_dir=model_dir, max_steps=6, max_epochs=5, checkpoint_every_steps=2,
                          keep_checkpoints=3, keep_best_checkpoints=2, eval_every_steps=2, dev_bleu=False)
-    train.train(config, log=lambda *a: None)
+    training.train(config, log=lambda *a: None)
     older, newest = _regular(model_dir)[-2:]
     assert checkpoints.damage(newest) is None
     _cut(newest)
     assert checkpoints.damage(newest) is not None
     lines = []
-    summary = train.train(config.replace(max_steps=8), log=lines.append)
+    summary = training.train(config.replace(max_steps=8), log=lines.append)
     assert any(line.startswith(f"warning: checkpoint {newest} is damaged (") for line in lines), lines
     assert f"Falling back to {older}, the newest intact checkpoint." in lines
     assert any(line.startswith(f"Restored {older}: step {int(older.rsplit('-', 1)[1])}") for line in lines)
@@ -131,7 +131,7 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_run_resumes_from_the_newest
     best = os.path.join(model_dir, "best", checkpoints.read_ranking(os.path.join(model_dir, "best"))[0]["path"])
     best_step = int(best.rsplit("-", 1)[1])
     lines = []
-    summary = train.train(config.replace(max_steps=best_step + 2), log=lines.append)
+    summary = training.train(config.replace(max_steps=best_step + 2), log=lines.append)
     assert f"Falling back to {best}, the best intact checkpoint of best/." in lines, lines
     assert any(line.startswith(f"Restored {best} (model and optimizer): step {best_step},") for line in lines)
     assert summary["steps"] == best_step + 2, "\n".join(lines)

@@ -254,10 +254,10 @@ def test_subword_sampling_cuts_the_same_pairs_anew_every_epoch(tmp_path):
     (dict(tokenizer="sentencepiece", sentencepiece_nbest_size=1), "--sentencepiece_nbest_size=1 leaves nothing"),
 ])
 def test_subword_sampling_refuses_what_cannot_sample(settings, message):
-    from nmt_tf import train
+    from nmt_tf import training
 
-    with pytest.raises(train.TrainingError, match=message):
-        train.check_config(TrainingConfig(train_src="s", train_tgt="t", sentencepiece_alpha=0.1, **settings))
+    with pytest.raises(training.TrainingError, match=message):
+        training.check_config(TrainingConfig(train_src="s", train_tgt="t", sentencepiece_alpha=0.1, **settings))
     with pytest.raises(ValueError, match="the word tokenizer cannot sample"):
         text.make_tokenizer(list(text.SPECIAL_TOKENS), "word").sampler(0.1, 64)
 

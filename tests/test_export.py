@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, UNICODE_SEPARATORS, run_cli
-from nmt_tf import export, search, train
+from nmt_tf import export, search, training
 from nmt_tf.text import with_eos
 from nmt_tf.restore import restore_model
 from nmt_tf.saved_models import read_metadata
@@ -29,7 +29,7 @@ def signatures(exported):
 def wordpiece_export(tiny_config, tmp_path_factory):
     d = tmp_path_factory.mktemp("wordpiece")
     model_dir = str(d / "model")
-    train.train(tiny_config(model_dir=model_dir, tokenizer="wordpiece", max_steps=2), log=lambda *a: None)
+    training.train(tiny_config(model_dir=model_dir, tokenizer="wordpiece", max_steps=2), log=lambda *a: None)
     return export.export(model_dir, str(d / "export"), OPTIONS, log=lambda *a: None)
 
 
@@ -39,7 +39,7 @@ def sentencepiece_export(tiny_config, tmp_path_factory):
     trained with subword sampling (--sentencepiece_alpha), which the export must not keep."""
     d = tmp_path_factory.mktemp("sentencepiece")
     model_dir = str(d / "model")
-    train.train(tiny_config(model_dir=model_dir, tokenizer="sentencepiece", joint_vocabulary=True,
+    training.train(tiny_config(model_dir=model_dir, tokenizer="sentencepiece", joint_vocabulary=True,
                             src_vocab_size=150, tgt_vocab_size=150, sentencepiece_alpha=0.1, max_steps=2),
                 log=lambda *a: None)
     # Long enough for every Multi30k val sentence in tiny pieces (none cut).

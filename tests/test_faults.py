@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cli, smoke_train_args, start_cli
-from nmt_tf import checkpoints, export, files, saved_models, search, train
+from nmt_tf import checkpoints, export, files, saved_models, search, train, training
 
 QUIET = dict(log=lambda *a: None)
 NO_SPACE = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -47,12 +47,12 @@ def test_a_full_disk_while_saving_a_checkpoint_stops_training_with_the_previous_
     prefix = os.path.join(config.model_dir, "checkpoints", "ckpt-4")
     with pytest.raises(files.WriteFailed, match=rf"could not write {prefix}: .*No space left on device "
                                                  r"\(the previous checkpoint .*ckpt-2 is intact\)"):
-        train.train(config, **QUIET)
+        training.train(config, **QUIET)
     left = sorted(os.listdir(os.path.join(config.model_dir, "checkpoints")))
     assert not [name for name in left if name.startswith("ckpt-4")], left      # no partial checkpoint
     monkeypatch.setattr(tf.train.CheckpointManager, "save", real_save)
     lines = []
-    summary = train.train(config, log=lines.append)                           # space again: it resumes
+    summary = training.train(config, log=lines.append)                           # space again: it resumes
     assert any(line.startswith(f"Restored {os.path.join(config.model_dir, 'checkpoints', 'ckpt-2')}: step 2")
                for line in lines), lines
     assert summary["steps"] == 6

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import reference as ref
 from conftest import memorization_batch, memorize, padded
-from nmt_tf import train
+from nmt_tf import training
 from nmt_tf.models.rnnsearch import RNNSearch
 from nmt_tf.config import TrainingConfig
 
@@ -79,7 +79,7 @@ def test_weights_only_checkpoint_holds_every_weight(tmp_path):
 def test_paper_sized_model_has_80_4_million_parameters():
     config = TrainingConfig(src_vocab_size=30000, tgt_vocab_size=30000)
     lines = []
-    total = train.dry_run(config, log=lines.append)
+    total = training.dry_run(config, log=lines.append)
     assert 80.3e6 < total < 80.5e6, total
     text = "\n".join(lines)
     for part, count in [("source embedding", "18,600,000"), ("encoder forward GRU", "4,863,000"),

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_cli, write_lines
-from nmt_tf import plots, train
+from nmt_tf import plots, training
 from nmt_tf.files import read_lines
 from nmt_tf import representations as reps
 from nmt_tf.models.rnnsearch import RNNSearch
@@ -32,7 +32,7 @@ def rnnsearch(trained_model_dir):
 def rnnencdec(tiny_config, tmp_path_factory):
     """A tiny RNNencdec trained for 3 updates, as tests/test_rnnencdec.py trains one: (model, source tokenizer)."""
     model_dir = str(tmp_path_factory.mktemp("rnnencdec") / "m")
-    train.train(tiny_config(model_dir=model_dir, model="rnnencdec", max_steps=3), log=lambda *a: None)
+    training.train(tiny_config(model_dir=model_dir, model="rnnencdec", max_steps=3), log=lambda *a: None)
     restored = restore_model(model_dir, log=lambda *a: None)
     return restored.model, restored.source_tokenizer
 

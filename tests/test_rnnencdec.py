@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import reference as ref
 from conftest import memorization_batch, memorize, padded
-from nmt_tf import export, search, train
+from nmt_tf import export, search, training
 from nmt_tf.layers import GatedRecursiveConvolution
 from nmt_tf.models.rnnencdec import RNNEncDec
 from nmt_tf.restore import restore_model
@@ -91,12 +91,12 @@ def test_paper_sized_rnnencdec_and_grconv_dry_runs():
     set --mixed_precision=auto's for good, and every later test of the suite
     ran in bfloat16 on CPUs with bfloat16 instructions)."""
     lines = []
-    total = train.dry_run(TrainingConfig(model="rnnencdec", src_vocab_size=30000, tgt_vocab_size=30000),
+    total = training.dry_run(TrainingConfig(model="rnnencdec", src_vocab_size=30000, tgt_vocab_size=30000),
                           log=lines.append)
     # embeddings 2 x 18.6M, GRU encoder 4.863M, c 1.001M, decoder GRU 7.863M (C: 1000 x 3000),
     # s_0 1.001M, readout 2.621M (C_o: 1000 x 1000), output 15.03M
     assert total == 2 * 18_600_000 + 4_863_000 + 1_001_000 + 7_863_000 + 1_001_000 + 2_621_000 + 15_030_000
-    grconv = train.dry_run(TrainingConfig(model="rnnencdec", encoder="grconv", src_vocab_size=30000,
+    grconv = training.dry_run(TrainingConfig(model="rnnencdec", encoder="grconv", src_vocab_size=30000,
                                                 tgt_vocab_size=30000), log=lines.append)
     # grConv: U 620x2000 + 2000, W^l, W^r 2000x2000, b 2000, G^l, G^r 2000x3, 3; c from 2000
     assert grconv - total == (620 * 2000 + 2000 + 2 * 2000 * 2000 + 2000 + 2 * 2000 * 3 + 3 - 4_863_000
@@ -109,7 +109,7 @@ def test_paper_sized_rnnencdec_and_grconv_dry_runs():
 @pytest.mark.parametrize("encoder", ["rnn", "grconv"])
 def test_rnnencdec_trains_searches_and_exports(encoder, tiny_config, tmp_path):
     model_dir = str(tmp_path / "m")
-    train.train(tiny_config(model_dir=model_dir, model="rnnencdec", encoder=encoder, grconv_size=16, max_steps=3),
+    training.train(tiny_config(model_dir=model_dir, model="rnnencdec", encoder=encoder, grconv_size=16, max_steps=3),
                 log=lambda *a: None)
     path = export.export(model_dir, str(tmp_path / "e"), search.SearchOptions(beam_size=3), log=lambda *a: None)
     out = tf.saved_model.load(path).signatures["serving_default"](text=tf.constant(["A man.", "Two dogs run."]))

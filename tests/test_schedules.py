@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from nmt_tf import schedules, train
+from nmt_tf import schedules, training
 from test_train import QUIET, read_scalars
 
 
@@ -57,15 +57,15 @@ def test_plateau_leaves_the_rate_alone_after_the_warm_up():
     (dict(lr_schedule="linear", max_hours=1.0, distribution="multi_worker"), "under --distribution=multi_worker"),
 ])
 def test_schedule_flags_that_cannot_work_are_one_error(tiny_config, tmp_path, overrides, message):
-    with pytest.raises(train.TrainingError, match=message):
-        train.train(tiny_config(model_dir=str(tmp_path / "m"), **overrides), **QUIET)
+    with pytest.raises(training.TrainingError, match=message):
+        training.train(tiny_config(model_dir=str(tmp_path / "m"), **overrides), **QUIET)
     assert not os.path.exists(tmp_path / "m" / "checkpoints")
 
 
 def test_training_with_a_linear_budget_ends_annealed(tiny_config, tmp_path):
     model_dir = str(tmp_path / "m")
     lines = []
-    summary = train.train(tiny_config(model_dir=model_dir, max_epochs=5, max_steps=8, warmup_steps=2,
+    summary = training.train(tiny_config(model_dir=model_dir, max_epochs=5, max_steps=8, warmup_steps=2,
                                       lr_schedule="linear"), log=lines.append)
     assert summary["steps"] == 8 and summary["status"] == "max_steps"
     assert any("Learning rate (linear): 0.01, warm-up over 2 updates, linear decay to 0 of it at update 8"

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, checkpoint_weights, run_cli, smoke_train_args, start_cli
-from nmt_tf import flags, train
+from nmt_tf import flags, training
 from nmt_tf import config as nmt_config
 from nmt_tf.config import TrainingConfig
 
@@ -63,11 +63,11 @@ def test_tensorboard_event_files_hold_the_scalars(trained_model_dir):
 def test_interrupted_run_resumes_to_the_same_weights(tiny_config, tmp_path):
     """8 updates in one go == 4 updates, stop, resume for 4 more (mid-epoch)."""
     straight = tiny_config(model_dir=str(tmp_path / "a"), max_steps=8, max_epochs=5, seed=11)
-    train.train(straight, **QUIET)
+    training.train(straight, **QUIET)
     split = straight.replace(model_dir=str(tmp_path / "b"), max_steps=4)
-    first = train.train(split, **QUIET)
+    first = training.train(split, **QUIET)
     assert first["status"] == "max_steps" and first["steps"] == 4
-    resumed = train.train(split.replace(max_steps=8), **QUIET)
+    resumed = training.train(split.replace(max_steps=8), **QUIET)
     assert resumed["steps"] == 8 and resumed["epochs"] == pytest.approx(1.6)
     a = checkpoint_weights(str(tmp_path / "a" / "checkpoints" / "ckpt-8"))
     b = checkpoint_weights(str(tmp_path / "b" / "checkpoints" / "ckpt-8"))
@@ -116,10 +116,10 @@ def test_death_between_the_last_batch_and_the_epoch_end_checkpoint_resumes_exact
     config = tiny_config(model_dir=str(tmp_path / "m"), max_epochs=3, checkpoint_every_steps=5)
     monkeypatch.setattr(cb.TrainingController, "on_epoch_end", dies_at_the_second_epoch_end)
     with pytest.raises(Died):
-        train.train(config, **QUIET)
+        training.train(config, **QUIET)
     monkeypatch.undo()
     assert tf.train.latest_checkpoint(str(tmp_path / "m" / "checkpoints")).endswith("ckpt-10")
-    summary = train.train(config, **QUIET)                 # 5 batches of 8 per epoch
+    summary = training.train(config, **QUIET)                 # 5 batches of 8 per epoch
     assert summary["steps"] == 15 and summary["completed_epochs"] == 3
 
 
@@ -127,7 +127,7 @@ def test_epochs_of_data_dependent_length_take_no_phantom_update(tiny_config, tmp
     """Token batches: Keras learns an epoch's end from get_next() failing, and its
     optimizer counted an update there anyway unless the update depends on the batch."""
     model_dir = tmp_path / "tokens"
-    summary = train.train(tiny_config(model_dir=str(model_dir), batch_type="tokens", batch_size=60,
+    summary = training.train(tiny_config(model_dir=str(model_dir), batch_type="tokens", batch_size=60,
                                       max_epochs=2, log_every_steps=1), **QUIET)
     logged = [step for step, _ in read_scalars(str(model_dir / "logs" / "train"))["loss"]]
     assert summary["completed_epochs"] == 2 and summary["steps"] > 10
@@ -137,7 +137,7 @@ def test_epochs_of_data_dependent_length_take_no_phantom_update(tiny_config, tmp
 def test_train_gives_back_the_callers_signal_handlers(tiny_config, tmp_path):
     """Ctrl-C must work again in the Python session that called train()."""
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    train.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1), **QUIET)
+    training.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1), **QUIET)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
@@ -150,21 +150,21 @@ def test_train_gives_back_the_callers_dtype_policy(tiny_config, tmp_path):
 
     assert TrainingConfig().mixed_precision == "auto"
     lines = []
-    train.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1, mixed_precision="auto"),
+    training.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1, mixed_precision="auto"),
                 log=lines.append)
     assert any(line.startswith("--mixed_precision=auto: ") for line in lines), lines
     assert keras.mixed_precision.dtype_policy().name == "float32"
     with pytest.raises(CorpusError):                # also when it fails after choosing (every pair too long)
-        train.train(tiny_config(model_dir=str(tmp_path / "n"), max_len=2, mixed_precision="mixed_bfloat16"),
+        training.train(tiny_config(model_dir=str(tmp_path / "n"), max_len=2, mixed_precision="mixed_bfloat16"),
                     **QUIET)
     assert keras.mixed_precision.dtype_policy().name == "float32"
 
 
 def test_resume_rejects_a_different_model(tiny_config, tmp_path):
     config = tiny_config(model_dir=str(tmp_path / "m"), max_steps=2)
-    train.train(config, **QUIET)
-    with pytest.raises(train.TrainingError, match=r"--hidden_size \(was 16, now 32\)"):
-        train.train(config.replace(hidden_size=32), explicit={"hidden_size"}, **QUIET)
+    training.train(config, **QUIET)
+    with pytest.raises(training.TrainingError, match=r"--hidden_size \(was 16, now 32\)"):
+        training.train(config.replace(hidden_size=32), explicit={"hidden_size"}, **QUIET)
 
 
 def test_a_start_that_fails_on_its_data_leaves_nothing_a_retry_would_trip_over(tiny_config, tiny_corpus, tmp_path):
@@ -177,23 +177,23 @@ def test_a_start_that_fails_on_its_data_leaves_nothing_a_retry_would_trip_over(t
     short.write_text("one\ntwo\n")
     model_dir = tmp_path / "m"
     with pytest.raises(CorpusError, match="lines"):                          # unequal files
-        train.train(tiny_config(model_dir=str(model_dir), train_src=str(short)), **QUIET)
+        training.train(tiny_config(model_dir=str(model_dir), train_src=str(short)), **QUIET)
     assert not model_dir.exists()
     with pytest.raises(CorpusError, match="No usable sentence pair"):         # every pair too long
-        train.train(tiny_config(model_dir=str(model_dir), max_len=2), **QUIET)
+        training.train(tiny_config(model_dir=str(model_dir), max_len=2), **QUIET)
     assert not model_dir.exists()
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("kept")
     with pytest.raises(CorpusError, match="No usable sentence pair"):
-        train.train(tiny_config(model_dir=str(mine), max_len=2), **QUIET)
+        training.train(tiny_config(model_dir=str(mine), max_len=2), **QUIET)
     assert os.listdir(mine) == ["notes.txt"]
-    summary = train.train(tiny_config(model_dir=str(mine), hidden_size=12, max_steps=1), **QUIET)
+    summary = training.train(tiny_config(model_dir=str(mine), hidden_size=12, max_steps=1), **QUIET)
     assert summary["steps"] == 1 and nmt_config.load(str(mine)).hidden_size == 12
     lines = []
     other = tmp_path / "other.en.gz"
     other.write_bytes(open(tiny_corpus["train_src"], "rb").read())
-    train.train(tiny_config(model_dir=str(mine), hidden_size=12, max_steps=2, train_src=str(other)),
+    training.train(tiny_config(model_dir=str(mine), hidden_size=12, max_steps=2, train_src=str(other)),
                 explicit={"train_src", "max_steps"}, log=lines.append)
     assert any(line.startswith(f"warning: --train_src is now {other} but this run started with "
                                f"{tiny_corpus['train_src']}") for line in lines), lines
@@ -201,18 +201,18 @@ def test_a_start_that_fails_on_its_data_leaves_nothing_a_retry_would_trip_over(t
 
 def test_resume_takes_unspecified_flags_from_the_model_dir(tiny_config, tmp_path):
     model_dir = str(tmp_path / "m")
-    train.train(tiny_config(model_dir=model_dir, max_steps=2, batch_size=4), **QUIET)
-    summary = train.train(TrainingConfig(model_dir=model_dir, max_steps=4),
+    training.train(tiny_config(model_dir=model_dir, max_steps=2, batch_size=4), **QUIET)
+    summary = training.train(TrainingConfig(model_dir=model_dir, max_steps=4),
                           explicit={"model_dir", "max_steps"}, **QUIET)
     assert summary["steps"] == 4
     assert nmt_config.load(model_dir).batch_size == 4
 
 
 def test_budget_max_steps_and_early_stopping(tiny_config, tmp_path):
-    summary = train.train(tiny_config(model_dir=str(tmp_path / "a"), max_steps=3), **QUIET)
+    summary = training.train(tiny_config(model_dir=str(tmp_path / "a"), max_steps=3), **QUIET)
     assert summary["status"] == "max_steps" and summary["steps"] == 3
     # A learning rate of 0 never improves the dev loss: patience 2 stops after 3 evaluations.
-    summary = train.train(tiny_config(model_dir=str(tmp_path / "b"), learning_rate=0.0, max_epochs=50,
+    summary = training.train(tiny_config(model_dir=str(tmp_path / "b"), learning_rate=0.0, max_epochs=50,
                                       eval_every_steps=2, patience=2), **QUIET)
     assert summary["status"] == "early_stopping" and summary["steps"] == 6
     assert summary["best_dev"]["step"] == 2
@@ -222,8 +222,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path
     model_dir = str(tmp_path / "nan")
     config = tiny_config(model_dir=model_dir, optimizer="sgd", learning_rate=1e30, clip_norm=0.0,
                          max_epochs=20, checkpoint_every_steps=1)
-    with pytest.raises(train.NaNLossError, match="NaN or infinite at step") as e:
-        train.train(config, **QUIET)
+    with pytest.raises(training.NaNLossError, match="NaN or infinite at step") as e:
+        training.train(config, **QUIET)
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     assert latest and latest in str(e.value)
     for value in checkpoint_weights(latest).values():
@@ -304,15 +304,15 @@ def test_learning_rate_halves_on_plateaus_and_patience_stops(tiny_config, tmp_pa
 def test_prepared_shards_are_made_once_and_trained_from(tiny_config, tmp_path):
     lines = []
     config = tiny_config(model_dir=str(tmp_path / "m"), prepared_shards=2, max_epochs=1)
-    first = train.train(config, log=lines.append)
+    first = training.train(config, log=lines.append)
     assert any(l.startswith("Prepared 40 training pairs in 2 shards") for l in lines), lines
     assert first["steps"] == 5                                  # 40 pairs in batches of 8, as from the text
     lines.clear()
-    resumed = train.train(config.replace(max_epochs=2), log=lines.append)
+    resumed = training.train(config.replace(max_epochs=2), log=lines.append)
     assert "Training from the 40 pairs prepared in" in "\n".join(lines)
     assert resumed["steps"] == 10
     lines.clear()
-    train.train(config.replace(max_epochs=3, prepared_shards=3), log=lines.append)
+    training.train(config.replace(max_epochs=3, prepared_shards=3), log=lines.append)
     assert any("another number of shards: preparing again" in l for l in lines), lines
     assert len(json.load(open(tmp_path / "m" / "prepared" / "manifest.json"))["shards"]) == 3
 
@@ -331,7 +331,7 @@ def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(t
     given = {"model_dir", "train_src", "train_tgt", "init_from", "freeze", "max_epochs", "dropout",
              "recurrent_dropout"}
     lines = []
-    train.train(tiny_config(model_dir=tuned, train_src=tiny_corpus["dev_src"], train_tgt=tiny_corpus["dev_tgt"],
+    training.train(tiny_config(model_dir=tuned, train_src=tiny_corpus["dev_src"], train_tgt=tiny_corpus["dev_tgt"],
                             init_from=source, freeze=["embeddings", "encoder"], max_epochs=2, dropout=0.3,
                             recurrent_dropout=0.2),
                 explicit=given, log=lines.append)
@@ -351,9 +351,9 @@ def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(t
     moved = [k for k in before if k not in frozen and not np.array_equal(before[k], after[k])]
     assert moved
     assert json.load(open(os.path.join(tuned, "train_summary.json")))["steps"] <= 4, log     # a fresh step count
-    with pytest.raises(train.TrainingError, match=r"--hidden_size=32 \(the source has 16\)"):
-        train.train(tiny_config(model_dir=str(tmp_path / "wrong"), init_from=source, hidden_size=32),
+    with pytest.raises(training.TrainingError, match=r"--hidden_size=32 \(the source has 16\)"):
+        training.train(tiny_config(model_dir=str(tmp_path / "wrong"), init_from=source, hidden_size=32),
                     explicit=given | {"hidden_size"}, log=lambda *a: None)
-    with pytest.raises(train.TrainingError, match="neither a model directory"):
-        train.train(tiny_config(model_dir=str(tmp_path / "none"), init_from=str(tmp_path / "nothing")),
+    with pytest.raises(training.TrainingError, match="neither a model directory"):
+        training.train(tiny_config(model_dir=str(tmp_path / "none"), init_from=str(tmp_path / "nothing")),
                     explicit=given, log=lambda *a: None)

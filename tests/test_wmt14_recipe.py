@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from nmt_tf import flags, train
+from nmt_tf import flags, training
 
 RECIPE = os.path.join(REPO, "pipelines", "wmt14_en_fr")
 
@@ -59,4 +59,4 @@ def test_recipe_flagfiles_build_the_papers_models(name, total):
         flags.FLAGS.unparse_flags()
     assert config.max_len == int(name[-2:]) and config.optimizer == "adadelta" and config.dropout == 0.0
     assert config.model == name[:-2] and config.src_vocab_size == config.tgt_vocab_size == 30000
-    assert train.dry_run(config, log=lambda *a: None) == total
+    assert training.dry_run(config, log=lambda *a: None) == total
