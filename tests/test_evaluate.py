@@ -10,7 +10,7 @@ import sacrebleu
 import tensorflow as tf
 
 from conftest import run_cli, write_lines
-from nmt_tf import evaluate, metrics, plots, search
+from nmt_tf import evaluate, evaluation, metrics, plots, search
 
 HYPS = ["Un homme marche dans la rue.", "Deux chiens jouent.", "une femme lit un livre", "Le chat dort."]
 REFS = ["Un homme marche dans la rue.", "Deux chiens courent.", "Une femme lit un livre.", "Un chat dort."]
@@ -150,7 +150,7 @@ def test_evaluate_two_models_end_to_end(trained_model_dir, exported, dev_files, 
     model_dir, _ = trained_model_dir
     src, ref = dev_files
     out = str(tmp_path / "eval")
-    reports = evaluate.run([("model_dir", model_dir), ("saved_model", exported[2])], ["dir", "export"], src, ref,
+    reports = evaluation.run([("model_dir", model_dir), ("saved_model", exported[2])], ["dir", "export"], src, ref,
                            out, search.SearchOptions(beam_size=3), "best", 20, 4, log=lambda *a: None)
     assert [r["label"] for r in reports] == ["dir", "export"]
     for r in reports:
@@ -181,8 +181,8 @@ def test_evaluate_rejects_unequal_files(trained_model_dir, tmp_path):
     src, ref = tmp_path / "s", tmp_path / "r"
     src.write_text("a\nb\n")
     ref.write_text("a\n")
-    with pytest.raises(evaluate.EvaluationError, match="has 2 lines but .* has 1 lines"):
-        evaluate.run([("model_dir", trained_model_dir[0])], None, str(src), str(ref), None,
+    with pytest.raises(evaluation.EvaluationError, match="has 2 lines but .* has 1 lines"):
+        evaluation.run([("model_dir", trained_model_dir[0])], None, str(src), str(ref), None,
                      search.SearchOptions(), "best", 100, 4)
 
 

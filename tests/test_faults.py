@@ -137,7 +137,7 @@ def _cut_file(path, keep=0.5):
 
 
 def test_a_damaged_saved_model_is_one_clear_error_for_translate_and_evaluate(exported, tmp_path):
-    from nmt_tf import evaluate
+    from nmt_tf import evaluation
 
     no_variables, cut = str(tmp_path / "no_variables"), str(tmp_path / "cut")
     shutil.copytree(exported[2], no_variables)
@@ -151,7 +151,7 @@ def test_a_damaged_saved_model_is_one_clear_error_for_translate_and_evaluate(exp
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert f"error: {no_variables} could not be loaded as a SavedModel" in result.stderr
     with pytest.raises(FileNotFoundError, match=f"{cut} could not be loaded as a SavedModel"):
-        evaluate.run([("saved_model", cut)], None, str(source), str(source), str(tmp_path / "eval"),
+        evaluation.run([("saved_model", cut)], None, str(source), str(source), str(tmp_path / "eval"),
                      search.SearchOptions(beam_size=2), "best", 20, 8, log=lambda *a: None)
 
 
