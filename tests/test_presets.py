@@ -92,6 +92,27 @@ def test_weights_that_do_not_fit_the_model_are_refused(tiny_preset, exported, tm
         presets.create(exported[0], tiny_preset[0], "again", log=lambda *a: None)
 
 
+def test_weights_fit_a_model_built_after_others_in_the_same_process():
+    """Keras numbers dropout's random-state variables by how many were made
+    before in the process (seed_generator_16/...): they are not weights, so a
+    preset made in one process fits the same model built in another, after
+    other models (what broke Translator.from_preset in a busy process)."""
+    from nmt_tf import models
+    from nmt_tf.config import TrainingConfig
+
+    config = TrainingConfig(embedding_size=8, hidden_size=8, attention_size=8, maxout_size=4, dropout=0.3,
+                            recurrent_dropout=0.2).model_config()
+    first = models.build_model(config, 12, 14)
+    arrays = presets.weight_arrays(first, "float32")
+    assert arrays and not [path for path in arrays if "seed_generator" in path]
+    later = models.build_model(config, 12, 14)
+    generators = [v.path for v in later.variables if not presets.is_weight(v.path)]
+    assert generators and not set(generators) & {v.path for v in first.variables}   # numbered anew
+    presets.set_weights(later, {**arrays, "seed_generator_1/seed_generator_state": np.zeros(2, np.int64)})
+    for a, b in zip(first.weights, later.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_an_unknown_preset_name_lists_the_shipped_ones():
     with pytest.raises(presets.PresetError, match="multi30k_en_fr"):
         presets.preset_dir("no_such_model")

@@ -209,12 +209,22 @@ def _export(manifest: dict, model_dir_path: str, export_dir: str) -> str:
                            weights="averaged", max_input_length=max_input_length, log=lambda *a: None)
 
 
+def is_weight(path: str) -> bool:
+    """Whether the model variable at `path` is a weight: all are but the
+    random state of dropout layers (Keras' seed generators), which
+    translation never reads and whose paths number the generators made
+    before in the same process (seed_generator_16/... after other models)."""
+    return not path.endswith("/seed_generator_state")
+
+
 def weight_arrays(model, dtype: str) -> dict:
-    """{variable path: numpy array} of a built model, floating weights stored in `dtype`."""
+    """{variable path: numpy array} of a built model's weights, floating ones stored in `dtype`."""
     if dtype not in WEIGHT_DTYPES:
         raise PresetError(f"weights dtype must be one of {', '.join(WEIGHT_DTYPES)}, not {dtype!r}")
     arrays = {}
     for variable in model.variables:
+        if not is_weight(variable.path):
+            continue
         value = np.asarray(variable.numpy())
         if variable.path in arrays:
             raise PresetError(f"two model variables share the path {variable.path!r}")
@@ -243,9 +253,12 @@ def load_weights(path: str, dtype: str) -> dict:
 
 
 def set_weights(model, arrays: dict) -> None:
-    """Assigns `arrays` (by variable path) to a built model; every variable
-    must have its array, of its shape, and no array may be left over."""
-    variables = {v.path: v for v in model.variables}
+    """Assigns `arrays` (by variable path) to a built model; every weight
+    must have its array, of its shape, and no array may be left over. Dropout's
+    random state is not a weight (`is_weight`): a preset that holds it (those
+    made before 2026-11-27) has it ignored, whatever its number."""
+    variables = {v.path: v for v in model.variables if is_weight(v.path)}
+    arrays = {path: array for path, array in arrays.items() if is_weight(path)}
     missing, extra = sorted(set(variables) - set(arrays)), sorted(set(arrays) - set(variables))
     if missing or extra:
         raise PresetError(f"the preset's weights do not fit the model its configuration builds: missing "
