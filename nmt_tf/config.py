@@ -6,7 +6,7 @@ chosen architecture's `ModelConfig` (nmt_tf.models: each architecture
 declares its own, beside its registry entry) and `TrainerConfig`
 (optimizer, schedule, budget, checkpoints, evaluation, devices).
 `SearchOptions` holds how beam search runs (the search flags of export,
-evaluate, visualize). Their fields are the single source of the defaults,
+evaluate, visualize), `ServerConfig` how nmt_tf.serve serves a model. Their fields are the single source of the defaults,
 the help texts and the limits (nmt_tf.settings), and nmt_tf.flags turns
 each field into the command-line flag of the same name (`--batch_size` is
 `TrainingConfig.batch_size`). The library takes these objects and never
@@ -35,7 +35,7 @@ from nmt_tf.models import ARCHITECTURES, ModelConfig, names_of
 from nmt_tf.settings import ConfigError, check_limits, default, flag_name, setting
 from nmt_tf.tokenizers import TOKENIZERS
 
-__all__ = ["ConfigError", "DataConfig", "TrainerConfig", "TrainingConfig", "SearchOptions", "flag_name", "load",
+__all__ = ["ConfigError", "DataConfig", "TrainerConfig", "TrainingConfig", "SearchOptions", "ServerConfig", "flag_name", "load",
            "save", "path", "learning_rate", "NAMES", "FROZEN", "NOT_STORED", "MIN_SHORTLIST"]
 
 
@@ -347,6 +347,79 @@ class SearchOptions:
         if self.shortlist_size and self.shortlist_size < MIN_SHORTLIST:
             raise ConfigError(f"--shortlist_size={self.shortlist_size}: must be 0 (no shortlist) or at least "
                               f"{MIN_SHORTLIST}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """How nmt_tf.serve serves one model (nmt_tf.server.start): the model and
+    which of its versions, the ports and what they take, batching, TLS and
+    threads. Its fields are nmt_tf.serve's flags; `model_name` and `preset`
+    are also flags of the tools that send requests or use presets."""
+
+    model_name: str = setting('string', 'nmt', "Model name in TF Serving requests (ModelSpec.name).")
+    preset: str | None = setting('string', None,
+            "A model shipped with nmt_tf, by name (python -m nmt_tf.presets --list; multi30k_en_fr: Multi30k "
+            "English->French), or a preset folder: its SavedModel is built on first use and cached, then used as "
+            "--saved_model would be.")
+    model_base_path: str | None = setting('string', None,
+            "Directory holding numbered SavedModel versions (nmt_tf.export's --export_dir).")
+    model_config_file: str | None = setting('string', None,
+            "TF Serving's model config file (a ModelServerConfig text proto, as export/models.config) with one "
+            "model: its name, base_path (relative: to the file's folder), model_version_policy and "
+            "version_labels; instead of --model_name, --model_base_path and --model_version_policy.")
+    model_version_policy: str = setting('string', 'latest',
+            "Which versions under --model_base_path are served, as TF Serving's model_version_policy: latest "
+            "(the highest), latest=N (the N highest), all, or specific=V1,V2,... A request without a version "
+            "gets the highest served.")
+    port: int = setting('integer', 8500, "gRPC port (TF Serving's default is 8500).")
+    rest_api_port: int = setting('integer', 0,
+            "Port of TF Serving's REST API (/v1/models/...), served besides gRPC; 0 (the default, as in TF "
+            "Serving): no REST API. TF Serving's Docker image uses 8501.", lower=0)
+    host: str = setting('string', '0.0.0.0', "Address to listen on.")
+    ssl_config_file: str | None = setting('string', None,
+            "TF Serving's SSLConfig text proto (server_key, server_cert, custom_ca: PEM text; client_verify): "
+            "gRPC and the REST API (HTTPS) then take TLS connections only; client_verify requires client "
+            "certificates signed by custom_ca. Without it both ports speak plain text, as TF Serving's do.")
+    poll_seconds: float = setting('float', 2.0, "How often to look for a new version.", lower=0.1)
+    threads: int = setting('integer', 8,
+            "Concurrent requests served, by gRPC and by the REST API each (with --enable_batching at least "
+            "max_batch_size x num_batch_threads, at most 512: requests waiting for their batch hold a thread "
+            "but no CPU).", lower=1)
+    enable_batching: bool = setting('boolean', False,
+            "Join concurrent Predict requests of the same version, signature and outputs into one call of the "
+            "signature and split the replies (TF Serving's flag; nmt_tf.batching). Parameters from "
+            "--batching_parameters_file, else TF Serving's defaults (max_batch_size 1000, batch_timeout_micros "
+            "0, max_enqueued_batches 10, num_batch_threads one per core).")
+    batching_parameters_file: str | None = setting('string', None,
+            "TF Serving's BatchingParameters text proto (max_batch_size, batch_timeout_micros, "
+            "max_enqueued_batches, num_batch_threads, allowed_batch_sizes, pad_variable_length_inputs, "
+            "thread_pool_name), as in export/batching_parameters.txt; implies --enable_batching.")
+    rest_max_connections: int = setting('integer', 64,
+            "REST connections open at once (being read, waiting for a --threads worker, or answered); one more "
+            "is answered 503 at once. A request is read whole before a worker takes it, so slow or idle clients "
+            "hold only their connection, for at most 30 s of headers and 120 s of body.", lower=1)
+    max_message_mb: float = setting('float', 32.0,
+            "Largest request or response message (gRPC) and largest REST request body, in MiB.", lower=0.01)
+    max_batch_size: int = setting('integer', 1024, "Most sentences one request may carry.", lower=1)
+    onednn: bool = setting('boolean', False,
+            "Use TensorFlow's oneDNN CPU kernels (sets TF_ENABLE_ONEDNN_OPTS for this process). Off by "
+            "default: on the 2-core reference machine one-sentence requests are faster with TensorFlow's Eigen "
+            "kernels, batches of 64 faster with oneDNN (BUILD_NOTES.md, 'Serving latency').")
+    intra_op_threads: int = setting('integer', 1,
+            "Threads one TensorFlow op may use (intra-op parallelism; 0: TensorFlow's default, one per core). 1"
+            " by default: one-sentence requests are fastest that way, the decoder's small matmuls losing more "
+            "to splitting than they gain, while independent ops (the output layer's column blocks, the next "
+            "step's state products) run side by side on the inter-op threads (BUILD_NOTES.md, 'Serving "
+            "latency'). TF Serving's flag: --tensorflow_intra_op_parallelism.", lower=0)
+    inter_op_threads: int = setting('integer', 0,
+            "TensorFlow ops run at once (inter-op parallelism; 0: TensorFlow's default, one per core). TF "
+            "Serving's flag: --tensorflow_inter_op_parallelism.", lower=0)
+
+    def __post_init__(self):
+        check_limits(self)
+        if sum(bool(x) for x in (self.model_base_path, self.preset, self.model_config_file)) != 1:
+            raise ConfigError("give one of --model_base_path, --preset (a model shipped with nmt_tf) or "
+                              "--model_config_file.")
 
 
 # Settings that define the model or its vocabularies: a run resumed in an

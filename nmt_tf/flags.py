@@ -24,7 +24,7 @@ from absl import app, flags, logging
 
 from nmt_tf import config, settings
 from nmt_tf import startup
-from nmt_tf.config import SearchOptions, TrainingConfig
+from nmt_tf.config import SearchOptions, ServerConfig, TrainingConfig
 from nmt_tf import precision
 
 FLAGS = flags.FLAGS
@@ -49,26 +49,35 @@ for _help_flag in (app.HelpFlag, app.HelpfullFlag, app.HelpXMLFlag):    # Helpsh
     _help_exits_with_0(_help_flag)
 
 # ---------------------------------------------------------------- training (data, model, training)
-def _define(field) -> None:
-    """The flag of a nmt_tf.config field (TrainingConfig, SearchOptions): its name, default, help and limits."""
+def _define(field, module_name: str | None = None) -> None:
+    """The flag of a nmt_tf.config field (TrainingConfig, SearchOptions, ServerConfig): its name, default, help
+    and limits; it belongs to `module_name` (a tool's __name__) or to this module."""
     meta = field.metadata
     default = settings.default(field)
-    bounds = {k: v for k, v in (("lower_bound", meta["lower"]), ("upper_bound", meta["upper"])) if v is not None}
+    extra = {k: v for k, v in (("lower_bound", meta["lower"]), ("upper_bound", meta["upper"])) if v is not None}
+    if module_name is not None:      # as absl names the module that defines a flag itself
+        extra["module_name"] = sys.argv[0] if module_name == "__main__" else module_name
     if meta["flag"] == "enum":
-        flags.DEFINE_enum(settings.flag_name(field), default, list(meta["choices"]), meta["help"])
+        flags.DEFINE_enum(settings.flag_name(field), default, list(meta["choices"]), meta["help"], **extra)
     else:
-        getattr(flags, f"DEFINE_{meta['flag']}")(settings.flag_name(field), default, meta["help"], **bounds)
+        getattr(flags, f"DEFINE_{meta['flag']}")(settings.flag_name(field), default, meta["help"], **extra)
 
 
-for _field in dataclasses.fields(TrainingConfig):
-    _define(_field)
+def define_settings(config_class, names=None, module_name: str | None = None) -> None:
+    """Defines the flags of `config_class`'s fields (all, or those in `names`),
+    as flags of `module_name` (a tool defining its own: its __name__) or of this module."""
+    for field in dataclasses.fields(config_class):
+        if names is None or field.name in names:
+            _define(field, module_name)
+
+
+define_settings(TrainingConfig)
 
 # The flags above make up a training job's configuration (nmt_tf.config, flags.json).
 TRAINING_FLAGS = tuple(sorted(config.NAMES))
 
 # ---------------------------------------------------------------- search (export, translate, evaluate)
-for _field in dataclasses.fields(SearchOptions):
-    _define(_field)
+define_settings(SearchOptions)
 
 flags.DEFINE_boolean("replace_unk", False, "Replace every generated [UNK] by the source word it attended to most (Luong et al. 2015; Jean et al. 2015), or by its translation in --unk_dictionary; for word models. The target_tokens output keeps [UNK].")
 flags.DEFINE_string("unk_dictionary", None, "With --replace_unk: a 'source<TAB>target' file; an attended source word found in it is replaced by its translation instead of being copied (an export keeps the file as an asset).")
@@ -76,9 +85,10 @@ flags.DEFINE_string("unk_dictionary", None, "With --replace_unk: a 'source<TAB>t
 SEARCH_FLAGS = tuple(sorted(set(f.name for f in FLAGS.get_flags_for_module(__name__)) - set(TRAINING_FLAGS)))
 
 # ---------------------------------------------------------------- using a trained model (export, translate, evaluate, visualize, serve)
-flags.DEFINE_string("model_name", "nmt", "Model name in TF Serving requests (ModelSpec.name).")
+# --model_name and --preset: settings of nmt_tf.serve (ServerConfig) that other tools take too.
+SHARED_SERVER_FLAGS = ("model_name", "preset")
+define_settings(ServerConfig, SHARED_SERVER_FLAGS)
 flags.DEFINE_string("saved_model", None, "A SavedModel version directory written by nmt_tf.export (instead of --model_dir).")
-flags.DEFINE_string("preset", None, "A model shipped with nmt_tf, by name (python -m nmt_tf.presets --list; multi30k_en_fr: Multi30k English->French), or a preset folder: its SavedModel is built on first use and cached, then used as --saved_model would be.")
 flags.DEFINE_string("checkpoint", "best", "Weights to use from --model_dir: best (by the dev metric; falls back to last), last, averaged (written by nmt_tf.average), or a checkpoint path.")
 flags.DEFINE_integer("average_checkpoints", 1, "Use the mean of the weights of this many checkpoints of --model_dir, taken from --average_from, instead of --checkpoint (1: no averaging).", lower_bound=1)
 flags.DEFINE_multi_string("ensemble", None, "Further model directories decoded together with --model_dir as one ensemble: their log-probabilities are averaged at every search step (nmt_tf.export puts the ensemble into one SavedModel). Repeat the flag for each; the models must share their vocabularies.")
@@ -187,10 +197,21 @@ def weights_choice():
     return WeightsChoice(FLAGS.checkpoint, FLAGS.average_checkpoints, FLAGS.average_from)
 
 
+def _from_flags(config_class):
+    """A nmt_tf.config class made from the parsed flags of its fields."""
+    return config_class(**{field.name: FLAGS[settings.flag_name(field)].value
+                           for field in dataclasses.fields(config_class)})
+
+
 def search_options() -> SearchOptions:
     """`nmt_tf.config.SearchOptions` from the parsed search flags."""
-    return SearchOptions(**{field.name: FLAGS[settings.flag_name(field)].value
-                            for field in dataclasses.fields(SearchOptions)})
+    return _from_flags(SearchOptions)
+
+
+def server_config() -> ServerConfig:
+    """`nmt_tf.config.ServerConfig` from the parsed flags of nmt_tf.serve (a
+    ConfigError for a value or combination it cannot take)."""
+    return _from_flags(ServerConfig)
 
 
 def config_from_flags() -> TrainingConfig:

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from conftest import REPO, run_cli
-from nmt_tf import batching, rest, serve
+from nmt_tf import batching, rest, server as nmt_server
 from nmt_tf.batching import Batcher, BatchingError, BatchingParameters, parse_batching_parameters
 from test_serve import request, status_of
 
@@ -146,7 +146,7 @@ def batching_server(exported, tmp_path_factory):
                                 max_enqueued_batches=4)
     batcher = Batcher(params)
     threads = batching.request_threads(2, params)
-    srv, registry, port = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=threads,
+    srv, registry, port = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=threads,
                                              poll_seconds=60, log=lambda *a: None, batcher=batcher)
     web = rest.start_rest_server(registry, 0, "127.0.0.1", threads, batcher=batcher)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")

@@ -172,7 +172,7 @@ def test_an_export_killed_while_writing_leaves_no_version_a_server_would_load(tr
     import subprocess
     import time
 
-    from nmt_tf import serve
+    from nmt_tf import server as nmt_server
 
     base = str(tmp_path / "nmt")
     proc = start_cli("-m", "nmt_tf.export", f"--model_dir={trained_model_dir[0]}", f"--export_dir={base}",
@@ -183,7 +183,7 @@ def test_an_export_killed_while_writing_leaves_no_version_a_server_would_load(tr
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     leftovers = [n for n in os.listdir(base) if n.startswith(".tmp-")]
-    assert leftovers and serve.ModelRegistry("nmt", base).available_versions() == []
+    assert leftovers and nmt_server.ModelRegistry("nmt", base).available_versions() == []
     done = run_cli("-m", "nmt_tf.export", f"--model_dir={trained_model_dir[0]}", f"--export_dir={base}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"Removed {os.path.join(base, leftovers[0])}, left by an export that did not finish." in done.stdout

@@ -13,7 +13,7 @@ import pytest
 
 from nmt_tf import page
 from nmt_tf import rest as rest_api
-from nmt_tf import serve
+from nmt_tf import server as nmt_server
 from nmt_tf.client import SignatureClient
 
 SENTENCE = "A man in a blue shirt is running."
@@ -23,7 +23,7 @@ def start(exported, tmp_path_factory, name="nmt"):
     """An nmt_tf.serve (gRPC and REST) of the tiny export: (grpc server, registry, REST server)."""
     base = str(tmp_path_factory.mktemp("page") / "nmt")
     shutil.copytree(exported[1], base)
-    srv, registry, _ = serve.start_server(name, base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
+    srv, registry, _ = nmt_server.start_server(name, base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
     return srv, registry, rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2)
 
 

@@ -22,7 +22,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
 
 from conftest import run_cli
 from nmt_tf import rest as rest_api
-from nmt_tf import serve, serving
+from nmt_tf import server as nmt_server, serving
 from test_serve import request as grpc_request
 from test_serve import status_of
 
@@ -34,7 +34,7 @@ def server(exported, tmp_path_factory):
     """One nmt_tf.serve with gRPC and REST (the limits of test_serve's server)."""
     base = str(tmp_path_factory.mktemp("rest") / "nmt")
     shutil.copytree(exported[1], base)
-    srv, registry, port = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=THREADS,
+    srv, registry, port = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=THREADS,
                                              max_message_mb=1.0, max_batch_size=50, poll_seconds=0.2,
                                              log=lambda *a: None)
     rest_server = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=THREADS, max_message_mb=1.0,
@@ -400,7 +400,7 @@ def test_slow_and_idle_clients_hold_no_worker_and_meet_a_deadline(exported, tmp_
     they get 408; a connection over --rest_max_connections gets 503 at once."""
     base = str(tmp_path / "nmt")
     shutil.copytree(exported[1], base)
-    srv, registry, _ = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
+    srv, registry, _ = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
     rest_server = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2, max_connections=26,
                                              header_seconds=3.0)
     address = ("127.0.0.1", rest_server.port)

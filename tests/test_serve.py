@@ -15,15 +15,15 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      predict_pb2, prediction_service_pb2_grpc)
 
 from conftest import REPO, run_cli
-from nmt_tf import serve, translate
-from nmt_tf.client import SignatureClient
+from nmt_tf import server as nmt_server, translate
+from nmt_tf.client import ClientError, SignatureClient
 
 
 @pytest.fixture(scope="module")
 def server(exported, tmp_path_factory):
     base = str(tmp_path_factory.mktemp("serving") / "nmt")
     shutil.copytree(exported[1], base)
-    srv, registry, port = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=4,
+    srv, registry, port = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=4,
                                              max_message_mb=1.0, max_batch_size=50, poll_seconds=0.2,
                                              log=lambda *a: None)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -32,6 +32,31 @@ def server(exported, tmp_path_factory):
            "models": model_service_pb2_grpc.ModelServiceStub(channel)}
     registry.stop()
     srv.stop(grace=0)
+
+
+def test_a_server_starts_from_its_configuration_without_flags(exported):
+    """nmt_tf.server.start(ServerConfig), what nmt_tf.serve runs, from Python:
+    the configuration checks itself, the server answers and stops."""
+    from nmt_tf.config import ConfigError, ServerConfig
+
+    with pytest.raises(ConfigError, match="give one of --model_base_path, --preset"):
+        ServerConfig()
+    with pytest.raises(ConfigError, match=r"--rest_api_port=-1: must be at least 0"):
+        ServerConfig(model_base_path=exported[1], rest_api_port=-1)
+    with pytest.raises(ConfigError, match="--model_version_policy: "):
+        nmt_server.start(ServerConfig(model_base_path=exported[1], model_version_policy="newest"), log=print)
+    said = []
+    running = nmt_server.start(ServerConfig(model_base_path=exported[1], port=0, host="127.0.0.1",
+                                            poll_seconds=0.2), log=said.append)
+    try:
+        out = SignatureClient(server=f"127.0.0.1:{running.port}", model_name="nmt")(text=["Two dogs run."])
+        assert len(out["translation"]) == 1 and out["translation"][0]
+        assert said[0].startswith("CPU kernels and TensorFlow threads: this process's")   # TF was imported
+        assert said[-1].startswith(f"Serving model 'nmt' version 1 (the latest) on port {running.port} (TF Serving gRPC API)"), said
+    finally:
+        running.stop()
+    with pytest.raises(ClientError, match="UNAVAILABLE"):
+        SignatureClient(server=f"127.0.0.1:{running.port}", model_name="nmt", timeout=10)(text=["Two dogs run."])
 
 
 def request(texts=("A man in a blue shirt.",), name="nmt", signature="", version=None, **inputs):
@@ -159,7 +184,7 @@ def test_a_reply_that_could_exceed_the_message_limit_is_refused_before_decoding(
     decode for minutes, then fail to send). translate --server asks only for what it
     writes, so its plain-text batches pass."""
     # The export's limits: S = 20 + 1, T = min(256, 3 x 21) = 63: 5,292 bytes per sentence; 0.05 MiB holds 9.
-    srv, registry, port = serve.start_server("nmt", exported[1], port=0, host="127.0.0.1", max_message_mb=0.05,
+    srv, registry, port = nmt_server.start_server("nmt", exported[1], port=0, host="127.0.0.1", max_message_mb=0.05,
                                              log=lambda *a: None)
     try:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
@@ -246,7 +271,7 @@ def test_a_version_that_fails_to_load_is_reported_once_and_in_the_model_status(e
     base = tmp_path / "nmt"
     shutil.copytree(exported[2], base / "1")
     logs = []
-    registry = serve.ModelRegistry("nmt", str(base), log=logs.append)
+    registry = nmt_server.ModelRegistry("nmt", str(base), log=logs.append)
     registry.poll()
     (base / "2").mkdir()
     (base / "2" / "saved_model.pb").write_bytes(b"not a SavedModel")
@@ -254,7 +279,7 @@ def test_a_version_that_fails_to_load_is_reported_once_and_in_the_model_status(e
         registry.poll()
     failures = [line for line in logs if line.startswith("could not load nmt version 2")]
     assert len(failures) == 1 and registry.current.version == 1, logs
-    _, model_service = serve.make_servicers(registry, max_batch_size=8)
+    _, model_service = nmt_server.make_servicers(registry, max_batch_size=8)
     status = model_service.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "nmt"}), None)
     states = {s.version: (s.state, s.status.error_code, s.status.error_message) for s in status.model_version_status}
     assert states[1] == (get_model_status_pb2.ModelVersionStatus.AVAILABLE, 0, "")
@@ -670,7 +695,7 @@ def test_a_policy_that_serves_nothing_on_disk_is_a_clear_error_at_start(exported
 
     shutil.copytree(exported[2], tmp_path / "nmt" / "1")
     with pytest.raises(FileNotFoundError, match="found 1; the version policy serves versions 5"):
-        serve.start_server("nmt", str(tmp_path / "nmt"), port=0, host="127.0.0.1", log=lambda *a: None,
+        nmt_server.start_server("nmt", str(tmp_path / "nmt"), port=0, host="127.0.0.1", log=lambda *a: None,
                            policy=VersionPolicy.parse("specific=5"))
 
 

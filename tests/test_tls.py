@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from nmt_tf import rest, serve, tls
+from nmt_tf import rest, server as nmt_server, tls
 from test_serve import request
 
 
@@ -45,7 +45,7 @@ def tls_server(exported, certs, tmp_path_factory):
     shutil.copytree(exported[1], base)
     key, cert = certs["server"]
     config = tls.read_ssl_config(ssl_config(certs["folder"] / "mutual.config", key, cert, certs["client"][1], True))
-    srv, registry, port = serve.start_server("nmt", base, port=0, host="127.0.0.1", threads=2, poll_seconds=60,
+    srv, registry, port = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=2, poll_seconds=60,
                                              log=lambda *a: None, tls=config)
     plain_config = tls.read_ssl_config(ssl_config(certs["folder"] / "server.config", key, cert))
     web = rest.start_rest_server(registry, 0, "127.0.0.1", 2, ssl_context=plain_config.ssl_context())

@@ -1,0 +1,221 @@
+"""One model served over TensorFlow Serving's gRPC API, and its REST API and
+translation page: the library behind `python -m nmt_tf.serve`, whose help
+says what is served and how requests are checked. From Python:
+
+    from nmt_tf import server
+    from nmt_tf.config import ServerConfig
+    running = server.start(ServerConfig(model_base_path="exports/nmt", port=8500, rest_api_port=8501))
+    ...
+    running.stop()
+
+`start` reads the configuration's files (model config, batching parameters,
+TLS), chooses the CPU kernels and threads (only before TensorFlow's import,
+which reads them: a process that imported it keeps its own), builds a
+preset if asked, loads the served versions
+(nmt_tf.serving) and opens the ports; `start_server` and `make_servicers`
+are its gRPC parts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import sys
+
+import grpc
+from absl import logging
+
+from nmt_tf import presets
+from nmt_tf.batching import Batcher, BatchingParameters, read_batching_parameters, request_threads
+from nmt_tf.config import ConfigError, ServerConfig
+from nmt_tf.hardware import set_onednn
+from nmt_tf.tls import TlsConfig, read_ssl_config
+from nmt_tf.rest import start_rest_server
+from nmt_tf.serving import (ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
+                            read_model_config, run_predict)
+
+
+def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_bytes: int | None = None,
+                   batcher: Batcher | None = None):
+    """The PredictionService and ModelService implementations (with a
+    `batcher`, Predict requests are joined in batches, each waiting at most
+    its deadline)."""
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+    def guarded(handler):
+        """Every failure becomes a gRPC status; the server keeps serving."""
+        def call(self, request, context):
+            try:
+                return handler(self, request, context)
+            except ServingError as e:
+                context.abort(e.code, e.message)
+            except Exception as e:   # never let one request take the server down
+                logging.exception("request failed")
+                context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        return call
+
+    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+        @guarded
+        def Predict(self, request, context):
+            return run_predict(registry, request, max_batch_size, max_message_bytes, batcher=batcher,
+                               timeout=context.time_remaining())
+
+        @guarded
+        def GetModelMetadata(self, request, context):
+            return model_metadata(registry, request)
+
+    class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+        @guarded
+        def GetModelStatus(self, request, context):
+            return model_status(registry, request)
+
+    return PredictionService(), ModelService()
+
+
+def start_server(model_name: str, model_base_path: str, port: int, host: str = "0.0.0.0",
+                 threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
+                 poll_seconds: float = 2.0, log=logging.info, batcher: Batcher | None = None,
+                 policy: VersionPolicy | None = None, labels: dict | None = None, tls: TlsConfig | None = None):
+    """Starts serving; returns (grpc server, registry, bound port). `threads`
+    is the gRPC worker count (see batching.request_threads for batching)."""
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+    registry = ModelRegistry(model_name, model_base_path, log=log, policy=policy, labels=labels)
+    registry.poll()
+    if registry.current is None:
+        found = registry.available_versions()
+        if not found:
+            raise FileNotFoundError(
+                f"no SavedModel version (a numbered folder with saved_model.pb) under {model_base_path}")
+        failed = registry.failed
+        raise FileNotFoundError(
+            f"no version under {model_base_path} could be served: found {', '.join(map(str, found))}; "
+            + (f"{registry.policy.describe()} failed to load: " + "; ".join(f"{v}: {m}" for v, m in failed.items())
+               if failed else f"the version policy serves {registry.policy.describe()}"))
+    registry.watch(poll_seconds)
+    limit = int(max_message_mb * 1024 * 1024)
+    # grpcio sets SO_REUSEPORT by default: a second server on a taken port
+    # would start and share the connections. TF Serving refuses the port.
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads),
+                         options=[("grpc.max_receive_message_length", limit),
+                                  ("grpc.max_send_message_length", limit),
+                                  ("grpc.so_reuseport", 0)])
+    prediction, model_service = make_servicers(registry, max_batch_size, limit, batcher)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(model_service, server)
+    try:
+        bound = (server.add_secure_port(f"{host}:{port}", tls.grpc_credentials()) if tls
+                 else server.add_insecure_port(f"{host}:{port}"))
+    except RuntimeError:       # newer grpcio versions raise where older ones returned 0
+        bound = 0
+    if not bound:
+        registry.stop()
+        raise OSError(f"could not listen on {host}:{port}: the port is in use (or the address is not "
+                      "this machine's); choose another --port")
+    server.start()
+    return server, registry, bound
+
+
+def choose_kernels(onednn: bool) -> str:
+    """Sets TF_ENABLE_ONEDNN_OPTS, which TensorFlow reads when it is imported
+    (so this must run first), and says which CPU kernels the process uses."""
+    set_onednn(onednn, "choose_kernels()")
+    return "oneDNN" if onednn else "Eigen (TensorFlow's default kernels without oneDNN)"
+
+
+def set_threads(inter_op: int, intra_op: int) -> str:
+    """Sets TensorFlow's thread pools (before anything runs) and says what
+    TensorFlow reports back."""
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    describe = lambda n: "one per core" if n == 0 else str(n)
+    return (f"intra-op {describe(tf.config.threading.get_intra_op_parallelism_threads())}, "
+            f"inter-op {describe(tf.config.threading.get_inter_op_parallelism_threads())}")
+
+
+@dataclasses.dataclass
+class RunningServer:
+    """What `start` started: the gRPC server and its port, the REST server
+    (None without a REST port) and the registry of served versions."""
+    grpc_server: object
+    registry: ModelRegistry
+    port: int
+    rest: object = None
+
+    def wait(self) -> None:
+        """Serves until the process is interrupted (Ctrl-C), then stops."""
+        try:
+            self.grpc_server.wait_for_termination()
+        except KeyboardInterrupt:
+            if self.rest:
+                self.rest.stop()
+            self.grpc_server.stop(grace=2)
+
+    def stop(self, grace: float = 0) -> None:
+        """Closes the ports (gRPC after `grace` seconds for requests in flight) and stops watching for
+        new versions."""
+        if self.rest:
+            self.rest.stop()
+        self.grpc_server.stop(grace=grace).wait()
+        self.registry.stop()
+
+
+def start(config: ServerConfig, log=print) -> RunningServer:
+    """Starts serving `config`'s model; `log` gets what was chosen and where it
+    listens. Raises ConfigError or another ValueError naming the file or
+    setting at fault, FileNotFoundError when no version can be served, and
+    OSError when a port cannot be had."""
+    model_name, labels, base_path = config.model_name, {}, config.model_base_path
+    if config.model_config_file:
+        model_config = read_model_config(config.model_config_file)
+        model_name, policy, labels, base_path = (model_config.name, model_config.policy, model_config.labels,
+                                                 model_config.base_path)
+    else:
+        try:
+            policy = VersionPolicy.parse(config.model_version_policy)
+        except ValueError as e:
+            raise ConfigError(f"--model_version_policy: {e}") from None
+    if "tensorflow" in sys.modules:       # its kernels and thread pools are this process's already
+        log("CPU kernels and TensorFlow threads: this process's (TensorFlow was imported before "
+            "nmt_tf.server.start; --onednn and the thread settings take effect in a fresh process, as "
+            "python -m nmt_tf.serve starts)")
+    else:
+        log(f"CPU kernels: {choose_kernels(config.onednn)}")
+        log(f"TensorFlow threads: {set_threads(config.inter_op_threads, config.intra_op_threads)}")
+    params = None
+    if config.enable_batching or config.batching_parameters_file:
+        params = (read_batching_parameters(config.batching_parameters_file) if config.batching_parameters_file
+                  else BatchingParameters())
+    tls = read_ssl_config(config.ssl_config_file) if config.ssl_config_file else None
+    threads = request_threads(config.threads, params)
+    batcher = Batcher(params) if params else None
+    if params:
+        log(f"Batching: {params.describe()}; {threads} request threads per front end")
+    if config.preset:      # after the kernels' choice: building imports TensorFlow
+        base_path = os.path.dirname(presets.build(config.preset))
+    grpc_server, registry, port = start_server(
+        model_name, base_path, config.port, config.host, threads, config.max_message_mb, config.max_batch_size,
+        config.poll_seconds, log=log, batcher=batcher, policy=policy, labels=labels, tls=tls)
+    rest = None
+    if config.rest_api_port:
+        try:
+            rest = start_rest_server(registry, config.rest_api_port, config.host, threads, config.max_message_mb,
+                                     config.max_batch_size, max_connections=config.rest_max_connections,
+                                     batcher=batcher, ssl_context=tls.ssl_context() if tls else None)
+        except OSError:
+            grpc_server.stop(grace=0)
+            registry.stop()
+            raise
+    secure = " over TLS" if tls else ""
+    ports = f"port {port} (TF Serving gRPC API{secure})" + (f" and {rest.port} (REST API{secure})" if rest else "")
+    versions = ", ".join(map(str, registry.versions))
+    log(f"Serving model '{model_name}' version{'s' if len(registry.versions) > 1 else ''} {versions} "
+        f"({policy.describe()}) on {ports}; "
+        "production deployments use tensorflow_model_server, see export/README.md")
+    if rest:
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(config.host, config.host)
+        log(f"Translation page: http{'s' if tls else ''}://{f'[{host}]' if ':' in host else host}:{rest.port}/")
+    return RunningServer(grpc_server, registry, port, rest)
