@@ -450,31 +450,52 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
           hypothesis, the terms did not fit in the length limit; these rank
           after every complete one).
     """
-    k, n = options.beam_size, options.n_best
-    source_ids = tf.cast(source_ids, tf.int32)
-    batch = tf.shape(source_ids)[0]
-    prefix = _prefix(target_prefix, options)
-    terms = _required_terms(required_terms, options, word_continuation)
-    min_len, max_len, steps = _length_limits(source_ids, options, prefix and prefix.lengths)
-    weights, vocab, vocabulary_ids = _search_vocabulary(model, source_ids, model.step_weights(), options, shortlist)
-    encoded = model.search_inputs(source_ids, weights)
-    per_sentence = {key: v for key, v in encoded.items() if key != "state"}
-    penalties = _token_penalties(vocab, options)
-    best_final_penalty = length_penalty(max_len, options)        # [B], the largest a sentence can reach
-    # Per-step values, computed once: which token mask each sentence uses, the
-    # length penalty of a hypothesis finishing at step t, and t * K + slot.
-    # (At least one row: step 0 runs before the loop, also for an empty batch.)
-    table_steps = tf.maximum(steps, 1)
-    kinds = _penalty_kind(tf.range(table_steps)[:, None], min_len, max_len, prefix and prefix.lengths)  # [steps, B]
-    finish_penalty = length_penalty(tf.range(1, table_steps + 1), options)         # [steps]
-    slots = tf.range(k)[None, :]
-    slot_ids = tf.zeros([batch, k], tf.int32) + slots
+    return _BeamSearch(model, source_ids, options, shortlist, target_prefix, required_terms,
+                       word_continuation).run()
 
-    def advance(t, top_score, token, parent, new_state, alpha, fin_norm, fin_id, fin_count, done, history,
+
+class _BeamSearch:
+    """One call of `beam_search`: the batch's constants, set once before the
+    loop, and the loop's parts as methods (`run` puts them together).
+
+    The loop carries (t, previous tokens [B, K], state [B, K, d], alive
+    scores [B, K], the finished pool: normalised scores [B, K], where each
+    ended (t * K + slot) [B, K] and how many finished [B], done [B], the
+    histories (TensorArrays of tokens, parents, alignments and scores per
+    step), and with required terms the slots' TermState)."""
+
+    def __init__(self, model, source_ids, options: SearchOptions, shortlist, target_prefix, required_terms,
+                 word_continuation):
+        self.model, self.options = model, options
+        self.k, self.n = options.beam_size, options.n_best
+        self.source_ids = tf.cast(source_ids, tf.int32)
+        self.batch = tf.shape(self.source_ids)[0]
+        self.prefix = _prefix(target_prefix, options)
+        self.terms = _required_terms(required_terms, options, word_continuation)
+        prefix_lengths = self.prefix and self.prefix.lengths
+        min_len, self.max_len, self.steps = _length_limits(self.source_ids, options, prefix_lengths)
+        self.weights, self.vocab, self.vocabulary_ids = _search_vocabulary(
+            model, self.source_ids, model.step_weights(), options, shortlist)
+        self.encoded = model.search_inputs(self.source_ids, self.weights)
+        self.per_sentence = {key: v for key, v in self.encoded.items() if key != "state"}
+        self.penalties = _token_penalties(self.vocab, options)
+        self.best_final_penalty = length_penalty(self.max_len, options)   # [B], the largest a sentence can reach
+        # Per-step values, computed once: which token mask each sentence uses, the
+        # length penalty of a hypothesis finishing at step t, and t * K + slot.
+        # (At least one row: step 0 runs before the loop, also for an empty batch.)
+        self.table_steps = tf.maximum(self.steps, 1)
+        self.kinds = _penalty_kind(tf.range(self.table_steps)[:, None], min_len, self.max_len,
+                                   prefix_lengths)                                           # [steps, B]
+        self.finish_penalty = length_penalty(tf.range(1, self.table_steps + 1), options)     # [steps]
+        self.slots = tf.range(self.k)[None, :]
+        self.slot_ids = tf.zeros([self.batch, self.k], tf.int32) + self.slots
+
+    def advance(self, t, top_score, token, parent, new_state, alpha, fin_norm, fin_id, fin_count, done, history,
                 term_state=()):
         """Step t's bookkeeping, given the best extensions of the beam."""
+        k, terms = self.k, self.terms
         # The beam shrinks by one for every finished hypothesis (docs/SPEC.md §6).
-        valid = (slots < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
+        valid = (self.slots < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
         is_eos = token == EOS_ID
         # Histories are kept as back-pointers (read once, at the end).
         history = tuple(h.write(t, x) for h, x in zip(history, (token, parent, alpha, top_score)))
@@ -484,13 +505,13 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         # hypothesis closed at the length limit without all of them ranks
         # after every complete one.
         finished_now = valid & is_eos
-        rank = top_score / finish_penalty[t]
+        rank = top_score / self.finish_penalty[t]
         if terms:
             term_state = terms.step(TermState(*(tf.gather(x, parent, batch_dims=1) for x in term_state)), token)
             rank -= UNMET_COST * tf.cast(terms.total()[:, None] - terms.met_tokens(term_state), tf.float32)
         pool_norm = tf.concat([fin_norm, tf.where(finished_now, rank, NEG)], 1)
         fin_norm, pick = tf.math.top_k(pool_norm, k=k)                    # at most K valid: none lost
-        fin_id = tf.gather(tf.concat([fin_id, t * k + slot_ids], 1), pick, batch_dims=1)
+        fin_id = tf.gather(tf.concat([fin_id, t * k + self.slot_ids], 1), pick, batch_dims=1)
         fin_count += tf.reduce_sum(tf.cast(finished_now, tf.int32), axis=1)
 
         alive = valid & ~is_eos
@@ -500,104 +521,114 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         # length penalty only grows, so a live hypothesis with log p = a < 0
         # can at best finish with a / penalty(max_len). Once no live one can
         # beat the n-th best finished hypothesis, the returned list is final.
-        hopeless = (fin_count >= n) & (tf.reduce_max(alive_score, axis=1) / best_final_penalty
-                                       <= fin_norm[:, n - 1])
-        done = done | hopeless | (fin_count >= k) | (t + 1 >= max_len) | ~tf.reduce_any(alive, axis=1)
+        hopeless = (fin_count >= self.n) & (tf.reduce_max(alive_score, axis=1) / self.best_final_penalty
+                                            <= fin_norm[:, self.n - 1])
+        done = done | hopeless | (fin_count >= k) | (t + 1 >= self.max_len) | ~tf.reduce_any(alive, axis=1)
         return t + 1, token, state, alive_score, fin_norm, fin_id, fin_count, done, history, term_state
 
-    def expand(t, previous, state, alive_score, inputs, kind, forced, term_state=(), sentence_terms=None):
+    def expand(self, t, previous, state, alive_score, inputs, kind, forced, term_state=(), sentence_terms=None):
         """The model's step for every slot, and the k best extensions (`kind`:
         each sentence's row of the token penalties; `forced`: its prefix
         token at t, -1 for none, or None without prefixes; with required
         terms, the slots' TermState and the sentences' RequiredTerms)."""
-        log_probs, new_state, alpha = model.decode_step(previous, state, inputs, weights)
-        if prefix:
-            log_probs = prefix.apply(t, log_probs, forced)
-        best = lambda: _best_extensions(log_probs, alive_score, k, penalties, kind,
-                                        None if vocabulary_ids is None else vocab)
-        if terms:
-            allocated = lambda: _allocated_extensions(log_probs, alive_score, k, penalties, kind, term_state,
-                                                      sentence_terms)
+        log_probs, new_state, alpha = self.model.decode_step(previous, state, inputs, self.weights)
+        if self.prefix:
+            log_probs = self.prefix.apply(t, log_probs, forced)
+        best = lambda: _best_extensions(log_probs, alive_score, self.k, self.penalties, kind,
+                                        None if self.vocabulary_ids is None else self.vocab)
+        if self.terms:
+            allocated = lambda: _allocated_extensions(log_probs, alive_score, self.k, self.penalties, kind,
+                                                      term_state, sentence_terms)
             top_score, token, parent = tf.cond(tf.reduce_any(sentence_terms.lengths > 0), allocated, best)
         else:
             top_score, token, parent = best()
-        if vocabulary_ids is not None:
-            token = tf.gather(vocabulary_ids, token)
-        return top_score, token, parent, tf.cast(new_state, encoded["state"].dtype), alpha
+        if self.vocabulary_ids is not None:
+            token = tf.gather(self.vocabulary_ids, token)
+        return top_score, token, parent, tf.cast(new_state, self.encoded["state"].dtype), alpha
 
-    def expand_unfinished(t, previous, state, alive_score, done, term_state):
+    def expand_unfinished(self, t, previous, state, alive_score, done, term_state):
         """`expand` for the sentences not done yet only, the others filled in
         (dead: NEG scores). Used once a sentence of the batch is done, so that
         long and short sentences batched together do not cost the long one's
         steps for all."""
         rows = tf.cast(tf.where(~done)[:, 0], tf.int32)
         take = lambda x: tf.gather(x, rows)
-        out = expand(t, take(previous), take(state), take(alive_score),
-                     {key: take(v) for key, v in per_sentence.items()}, take(kinds[t]), prefix and take(prefix.at(t)),
-                     tf.nest.map_structure(take, term_state), terms and terms.rows(rows))
+        out = self.expand(t, take(previous), take(state), take(alive_score),
+                          {key: take(v) for key, v in self.per_sentence.items()}, take(self.kinds[t]),
+                          self.prefix and take(self.prefix.at(t)), tf.nest.map_structure(take, term_state),
+                          self.terms and self.terms.rows(rows))
         fill = lambda x, value: tf.tensor_scatter_nd_update(
-            tf.fill(tf.concat([[batch], tf.shape(x)[1:]], 0), tf.cast(value, x.dtype)), rows[:, None], x)
+            tf.fill(tf.concat([[self.batch], tf.shape(x)[1:]], 0), tf.cast(value, x.dtype)), rows[:, None], x)
         return tuple(fill(x, value) for x, value in zip(out, (NEG, 0, 0, 0, 0)))
 
-    def body(t, previous, state, alive_score, fin_norm, fin_id, fin_count, done, history, term_state):
+    def body(self, t, previous, state, alive_score, fin_norm, fin_id, fin_count, done, history, term_state):
         # All K slots of every unfinished sentence are computed (a [batch, K]
         # grid: no per-hypothesis gathers; the K hypotheses of a sentence share
         # its encoder outputs); dead slots carry NEG and never reach the top K.
         extensions = tf.cond(tf.reduce_any(done),
-                             lambda: expand_unfinished(t, previous, state, alive_score, done, term_state),
-                             lambda: expand(t, previous, state, alive_score, per_sentence, kinds[t],
-                                            prefix and prefix.at(t), term_state, terms))
-        return advance(t, *extensions, fin_norm, fin_id, fin_count, done, history, term_state)
+                             lambda: self.expand_unfinished(t, previous, state, alive_score, done, term_state),
+                             lambda: self.expand(t, previous, state, alive_score, self.per_sentence, self.kinds[t],
+                                                 self.prefix and self.prefix.at(t), term_state, self.terms))
+        return self.advance(t, *extensions, fin_norm, fin_id, fin_count, done, history, term_state)
 
-    history = tuple(tf.TensorArray(dtype, size=table_steps, element_shape=shape)
-                    for dtype, shape in ((tf.int32, [None, k]), (tf.int32, [None, k]),
-                                         (tf.float32, [None, k, None]), (tf.float32, [None, k])))
-    pool = (tf.fill([batch, k], NEG), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.int32),
-            tf.zeros([batch], tf.bool), history)
-    if vocab >= k:
-        # Step 0 has one hypothesis per sentence ([BOS]): computed for it
-        # alone, its k best extensions fill the beam.
-        first = tf.constant(0)
-        top_score, token, parent, new_state, alpha = expand(
-            first, tf.fill([batch, 1], BOS_ID), encoded["state"][:, None], tf.zeros([batch, 1]), per_sentence,
-            kinds[0], prefix and prefix.at(first), terms and terms.initial(1), terms)
-        init = advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), *pool,
-                       terms.initial(1) if terms else ())
-    else:      # fewer words than slots: step 0 runs in the loop, K - 1 slots dead
+    def initial(self):
+        """The loop's first state: after step 0 where the vocabulary has at
+        least K words, before it otherwise."""
+        batch, k, terms = self.batch, self.k, self.terms
+        history = tuple(tf.TensorArray(dtype, size=self.table_steps, element_shape=shape)
+                        for dtype, shape in ((tf.int32, [None, k]), (tf.int32, [None, k]),
+                                             (tf.float32, [None, k, None]), (tf.float32, [None, k])))
+        pool = (tf.fill([batch, k], NEG), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.int32),
+                tf.zeros([batch], tf.bool), history)
+        if self.vocab >= k:
+            # Step 0 has one hypothesis per sentence ([BOS]): computed for it
+            # alone, its k best extensions fill the beam.
+            first = tf.constant(0)
+            top_score, token, parent, new_state, alpha = self.expand(
+                first, tf.fill([batch, 1], BOS_ID), self.encoded["state"][:, None], tf.zeros([batch, 1]),
+                self.per_sentence, self.kinds[0], self.prefix and self.prefix.at(first),
+                terms and terms.initial(1), terms)
+            return self.advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), *pool,
+                                terms.initial(1) if terms else ())
+        # fewer words than slots: step 0 runs in the loop, K - 1 slots dead
         first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)
-        init = (tf.constant(0), tf.fill([batch, k], BOS_ID), tf.repeat(encoded["state"][:, None], k, axis=1),
+        return (tf.constant(0), tf.fill([batch, k], BOS_ID), tf.repeat(self.encoded["state"][:, None], k, axis=1),
                 first_live, *pool, terms.initial(k) if terms else ())
-    out = _while(lambda t, *rest: (t < steps) & ~tf.reduce_all(rest[6]), body, init, free=1)   # the TermState
-    t, fin_norm, fin_id, history = out[0], out[4][:, :n], out[5][:, :n], out[8]
-    found = fin_norm > NEG / 2
-    t_end = tf.where(found, fin_id // k, -1)                 # -1: nothing (all [PAD], zero alignment)
-    slot = fin_id % k
 
-    def read_histories():
-        written = tf.range(t)      # the steps taken (the arrays have room for the length limit)
-        tokens, parents, alphas, step_scores = (h.gather(written) for h in history)
-        out_tokens, alignments = _backtrack(tokens, parents, alphas, t_end, slot)
-        log_probs = tf.gather_nd(tf.transpose(step_scores, [1, 0, 2]),
-                                 tf.stack([tf.maximum(t_end, 0), slot], -1), batch_dims=1)
-        return out_tokens, alignments, log_probs
+    def run(self) -> dict:
+        """The search: the loop, then the n best read back from the histories."""
+        k, n = self.k, self.n
+        out = _while(lambda t, *rest: (t < self.steps) & ~tf.reduce_all(rest[6]), self.body, self.initial(),
+                     free=1)   # the TermState
+        t, fin_norm, fin_id, history = out[0], out[4][:, :n], out[5][:, :n], out[8]
+        found = fin_norm > NEG / 2
+        t_end = tf.where(found, fin_id // k, -1)                 # -1: nothing (all [PAD], zero alignment)
+        slot = fin_id % k
 
-    def nothing():     # an empty batch stops before the first step
-        shape = tf.stack([batch, n, 0])
-        return (tf.zeros(shape, tf.int32), tf.zeros(tf.concat([shape, tf.shape(source_ids)[1:]], 0)),
-                tf.zeros(shape[:2]))
+        def read_histories():
+            written = tf.range(t)      # the steps taken (the arrays have room for the length limit)
+            tokens, parents, alphas, step_scores = (h.gather(written) for h in history)
+            out_tokens, alignments = _backtrack(tokens, parents, alphas, t_end, slot)
+            log_probs = tf.gather_nd(tf.transpose(step_scores, [1, 0, 2]),
+                                     tf.stack([tf.maximum(t_end, 0), slot], -1), batch_dims=1)
+            return out_tokens, alignments, log_probs
 
-    out_tokens, alignments, log_probs = tf.cond(t > 0, read_histories, nothing)
-    lengths = tf.where(found, t_end + 1, 0)
-    result = {
-        "tokens": out_tokens,
-        "scores": fin_norm,
-        "log_probs": tf.where(found, log_probs, NEG),
-        "lengths": lengths,
-        "alignments": alignments,
-    }
-    if terms:
-        result = _complete_first(result, contains_terms(out_tokens, terms) & found, found, options)
-    return result
+        def nothing():     # an empty batch stops before the first step
+            shape = tf.stack([self.batch, n, 0])
+            return (tf.zeros(shape, tf.int32), tf.zeros(tf.concat([shape, tf.shape(self.source_ids)[1:]], 0)),
+                    tf.zeros(shape[:2]))
+
+        out_tokens, alignments, log_probs = tf.cond(t > 0, read_histories, nothing)
+        result = {
+            "tokens": out_tokens,
+            "scores": fin_norm,
+            "log_probs": tf.where(found, log_probs, NEG),
+            "lengths": tf.where(found, t_end + 1, 0),
+            "alignments": alignments,
+        }
+        if self.terms:
+            result = _complete_first(result, contains_terms(out_tokens, self.terms) & found, found, self.options)
+        return result
 
 
 def _complete_first(result: dict, met, found, options: SearchOptions) -> dict:
