@@ -150,9 +150,7 @@ class RunningServer:
         try:
             self.grpc_server.wait_for_termination()
         except KeyboardInterrupt:
-            if self.rest:
-                self.rest.stop()
-            self.grpc_server.stop(grace=2)
+            self.stop(grace=2)
 
     def stop(self, grace: float = 0) -> None:
         """Closes the ports (gRPC after `grace` seconds for requests in flight) and stops watching for

@@ -5,6 +5,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import threading
 import time
 
 import grpc
@@ -36,7 +38,7 @@ def server(exported, tmp_path_factory):
 
 def test_a_server_starts_from_its_configuration_without_flags(exported):
     """nmt_tf.server.start(ServerConfig), what nmt_tf.serve runs, from Python:
-    the configuration checks itself, the server answers and stops."""
+    the configuration checks itself, the server answers, and Ctrl-C stops it."""
     from nmt_tf.config import ConfigError, ServerConfig
 
     with pytest.raises(ConfigError, match="give one of --model_base_path, --preset"):
@@ -53,8 +55,12 @@ def test_a_server_starts_from_its_configuration_without_flags(exported):
         assert len(out["translation"]) == 1 and out["translation"][0]
         assert said[0].startswith("CPU kernels and TensorFlow threads: this process's")   # TF was imported
         assert said[-1].startswith(f"Serving model 'nmt' version 1 (the latest) on port {running.port} (TF Serving gRPC API)"), said
-    finally:
+    except BaseException:
         running.stop()
+        raise
+    # what python -m nmt_tf.serve runs after start: serving until Ctrl-C, which closes the ports and returns
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    running.wait()
     with pytest.raises(ClientError, match="UNAVAILABLE"):
         SignatureClient(server=f"127.0.0.1:{running.port}", model_name="nmt", timeout=10)(text=["Two dogs run."])
 
