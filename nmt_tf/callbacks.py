@@ -67,7 +67,7 @@ class DevEvaluator:
         self.dataset = dataset
         spec = tf.TensorSpec([None, None], tf.int32)
         self._batch = tf.function(
-            lambda x, y: model.batch_nll(x, y, training=False),
+            lambda x, y: model.batch_nll(x, y, training=False), autograph=False,
             input_signature=[{"source_ids": spec, "target_ids": spec}, spec])
 
     def __call__(self) -> dict:

@@ -143,11 +143,12 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
                     if freeze_step_weights else [])
     module = TranslationGraph(model, src_tok, tgt_tok, options, max_input_length, unk_replacement, shortlist).module()
     module.step_weights = step_weights
-    signatures = {"serving_default": module.translate.get_concrete_function(),
-                  "translate": module.translate.get_concrete_function(),
-                  "score": module.score.get_concrete_function()}
+    # The tf.functions, not concrete functions: tf.saved_model.save traces them in its own context,
+    # where a function traced before would be traced again (the save's variable policy is part of the
+    # tracing key), so each is traced once.
+    signatures = {"serving_default": module.translate, "translate": module.translate, "score": module.score}
     if shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export leaves out
-        signatures["translate_constrained"] = module.translate_constrained.get_concrete_function()
+        signatures["translate_constrained"] = module.translate_constrained
     try:
         tf.saved_model.save(module, tmp, signatures=signatures)
         write_warmup(tmp)

@@ -179,7 +179,7 @@ def coverage(table: dict, pairs, sizes, per_word: int) -> dict:
     import tensorflow as tf
 
     shortlist = LexicalShortlist(table)
-    select = tf.function(lambda ids, size: shortlist.select(ids[None], size, per_word),
+    select = tf.function(lambda ids, size: shortlist.select(ids[None], size, per_word), autograph=False,
                          input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)])
     found = {size: 0 for size in sizes}
     for source, target in pairs:

@@ -269,12 +269,12 @@ class TranslationGraph:
         module.target_tokenizer = self.target_tokenizer
         if self.unk_replacement is not None and self.unk_replacement.table is not None:
             module.unk_dictionary = self.unk_replacement.table      # the dictionary file becomes an asset
-        module.translate = tf.function(self.translate, input_signature=[
+        module.translate = tf.function(self.translate, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
         if self.shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export drops
-            module.translate_constrained = tf.function(self.translate_constrained, input_signature=[
+            module.translate_constrained = tf.function(self.translate_constrained, autograph=False, input_signature=[
                 tf.TensorSpec([None], tf.string, name=name) for name in ("text", "target_prefix", "required_terms")])
-        module.score = tf.function(self.score, input_signature=[
+        module.score = tf.function(self.score, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
         return module
 
@@ -339,4 +339,4 @@ def compiled_translate(translator: TranslationGraph):
     """`translator.translate` as a tf.function over a [batch] string vector."""
     import tensorflow as tf
 
-    return tf.function(translator.translate, input_signature=[tf.TensorSpec([None], tf.string)])
+    return tf.function(translator.translate, autograph=False, input_signature=[tf.TensorSpec([None], tf.string)])

@@ -86,7 +86,8 @@ def test_the_training_flag_table_shows_the_real_defaults():
                                              ("decode_speed.py", "sort_by_length"),
                                              ("serve_load.py", "clients_list"),
                                              ("train_ab.py", "round_steps"),
-                                             ("versus_joeynmt.py", "joeynmt_updates")])
+                                             ("versus_joeynmt.py", "joeynmt_updates"),
+                                             ("export_time.py", "max_input_length")])
 def test_benchmark_scripts_define_their_flags(script, own_flag):
     """A benchmark whose flags clash with nmt_tf's dies before measuring anything."""
     from conftest import run_cli
