@@ -127,7 +127,7 @@ def test_training_logs_dev_bleu_and_attention_images(trained_model_dir):
     assert [s for s, _ in events["bleu"]] == [5, 10]
     assert summary["dev"]["bleu"] == pytest.approx(float(events["bleu"][-1][1]))
     assert summary["best_dev"]["metric"] == "bleu" and summary["best_dev"]["bleu"] is not None
-    for i in range(4):                                   # --attention_examples defaults to 4
+    for i in range(4):                                   # trained_model_dir's --attention_examples=4
         images = events[f"attention/example_{i}"]
         assert [s for s, _ in images] == [5, 10]
         width, height, png = images[-1][1]               # image summaries hold [width, height, PNG]
