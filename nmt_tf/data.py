@@ -43,6 +43,12 @@ from nmt_tf.files import WriteFailed, is_gzip, write_atomically
 from nmt_tf.text import with_bos, with_eos
 from nmt_tf.tokenizers import tokenizer_class
 
+# The functions tf.data traces are written in TensorFlow ops (tf.cond, tf.scan,
+# tf.where), so autograph's source conversion, which tf.data otherwise runs over
+# them and everything they call, changes nothing and cost ~2 s of every
+# training's start (profiled on the tests' tiny model).
+_ops_only = tf.autograph.experimental.do_not_convert
+
 _TOKENIZE_BATCH = 1024          # lines tokenized together (vectorized TF string ops)
 _SCAN_BATCH = 8192
 
@@ -198,7 +204,7 @@ def scan_corpus(src: str, tgt: str, src_tokenize, tgt_tokenize, max_len: int,
 
     pipeline_pairs = [0] * pipelines
     ds = (parallel_lines(src, tgt).enumerate().batch(_SCAN_BATCH)
-          .map(analyse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2))
+          .map(_ops_only(analyse), num_parallel_calls=tf.data.AUTOTUNE).prefetch(2))
     try:
         for batch in ds.as_numpy_iterator():
             stats.lines += int(batch["lines"])
@@ -260,7 +266,7 @@ def _used_pairs(config) -> tf.data.Dataset:
         return {"lines": tuple(tf.boolean_mask(l, valid) for l in lines),
                 "words": tuple(tf.ragged.boolean_mask(w, valid) for w in words)}
 
-    return parallel_lines(config.train_src, config.train_tgt).batch(_SCAN_BATCH).map(used)
+    return parallel_lines(config.train_src, config.train_tgt).batch(_SCAN_BATCH).map(_ops_only(used))
 
 
 @dataclasses.dataclass
@@ -273,11 +279,11 @@ class VocabularyCorpus:
 
     def words(self, side: int) -> tf.data.Dataset:
         """Batches of [batch, (words)] Moses-like words of one side (0 source, 1 target)."""
-        return _used_pairs(self.config).map(lambda b: b["words"][side])
+        return _used_pairs(self.config).map(_ops_only(lambda b: b["words"][side]))
 
     def sentences(self, sides):
         """The cleaned lines of the given sides (0 source, 1 target), streamed."""
-        for batch in _used_pairs(self.config).map(lambda b: b["lines"]).prefetch(2).as_numpy_iterator():
+        for batch in _used_pairs(self.config).map(_ops_only(lambda b: b["lines"])).prefetch(2).as_numpy_iterator():
             for side in sides:
                 for line in batch[side]:
                     yield line.decode("utf-8")
@@ -425,7 +431,7 @@ def _pool_batches(pool, batch_size: int, batch_type: str):
     starts = tf.math.segment_min(positions, batch_id)
     ends = tf.math.segment_max(positions, batch_id) + 1
     return tf.data.Dataset.from_tensor_slices((starts, ends)).map(
-        lambda a, b: {k: v[a:b].to_tensor() for k, v in pool.items()})
+        _ops_only(lambda a, b: {k: v[a:b].to_tensor() for k, v in pool.items()}))
 
 
 def _encode_fn(src_tokenizer, tgt_tokenizer, max_len: int, sampling: tuple[float, int] | None = None):
@@ -510,15 +516,15 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
             ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
         encode = _encode_fn(src_tokenizer, tgt_tokenizer, max_len, sampling)
         ds = (ds.batch(_TOKENIZE_BATCH)
-              .map(lambda a, b: _model_rows(*encode(a, b)), num_parallel_calls=tf.data.AUTOTUNE,
+              .map(_ops_only(lambda a, b: _model_rows(*encode(a, b))), num_parallel_calls=tf.data.AUTOTUNE,
                    deterministic=True)
               .unbatch())
     ds = (ds.ragged_batch(pool_size)
-          .flat_map(lambda pool: _pool_batches(pool, batch_size, batch_type)))
+          .flat_map(_ops_only(lambda pool: _pool_batches(pool, batch_size, batch_type))))
     if shuffle:
         per_pool = math.ceil(pool_size / batch_size) if batch_type == "sentences" else 16
         ds = ds.shuffle(2 * per_pool, seed=epoch_seed + 1, reshuffle_each_iteration=False)
-    ds = ds.map(lambda e: ({"source_ids": e["source_ids"], "target_ids": e["target_ids"]}, e["labels"]))
+    ds = ds.map(_ops_only(lambda e: ({"source_ids": e["source_ids"], "target_ids": e["target_ids"]}, e["labels"])))
     if skip_batches:
         ds = ds.skip(skip_batches)
     return ds.prefetch(tf.data.AUTOTUNE)
@@ -575,7 +581,7 @@ def write_prepared_shards(src: str, tgt: str, src_tokenizer, tgt_tokenizer, prep
 
     block_lines = _TOKENIZE_BATCH if lines is None else max(1, min(_TOKENIZE_BATCH, math.ceil(lines / shards)))
     blocks = (parallel_lines(src, tgt).batch(block_lines)
-              .map(block, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+              .map(_ops_only(block), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
               .prefetch(8))
     started, count, written = time.time(), 0, 0
     shard_pairs = [0] * shards
@@ -631,7 +637,7 @@ def _prepared_rows(prepared_dir: str, shuffle: bool, shuffle_buffer: int, epoch_
         files = files.shuffle(len(paths), seed=epoch_seed, reshuffle_each_iteration=False)
     ds = files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(paths), 8), block_length=1,
                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = (ds.map(lambda r: _model_rows(*_parse_block(r)), num_parallel_calls=tf.data.AUTOTUNE,
+    ds = (ds.map(_ops_only(lambda r: _model_rows(*_parse_block(r))), num_parallel_calls=tf.data.AUTOTUNE,
                  deterministic=True)
           .unbatch())
     if shuffle:
