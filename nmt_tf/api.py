@@ -130,11 +130,8 @@ class Translator:
                                  log=log or (lambda *a: None), precision=precision)
         graph = TranslationGraph(restored.model, restored.source_tokenizer, restored.target_tokenizer, options,
                                  max_input_length, shortlist=for_search(model_dir, restored.model, options))
-        string = tf.TensorSpec([None], tf.string)
-        translate = tf.function(graph.translate, autograph=False, input_signature=[string])
-        score = tf.function(graph.score, autograph=False, input_signature=[string, string])
-        constrained = tf.function(graph.translate_constrained, autograph=False,
-                                  input_signature=[string, string, string])
+        functions = graph.functions()
+        translate, score, constrained = (functions[name] for name in ("translate", "score", "translate_constrained"))
         metadata = exporter.metadata(restored.config, options, max_input_length, restored.checkpoint, precision)
         strings = lambda values: tf.constant(values, tf.string)
         return cls(lambda text: _numpy(translate(strings(text))),

@@ -269,14 +269,25 @@ class TranslationGraph:
         module.target_tokenizer = self.target_tokenizer
         if self.unk_replacement is not None and self.unk_replacement.table is not None:
             module.unk_dictionary = self.unk_replacement.table      # the dictionary file becomes an asset
-        module.translate = tf.function(self.translate, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text")])
+        functions = self.functions()
+        module.translate = functions["translate"]
         if self.shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export drops
-            module.translate_constrained = tf.function(self.translate_constrained, autograph=False, input_signature=[
-                tf.TensorSpec([None], tf.string, name=name) for name in ("text", "target_prefix", "required_terms")])
-        module.score = tf.function(self.score, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name="source"), tf.TensorSpec([None], tf.string, name="target")])
+            module.translate_constrained = functions["translate_constrained"]
+        module.score = functions["score"]
         return module
+
+    def functions(self) -> dict:
+        """translate, translate_constrained and score as tf.functions over
+        [batch] string vectors, named as the signatures' inputs. Autograph is
+        off: the search is written in tf.cond and tf.while_loop, so converting
+        its source changed nothing and cost ~40 % of an export's time."""
+        tf = self.tf
+        strings = lambda *names: [tf.TensorSpec([None], tf.string, name=name) for name in names]
+        return {"translate": tf.function(self.translate, autograph=False, input_signature=strings("text")),
+                "translate_constrained": tf.function(self.translate_constrained, autograph=False,
+                                                     input_signature=strings("text", "target_prefix",
+                                                                             "required_terms")),
+                "score": tf.function(self.score, autograph=False, input_signature=strings("source", "target"))}
 
 
 def _overlay(tf, tokens, prefix_tokens):
@@ -337,6 +348,4 @@ def tf_variables(model) -> list:
 
 def compiled_translate(translator: TranslationGraph):
     """`translator.translate` as a tf.function over a [batch] string vector."""
-    import tensorflow as tf
-
-    return tf.function(translator.translate, autograph=False, input_signature=[tf.TensorSpec([None], tf.string)])
+    return translator.functions()["translate"]
