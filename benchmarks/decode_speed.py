@@ -120,7 +120,8 @@ def main(argv):
 
     import tensorflow as tf
 
-    from nmt_tf import export
+    from nmt_tf import exporter
+    from nmt_tf.config import ExportConfig
     from nmt_tf.hardware import vector_flags
     from nmt_tf.saved_models import load_signature
 
@@ -134,7 +135,8 @@ def main(argv):
         base = nmt_flags.search_options()
         for name, beam in (("beam10", 10), ("greedy", 1)):
             options = dataclasses.replace(base, beam_size=beam, n_best=1)
-            paths[name] = export.export(FLAGS.model_dir, os.path.join(tmp, name), options, log=lambda *a: None)
+            paths[name] = exporter.export(FLAGS.model_dir, os.path.join(tmp, name), ExportConfig(options),
+                                          log=lambda *a: None)
     lines = read_lines(FLAGS.source)
     if FLAGS.sort_by_length:
         lines.sort(key=lambda line: len(line.split()))

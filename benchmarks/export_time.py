@@ -56,10 +56,14 @@ def worker() -> None:
     from nmt_tf import exporter, search
 
     options = search.SearchOptions(beam_size=FLAGS.beam_size, n_best=1)
+    try:
+        from nmt_tf.config import ExportConfig
+        how = (ExportConfig(options, max_input_length=FLAGS.max_input_length),), {}
+    except ImportError:         # a tree from before ExportConfig: the search options and a keyword
+        how = (options,), {"max_input_length": FLAGS.max_input_length}
     with tempfile.TemporaryDirectory(prefix="export_time_") as out:
         start = time.perf_counter()
-        exporter.export(FLAGS.model_dir, os.path.join(out, "nmt"), options, max_input_length=FLAGS.max_input_length,
-                      log=lambda *a: None)
+        exporter.export(FLAGS.model_dir, os.path.join(out, "nmt"), *how[0], log=lambda *a: None, **how[1])
         seconds = time.perf_counter() - start
     print(MESSAGE + json.dumps({"seconds": seconds}), flush=True)
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from nmt_tf import exporter, presets, startup
 from nmt_tf.client import ClientError, SignatureClient
+from nmt_tf.config import DecodingConfig, SearchOptions
 from nmt_tf.lexicon import for_search
 from nmt_tf.line_batches import as_text, batches_by_length, rows_by_line
 from nmt_tf.restore import restore_model
@@ -123,16 +124,16 @@ class Translator:
         import tensorflow as tf
 
         from nmt_tf.checkpoints import WeightsChoice
-        from nmt_tf.search import SearchOptions
 
         options = SearchOptions(**{"n_best": min(5, search.get("beam_size", 10)), **search})
-        restored = restore_model(model_dir, WeightsChoice(checkpoint, average_checkpoints, average_from),
-                                 log=log or (lambda *a: None), precision=precision)
+        decoding = DecodingConfig(options, WeightsChoice(checkpoint, average_checkpoints, average_from), precision,
+                                  max_input_length)
+        restored = restore_model(model_dir, decoding.weights, log=log or (lambda *a: None), precision=precision)
         graph = TranslationGraph(restored.model, restored.source_tokenizer, restored.target_tokenizer, options,
                                  max_input_length, shortlist=for_search(model_dir, restored.model, options))
         functions = graph.functions()
         translate, score, constrained = (functions[name] for name in ("translate", "score", "translate_constrained"))
-        metadata = exporter.metadata(restored.config, options, max_input_length, restored.checkpoint, precision)
+        metadata = exporter.metadata(restored.config, decoding, restored.checkpoint)
         strings = lambda values: tf.constant(values, tf.string)
         return cls(lambda text: _numpy(translate(strings(text))),
                    lambda source, target: _numpy(score(strings(source), strings(target))),

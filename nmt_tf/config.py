@@ -6,7 +6,9 @@ chosen architecture's `ModelConfig` (nmt_tf.models: each architecture
 declares its own, beside its registry entry) and `TrainerConfig`
 (optimizer, schedule, budget, checkpoints, evaluation, devices).
 `SearchOptions` holds how beam search runs (the search flags of export,
-evaluate, visualize), `ServerConfig` how nmt_tf.serve serves a model. Their fields are the single source of the defaults,
+evaluate, visualize), `DecodingConfig` which weights a model directory
+decodes with and how (evaluate), `ExportConfig` what nmt_tf.export fixes in a
+SavedModel, `ServerConfig` how nmt_tf.serve serves a model. Their fields are the single source of the defaults,
 the help texts and the limits (nmt_tf.settings), and nmt_tf.flags turns
 each field into the command-line flag of the same name (`--batch_size` is
 `TrainingConfig.batch_size`). The library takes these objects and never
@@ -35,7 +37,8 @@ from nmt_tf.models import ARCHITECTURES, ModelConfig, names_of
 from nmt_tf.settings import ConfigError, check_limits, default, flag_name, setting
 from nmt_tf.tokenizers import TOKENIZERS
 
-__all__ = ["ConfigError", "DataConfig", "TrainerConfig", "TrainingConfig", "SearchOptions", "ServerConfig", "flag_name", "load",
+__all__ = ["ConfigError", "DataConfig", "TrainerConfig", "TrainingConfig", "SearchOptions", "DecodingConfig",
+           "ExportConfig", "ServerConfig", "flag_name", "load",
            "save", "path", "learning_rate", "NAMES", "FROZEN", "NOT_STORED", "MIN_SHORTLIST"]
 
 
@@ -347,6 +350,71 @@ class SearchOptions:
         if self.shortlist_size and self.shortlist_size < MIN_SHORTLIST:
             raise ConfigError(f"--shortlist_size={self.shortlist_size}: must be 0 (no shortlist) or at least "
                               f"{MIN_SHORTLIST}")
+
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")     # Keras dtype policies a search computes in
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingConfig:
+    """How a model directory's weights become a translation graph: which
+    weights, the search, the longest input, [UNK] replacement and the
+    precision. nmt_tf.evaluate decodes a model directory with it, and
+    nmt_tf.export fixes it in a SavedModel (`ExportConfig`). The fields that
+    are settings are flags of those tools (`max_input_length` also of the
+    tools that translate)."""
+
+    search: SearchOptions = dataclasses.field(default_factory=SearchOptions)
+    # A nmt_tf.checkpoints.WeightsChoice, or a --checkpoint value (best, last, averaged or a path).
+    weights: Any = "best"
+    # The Keras dtype policy the search computes in (PRECISIONS; nmt_tf.precision resolves --mixed_precision).
+    precision: str = "float32"
+    max_input_length: int = setting(
+        "integer", 100, "Longer inputs are cut to this many tokens (the 'truncated' output says so); bounds the "
+        "work one sentence can cause.", lower=1)
+    replace_unk: bool = setting(
+        "boolean", False, "Replace every generated [UNK] by the source word it attended to most (Luong et al. "
+        "2015; Jean et al. 2015), or by its translation in --unk_dictionary; for word models. The target_tokens "
+        "output keeps [UNK].")
+    unk_dictionary: str | None = setting(
+        "string", None, "With --replace_unk: a 'source<TAB>target' file; an attended source word found in it is "
+        "replaced by its translation instead of being copied (an export keeps the file as an asset).")
+
+    def __post_init__(self):
+        check_limits(self)
+        if not isinstance(self.search, SearchOptions):
+            raise ConfigError(f"search: a SearchOptions, not {type(self.search).__name__}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.unk_dictionary and not self.replace_unk:
+            raise ConfigError("--unk_dictionary goes with --replace_unk.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig(DecodingConfig):
+    """What nmt_tf.export writes (nmt_tf.exporter.export): the decoding it
+    fixes in the SavedModel, and how a search step's matrices are stored."""
+
+    freeze_step_weights: bool = setting(
+        "boolean", True,
+        "Store the matrices of a search step (the output layer in column blocks, fused and sliced decoder "
+        "matrices) and the encoder GRUs' split recurrent matrices as variables of their own instead of building "
+        "them from the model's weights on every request: one-sentence requests answer about a fifth faster, and "
+        "the export takes about 60% more bytes (BUILD_NOTES.md, 'Serving latency').")
+    freeze_token_products: bool = setting(
+        "boolean", True,
+        "With --freeze_step_weights: also store, for every target word y, the two products a search step takes "
+        "of its embedding (the decoder GRU's input term W E y + b, layer-normalised with --layer_norm, and the "
+        "readout's V_o E y + b_o), so that a step looks the previous words' terms up instead of multiplying: "
+        "batched beam search about 6% and one-sentence requests about 3-5% faster, for target vocabulary x "
+        "(3 x hidden_size + 2 x maxout_size - embedding_size) more values (the default Multi30k model: 151 "
+        "instead of 82 MB; BUILD_NOTES.md, 'Decoding speed').")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.freeze_token_products and not self.freeze_step_weights:
+            raise ConfigError("--freeze_token_products needs --freeze_step_weights (the products are stored "
+                              "with the frozen step matrices).")
 
 
 @dataclasses.dataclass(frozen=True)

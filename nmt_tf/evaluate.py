@@ -53,7 +53,6 @@ from absl import flags as absl_flags
 from nmt_tf import flags as nmt_flags
 from nmt_tf.client import ClientError
 from nmt_tf.evaluation import EvaluationError, format_table, run
-from nmt_tf.translation_graph import UnkReplacement
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
 absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")
@@ -88,10 +87,8 @@ def main(argv):
                                     f"{nmt_flags.FIXED_AT_EXPORT_REASON}, or evaluate the model directory "
                                     "(--model_dir).")
     try:
-        reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.search_options(),
-                      nmt_flags.weights_choice(), FLAGS.max_input_length, FLAGS.lines_per_batch,
-                      ensemble=FLAGS.ensemble, unk_replacement=UnkReplacement.from_flags(
-                          FLAGS.replace_unk, FLAGS.unk_dictionary), precision=nmt_flags.search_precision())
+        reports = run(MODELS, FLAGS.label, FLAGS.src, FLAGS.ref, FLAGS.out_dir, nmt_flags.decoding_config(),
+                      FLAGS.lines_per_batch, ensemble=FLAGS.ensemble)
     except (EvaluationError, ClientError, OSError, ValueError) as e:   # OSError: FileNotFoundError, WriteFailed
         return nmt_flags.user_error(e)
     print(format_table(reports))

@@ -3,9 +3,9 @@
 usable from Python without command-line flags:
 
     from nmt_tf import evaluation
-    from nmt_tf.config import SearchOptions
+    from nmt_tf.config import DecodingConfig, SearchOptions
     reports = evaluation.run([("model_dir", "runs/m30k")], None, "test.en", "test.fr", "eval/test",
-                             SearchOptions(beam_size=10), "best", max_input_length=256, batch_size=64)
+                             DecodingConfig(SearchOptions(beam_size=10), max_input_length=256), batch_size=64)
 
 `run` evaluates each model (a model directory, its chosen weights or an
 ensemble, or a SavedModel) on one test set: `evaluate_subject` translates
@@ -22,6 +22,7 @@ from nmt_tf import metrics
 from nmt_tf import model_dir as layout
 from nmt_tf import plots
 from nmt_tf.client import SignatureClient
+from nmt_tf.config import DecodingConfig
 from nmt_tf.files import read_lines, write_atomically
 from nmt_tf.lexicon import for_search
 from nmt_tf.progress import Progress
@@ -29,7 +30,7 @@ from nmt_tf.tokenizers import tokenizer_class
 from nmt_tf.line_batches import translate_lines
 from nmt_tf.restore import restore_ensemble
 from nmt_tf.saved_models import read_metadata
-from nmt_tf.translation_graph import TranslationGraph, compiled_translate
+from nmt_tf.translation_graph import TranslationGraph, UnkReplacement, compiled_translate
 
 
 class EvaluationError(ValueError):
@@ -65,20 +66,20 @@ def _word_set(path: str) -> set:
     return set(text.read_vocabulary(path)[len(text.SPECIAL_TOKENS):])
 
 
-def subject_from_model_dir(model_dirs, label, options, weights, max_input_length, out_dir, log,
-                           unk_replacement=None, precision: str = "float32"):
-    """`model_dirs`: one model directory, or several decoded as one ensemble;
-    `unk_replacement`: a `nmt_tf.translation_graph.UnkReplacement` or None;
-    `precision`: the Keras dtype policy of the search."""
+def subject_from_model_dir(model_dirs, label, decoding: DecodingConfig, out_dir, log):
+    """`model_dirs`: one model directory, or several decoded as one ensemble,
+    as `decoding` says (which weights, the search, [UNK] replacement, the
+    Keras dtype policy of the search)."""
     from nmt_tf import data
 
     model_dirs = [model_dirs] if isinstance(model_dirs, str) else list(model_dirs)
-    model_dir = model_dirs[0]
-    restored = restore_ensemble(model_dirs, weights, log=log, precision=precision)
+    model_dir, options, precision = model_dirs[0], decoding.search, decoding.precision
+    unk_replacement = UnkReplacement.of(decoding)
+    restored = restore_ensemble(model_dirs, decoding.weights, log=log, precision=precision)
     model, src_tok, tgt_tok, config = restored[:4]
     shortlist = for_search(model_dir, model, options)
-    make = lambda o: compiled_translate(TranslationGraph(model, src_tok, tgt_tok, o, max_input_length, unk_replacement,
-                                                   shortlist))
+    make = lambda o: compiled_translate(TranslationGraph(model, src_tok, tgt_tok, o, decoding.max_input_length,
+                                                         unk_replacement, shortlist))
     words = data.word_shortlist_paths(model_dir)
     if not all(os.path.exists(p) for p in words):
         words = data.vocabulary_paths(model_dir) if tokenizer_class(config.tokenizer).word_level else None
@@ -213,14 +214,13 @@ def write_plots(reports: list[dict], out_dir: str, src_name: str) -> list[str]:
 
 
 def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: str, out_dir: str | None,
-        options, weights, max_input_length: int, batch_size: int, log=print,
-        ensemble: list[str] | None = None, unk_replacement=None, precision: str = "float32") -> list[dict]:
+        decoding: DecodingConfig, batch_size: int, log=print, ensemble: list[str] | None = None) -> list[dict]:
     """Evaluates every (kind, path) model; returns their reports.
 
-    `weights`: a `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value,
-    for model directories. `ensemble`: further model directories decoded with
-    the (one) --model_dir as one ensemble. `precision`: the Keras dtype
-    policy model directories are decoded in (a SavedModel has its own)."""
+    `decoding`: how model directories are decoded (which weights, the
+    search, the longest input, [UNK] replacement, precision; a SavedModel
+    has its own). `ensemble`: further model directories decoded with the
+    (one) --model_dir as one ensemble."""
     sources, references = read_text(src, "src"), read_text(ref, "ref")
     if len(sources) != len(references):
         raise EvaluationError(f"{src} (--src) has {len(sources):,} lines but {ref} (--ref) has "
@@ -241,8 +241,7 @@ def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: 
             raise EvaluationError(f"{path} does not exist (--{kind}).")
         default_dir = layout.eval_dir(path if kind == "model_dir" else "", src_name)
         model_out = os.path.join(out_dir, label) if out_dir and several else (out_dir or default_dir)
-        subject = (subject_from_model_dir([path, *(ensemble or [])], label, options, weights, max_input_length,
-                                          model_out, log, unk_replacement, precision)
+        subject = (subject_from_model_dir([path, *(ensemble or [])], label, decoding, model_out, log)
                    if kind == "model_dir" else subject_from_saved_model(path, label, model_out))
         reports.append(evaluate_subject(subject, sources, references, batch_size, log))
         write_plots([reports[-1]], model_out, src_name)

@@ -81,25 +81,12 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
+from nmt_tf.config import ExportConfig
 from nmt_tf.exporter import export
-from nmt_tf.translation_graph import UnkReplacement
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
 absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more than the highest existing).", lower_bound=0)
-absl_flags.DEFINE_boolean(
-    "freeze_step_weights", True,
-    "Store the matrices of a search step (the output layer in column blocks, fused and sliced decoder "
-    "matrices) and the encoder GRUs' split recurrent matrices as variables of their own instead of building "
-    "them from the model's weights on every request: one-sentence requests answer about a fifth faster, and "
-    "the export takes about 60% more bytes (BUILD_NOTES.md, 'Serving latency').")
-absl_flags.DEFINE_boolean(
-    "freeze_token_products", True,
-    "With --freeze_step_weights: also store, for every target word y, the two products a search step takes "
-    "of its embedding (the decoder GRU's input term W E y + b, layer-normalised with --layer_norm, and the "
-    "readout's V_o E y + b_o), so that a step looks the previous words' terms up instead of multiplying: "
-    "batched beam search about 6% and one-sentence requests about 3-5% faster, for target vocabulary x "
-    "(3 x hidden_size + 2 x maxout_size - embedding_size) more values (the default Multi30k model: 151 "
-    "instead of 82 MB; BUILD_NOTES.md, 'Decoding speed').")
+nmt_flags.define_settings(ExportConfig, ("freeze_step_weights", "freeze_token_products"), module_name=__name__)
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "ensemble", "max_input_length", "mixed_precision",
                                              *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS))
@@ -110,16 +97,12 @@ def main(argv):
     FLAGS = absl_flags.FLAGS
     if not FLAGS.model_dir or not FLAGS.export_dir:
         return nmt_flags.user_error("--model_dir and --export_dir are required.")
-    if FLAGS["freeze_token_products"].present and FLAGS.freeze_token_products and not FLAGS.freeze_step_weights:
-        return nmt_flags.user_error("--freeze_token_products needs --freeze_step_weights (the products are "
-                                    "stored with the frozen step matrices).")
     try:
-        export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir, nmt_flags.search_options(),
-               FLAGS.version, nmt_flags.weights_choice(), FLAGS.max_input_length,
-               freeze_step_weights=FLAGS.freeze_step_weights, unk_replacement=UnkReplacement.from_flags(
-                   FLAGS.replace_unk, FLAGS.unk_dictionary), precision=nmt_flags.search_precision(),
-               freeze_token_products=FLAGS.freeze_token_products)
-    except (OSError, ValueError) as e:      # FileNotFoundError, FileExistsError, WriteFailed (a full disk)
+        # Not given, the token products follow --freeze_step_weights (they are stored with its matrices).
+        products = FLAGS.freeze_token_products if FLAGS["freeze_token_products"].present else FLAGS.freeze_step_weights
+        export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir,
+               nmt_flags.export_config(freeze_token_products=products), FLAGS.version)
+    except (OSError, ValueError) as e:      # ConfigError, FileNotFoundError, FileExistsError, WriteFailed (a full disk)
         return nmt_flags.user_error(e)
     return 0
 

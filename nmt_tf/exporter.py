@@ -15,11 +15,12 @@ import os
 import re
 import shutil
 
+from nmt_tf.config import DecodingConfig, ExportConfig
 from nmt_tf.files import WriteFailed
 from nmt_tf.lexicon import for_search
 from nmt_tf.restore import restore_ensemble
 from nmt_tf.saved_models import EXPORT_METADATA
-from nmt_tf.translation_graph import TranslationGraph
+from nmt_tf.translation_graph import TranslationGraph, UnkReplacement
 
 WARMUP_SENTENCES = ["A man is walking his dog in the park.", "Two children are playing.", ""]
 
@@ -46,27 +47,29 @@ def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
     return path
 
 
-def metadata(config, options, max_input_length: int, weights: str, precision: str = "float32") -> dict:
-    """What a model translates with: languages, tokenizer, architecture, search
-    settings, input limit, which weights, precision (nmt_tf.json's core)."""
-    return {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang, "tokenizer": config.tokenizer,
-            "model": config.model, "search": dataclasses.asdict(options), "max_input_length": max_input_length,
-            "checkpoint": weights, "precision": precision}
+def metadata(trained, decoding: DecodingConfig, checkpoint: str) -> dict:
+    """What a model translates with: languages, tokenizer, architecture (of its
+    training configuration `trained`), search settings, input limit, precision
+    (of `decoding`) and which weights (`checkpoint`, the path restored):
+    nmt_tf.json's core."""
+    return {"src_lang": trained.src_lang, "tgt_lang": trained.tgt_lang, "tokenizer": trained.tokenizer,
+            "model": trained.model, "search": dataclasses.asdict(decoding.search),
+            "max_input_length": decoding.max_input_length, "checkpoint": checkpoint, "precision": decoding.precision}
 
 
-def write_metadata(saved_model_dir: str, model_dirs: list[str], config, options, max_input_length: int,
-                   weights: str, unk_replacement=None, precision: str = "float32") -> None:
-    """assets.extra/nmt_tf.json (languages, tokenizer, search settings, precision, which
-    weights) and the training word shortlists (of the first model), for
+def write_metadata(saved_model_dir: str, model_dirs: list[str], trained, decoding: DecodingConfig,
+                   checkpoint: str) -> None:
+    """assets.extra/nmt_tf.json (`metadata`, the model directories and [UNK]
+    replacement) and the training word shortlists (of the first model), for
     nmt_tf.evaluate / visualize on the export."""
     from nmt_tf import data
 
     model_dir = model_dirs[0]
     extra = os.path.join(saved_model_dir, "assets.extra")
     os.makedirs(extra, exist_ok=True)
-    meta = {**metadata(config, options, max_input_length, weights, precision),
-            "model_dirs": [os.path.abspath(d) for d in model_dirs], "replace_unk": unk_replacement is not None,
-            "unk_dictionary": unk_replacement.dictionary if unk_replacement is not None else None}
+    meta = {**metadata(trained, decoding, checkpoint),
+            "model_dirs": [os.path.abspath(d) for d in model_dirs], "replace_unk": decoding.replace_unk,
+            "unk_dictionary": decoding.unk_dictionary if decoding.replace_unk else None}
     with open(os.path.join(extra, EXPORT_METADATA), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
     for path in data.word_shortlist_paths(model_dir):
@@ -110,38 +113,39 @@ def _remove_new(tmp: str, export_dir: str | None) -> None:
             pass
 
 
-def export(model_dir, export_dir: str, options, version: int = 0, weights="best",
-           max_input_length: int = 100, log=print, freeze_step_weights: bool = True,
-           unk_replacement=None, precision: str = "float32", freeze_token_products: bool = True) -> str:
-    """Writes export_dir/<version>/ atomically; returns its path.
+def export(model_dir, export_dir: str, config: ExportConfig | None = None, version: int = 0, log=print) -> str:
+    """Writes export_dir/<version>/ (the next free version unless `version`)
+    atomically; returns its path.
 
     `model_dir`: a model directory, or a list of several (an ensemble).
-    `weights`: a `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value.
-    `unk_replacement`: a `nmt_tf.translation_graph.UnkReplacement`, or None.
-    `freeze_step_weights`, `freeze_token_products`: see
-    `Seq2SeqModel.freeze_step_weights` (its `token_products`; only with
-    `freeze_step_weights`).
-    `precision`: the Keras dtype policy the SavedModel computes in
-    ("mixed_bfloat16": bfloat16 arithmetic, and its frozen step matrices
-    stored in bfloat16)."""
+    `config`: a `nmt_tf.config.ExportConfig` (default: its defaults): which
+    weights, the search, the longest input, [UNK] replacement, the Keras
+    dtype policy the SavedModel computes in ("mixed_bfloat16": bfloat16
+    arithmetic, and its frozen step matrices stored in bfloat16), and
+    whether a search step's matrices are frozen (`freeze_step_weights`,
+    `freeze_token_products`: see `Seq2SeqModel.freeze_step_weights`)."""
     import tensorflow as tf
 
+    config = config or ExportConfig()
+    options = config.search
     model_dirs = [model_dir] if isinstance(model_dir, str) else list(model_dir)
     version = version or next_version(export_dir)
     final = os.path.join(export_dir, str(version))
     if os.path.exists(final):     # before the (slow) restore
         raise FileExistsError(f"{final} already exists; choose another --version")
-    model, src_tok, tgt_tok, config, checkpoint_path = restore_ensemble(model_dirs, weights, log=log,
-                                                                        precision=precision)
+    unk_replacement = UnkReplacement.of(config)     # checks the dictionary before the restore, too
+    model, src_tok, tgt_tok, trained, checkpoint_path = restore_ensemble(model_dirs, config.weights, log=log,
+                                                                         precision=config.precision)
     created = not os.path.isdir(export_dir)         # a failed first export leaves no empty folder behind
     os.makedirs(export_dir, exist_ok=True)
     remove_stale_temporaries(export_dir, log)
     tmp = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     shortlist = for_search(model_dirs[0], model, options)
     # A shortlist's search gathers its output columns itself: the whole layer's blocks are not stored.
-    step_weights = (model.freeze_step_weights(freeze_token_products, output_layer=shortlist is None)
-                    if freeze_step_weights else [])
-    module = TranslationGraph(model, src_tok, tgt_tok, options, max_input_length, unk_replacement, shortlist).module()
+    step_weights = (model.freeze_step_weights(config.freeze_token_products, output_layer=shortlist is None)
+                    if config.freeze_step_weights else [])
+    module = TranslationGraph(model, src_tok, tgt_tok, options, config.max_input_length, unk_replacement,
+                              shortlist).module()
     module.step_weights = step_weights
     # The tf.functions, not concrete functions: tf.saved_model.save traces them in its own context,
     # where a function traced before would be traced again (the save's variable policy is part of the
@@ -152,8 +156,7 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
     try:
         tf.saved_model.save(module, tmp, signatures=signatures)
         write_warmup(tmp)
-        write_metadata(tmp, model_dirs, config, options, max_input_length, checkpoint_path, unk_replacement,
-                       precision)
+        write_metadata(tmp, model_dirs, trained, config, checkpoint_path)
         os.rename(tmp, final)
     except (tf.errors.OpError, OSError) as e:      # a full disk: no version appears, none is damaged
         _remove_new(tmp, export_dir if created else None)
@@ -163,7 +166,7 @@ def export(model_dir, export_dir: str, options, version: int = 0, weights="best"
         raise
     log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}"
         f"{f', shortlist of {options.shortlist_size}, no translate_constrained' if shortlist is not None else ''}"
-        f"{'' if precision == 'float32' else f', {precision}'}"
+        f"{'' if config.precision == 'float32' else f', {config.precision}'}"
         f"{f', an ensemble of {len(model_dirs)} models' if len(model_dirs) > 1 else ''}).\n"
         f"  saved_model_cli show --dir {final} --all\n"
         f"  python -m nmt_tf.translate --saved_model={final} < input.txt")

@@ -24,7 +24,7 @@ from absl import app, flags, logging
 
 from nmt_tf import config, settings
 from nmt_tf import startup
-from nmt_tf.config import SearchOptions, ServerConfig, TrainingConfig
+from nmt_tf.config import DecodingConfig, ExportConfig, SearchOptions, ServerConfig, TrainingConfig
 from nmt_tf import precision
 
 FLAGS = flags.FLAGS
@@ -79,8 +79,7 @@ TRAINING_FLAGS = tuple(sorted(config.NAMES))
 # ---------------------------------------------------------------- search (export, translate, evaluate)
 define_settings(SearchOptions)
 
-flags.DEFINE_boolean("replace_unk", False, "Replace every generated [UNK] by the source word it attended to most (Luong et al. 2015; Jean et al. 2015), or by its translation in --unk_dictionary; for word models. The target_tokens output keeps [UNK].")
-flags.DEFINE_string("unk_dictionary", None, "With --replace_unk: a 'source<TAB>target' file; an attended source word found in it is replaced by its translation instead of being copied (an export keeps the file as an asset).")
+define_settings(DecodingConfig, ("replace_unk", "unk_dictionary"))
 
 SEARCH_FLAGS = tuple(sorted(set(f.name for f in FLAGS.get_flags_for_module(__name__)) - set(TRAINING_FLAGS)))
 
@@ -93,7 +92,7 @@ flags.DEFINE_string("checkpoint", "best", "Weights to use from --model_dir: best
 flags.DEFINE_integer("average_checkpoints", 1, "Use the mean of the weights of this many checkpoints of --model_dir, taken from --average_from, instead of --checkpoint (1: no averaging).", lower_bound=1)
 flags.DEFINE_multi_string("ensemble", None, "Further model directories decoded together with --model_dir as one ensemble: their log-probabilities are averaged at every search step (nmt_tf.export puts the ensemble into one SavedModel). Repeat the flag for each; the models must share their vocabularies.")
 flags.DEFINE_enum("average_from", "best", ["best", "last"], "Checkpoints that --average_checkpoints averages: best (by dev score, best/; train with --keep_best_checkpoints) or last (checkpoints/; --keep_checkpoints).")
-flags.DEFINE_integer("max_input_length", 100, "Longer inputs are cut to this many tokens (the 'truncated' output says so); bounds the work one sentence can cause.", lower_bound=1)
+define_settings(DecodingConfig, ("max_input_length",))
 flags.DEFINE_integer("lines_per_batch", 64, "Sentences translated (or pairs scored) together.", lower_bound=1)
 flags.DEFINE_integer("sort_window", 1000, "nmt_tf.translate and nmt_tf.score: lines (pairs) read ahead and sent shortest first, in batches of --lines_per_batch, then written in input order: less padding and fewer steps per batch (at most --lines_per_batch: batches in input order, each written as soon as it is done).", lower_bound=1)
 flags.DEFINE_integer("parallel_batches", 2, "nmt_tf.translate and nmt_tf.score: batches sent at once, as requests in flight with --server or signature calls on as many threads with --saved_model (two keep both cores of a small machine busy while one batch's search waits on its step's chain of small ops).", lower_bound=1)
@@ -197,15 +196,33 @@ def weights_choice():
     return WeightsChoice(FLAGS.checkpoint, FLAGS.average_checkpoints, FLAGS.average_from)
 
 
-def _from_flags(config_class):
-    """A nmt_tf.config class made from the parsed flags of its fields."""
-    return config_class(**{field.name: FLAGS[settings.flag_name(field)].value
-                           for field in dataclasses.fields(config_class)})
+def _from_flags(config_class, **given):
+    """A nmt_tf.config class made from the parsed flags of its setting fields
+    and the `given` values (of its other fields, or instead of a flag's)."""
+    return config_class(**{**{field.name: FLAGS[settings.flag_name(field)].value
+                              for field in dataclasses.fields(config_class) if "flag" in field.metadata},
+                           **given})
 
 
 def search_options() -> SearchOptions:
     """`nmt_tf.config.SearchOptions` from the parsed search flags."""
     return _from_flags(SearchOptions)
+
+
+def decoding_config(config_class=DecodingConfig, log=print, **given) -> DecodingConfig:
+    """`nmt_tf.config.DecodingConfig` (or `ExportConfig`, as `config_class`)
+    from the parsed flags: the search flags, the weights flags,
+    --mixed_precision (float32 unless given; `log` says what auto chose),
+    --max_input_length and [UNK] replacement (a ConfigError for a combination
+    it cannot take); `given` values take the place of flags'."""
+    return _from_flags(config_class, **{"search": search_options(), "weights": weights_choice(),
+                                        "precision": search_precision(log), **given})
+
+
+def export_config(**given) -> ExportConfig:
+    """`nmt_tf.config.ExportConfig` from the parsed flags of nmt_tf.export
+    (`decoding_config`'s, and how a search step's matrices are stored)."""
+    return decoding_config(ExportConfig, **given)
 
 
 def server_config() -> ServerConfig:

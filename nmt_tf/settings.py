@@ -43,6 +43,8 @@ def check_limits(config) -> None:
     fields) outside its choices or bounds."""
     for field in dataclasses.fields(config):
         value, meta = getattr(config, field.name), field.metadata
+        if "flag" not in meta:          # a field that is no setting (another configuration, an object)
+            continue
         if meta["choices"] is not None and value not in meta["choices"]:
             raise ConfigError(f"--{flag_name(field)}={value!r}: choose one of {', '.join(meta['choices'])}")
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):

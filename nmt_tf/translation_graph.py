@@ -34,11 +34,10 @@ class UnkReplacement:
     """
 
     @classmethod
-    def from_flags(cls, replace_unk: bool, unk_dictionary: str | None):
-        """The replacement --replace_unk / --unk_dictionary ask for, or None."""
-        if unk_dictionary and not replace_unk:
-            raise ValueError("--unk_dictionary goes with --replace_unk.")
-        return cls(unk_dictionary) if replace_unk else None
+    def of(cls, decoding):
+        """The replacement a `nmt_tf.config.DecodingConfig` asks for
+        (--replace_unk, --unk_dictionary), or None."""
+        return cls(decoding.unk_dictionary) if decoding.replace_unk else None
 
     def __init__(self, dictionary: str | None = None):
         import tensorflow as tf

@@ -149,10 +149,11 @@ def smoke_train_args(corpus, model_dir, *flags):
 @pytest.fixture(scope="session")
 def exported(trained_model_dir, tmp_path_factory):
     """The trained tiny model exported once: (model_dir, export base, version path)."""
-    from nmt_tf import export, search
+    from nmt_tf import exporter
+    from nmt_tf.config import ExportConfig, SearchOptions
 
     model_dir, _ = trained_model_dir
     base = str(tmp_path_factory.mktemp("exports") / "nmt")
-    options = search.SearchOptions(beam_size=3, n_best=2)
-    path = export.export(model_dir, base, options, max_input_length=20, log=lambda *a: None)
+    path = exporter.export(model_dir, base, ExportConfig(SearchOptions(beam_size=3, n_best=2), max_input_length=20),
+                           log=lambda *a: None)
     return model_dir, base, path

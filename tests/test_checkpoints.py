@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import checkpoint_weights, run_cli
-from nmt_tf import checkpoints, export, saved_models
+from nmt_tf import checkpoints, exporter, saved_models
+from nmt_tf.config import ExportConfig
 from nmt_tf.restore import restore_ensemble, restore_model
 
 
@@ -72,8 +73,8 @@ def test_an_exported_ensemble_of_a_model_with_itself_translates_like_the_model(e
     options = saved_models.read_metadata(single)["search"]
     from nmt_tf.search import SearchOptions
 
-    path = export.export([model_dir, model_dir], str(tmp_path / "ens"), SearchOptions(**options),
-                         max_input_length=20, log=lambda *a: None)
+    path = exporter.export([model_dir, model_dir], str(tmp_path / "ens"),
+                           ExportConfig(SearchOptions(**options), max_input_length=20), log=lambda *a: None)
     meta = saved_models.read_metadata(path)
     assert meta["model_dirs"] == [os.path.abspath(model_dir)] * 2
     lines = tf.constant(["Un homme marche.", "A dog runs on the beach.", ""])

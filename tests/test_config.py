@@ -6,7 +6,8 @@ import json
 import pytest
 
 from nmt_tf import config as nmt_config
-from nmt_tf.config import NAMES, ConfigError, DataConfig, SearchOptions, TrainerConfig, TrainingConfig
+from nmt_tf.config import (NAMES, ConfigError, DataConfig, DecodingConfig, ExportConfig, SearchOptions, TrainerConfig,
+                           TrainingConfig)
 from nmt_tf.models import RNNEncDecConfig, RNNSearchConfig
 
 
@@ -94,3 +95,21 @@ def test_search_options_check_their_limits_like_the_training_configuration():
         SearchOptions(beam_size=2, n_best=3)
     with pytest.raises(ConfigError, match=r"--shortlist_size=5: must be 0 \(no shortlist\) or at least 16"):
         SearchOptions(shortlist_size=5)
+
+
+def test_decoding_and_export_configurations_check_their_values_and_combinations():
+    """What nmt_tf.evaluate decodes a model directory with, and what
+    nmt_tf.export fixes in a SavedModel: the errors name the flags."""
+    assert ExportConfig().search == SearchOptions() and ExportConfig().weights == "best"
+    assert ExportConfig(SearchOptions(beam_size=3), max_input_length=20).search.beam_size == 3
+    with pytest.raises(ConfigError, match=r"--max_input_length=0: must be at least 1"):
+        DecodingConfig(max_input_length=0)
+    with pytest.raises(ConfigError, match=r"--unk_dictionary goes with --replace_unk"):
+        DecodingConfig(unk_dictionary="dictionary.tsv")
+    with pytest.raises(ConfigError, match=r"precision 'bfloat16': choose one of float32, mixed_bfloat16, mixed_float16"):
+        ExportConfig(precision="bfloat16")
+    with pytest.raises(ConfigError, match=r"search: a SearchOptions, not dict"):
+        DecodingConfig(search={"beam_size": 3})
+    with pytest.raises(ConfigError, match=r"--freeze_token_products needs --freeze_step_weights"):
+        ExportConfig(freeze_step_weights=False)
+    assert not ExportConfig(freeze_step_weights=False, freeze_token_products=False).freeze_step_weights

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from conftest import run_cli, write_lines
 from nmt_tf import evaluate, evaluation, metrics, plots, search
+from nmt_tf.config import DecodingConfig
 
 HYPS = ["Un homme marche dans la rue.", "Deux chiens jouent.", "une femme lit un livre", "Le chat dort."]
 REFS = ["Un homme marche dans la rue.", "Deux chiens courent.", "Une femme lit un livre.", "Un chat dort."]
@@ -151,7 +152,8 @@ def test_evaluate_two_models_end_to_end(trained_model_dir, exported, dev_files, 
     src, ref = dev_files
     out = str(tmp_path / "eval")
     reports = evaluation.run([("model_dir", model_dir), ("saved_model", exported[2])], ["dir", "export"], src, ref,
-                           out, search.SearchOptions(beam_size=3), "best", 20, 4, log=lambda *a: None)
+                           out, DecodingConfig(search.SearchOptions(beam_size=3), max_input_length=20), 4,
+                           log=lambda *a: None)
     assert [r["label"] for r in reports] == ["dir", "export"]
     for r in reports:
         assert r["sentences"] == 15 and r["all"]["bleu"] is not None
@@ -183,7 +185,7 @@ def test_evaluate_rejects_unequal_files(trained_model_dir, tmp_path):
     ref.write_text("a\n")
     with pytest.raises(evaluation.EvaluationError, match="has 2 lines but .* has 1 lines"):
         evaluation.run([("model_dir", trained_model_dir[0])], None, str(src), str(ref), None,
-                     search.SearchOptions(), "best", 100, 4)
+                     DecodingConfig(), 4)
 
 
 def test_repeated_model_flags_are_kept_in_order():

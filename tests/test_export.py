@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, UNICODE_SEPARATORS, run_cli
-from nmt_tf import export, search, training
+from nmt_tf import exporter, search, training
+from nmt_tf.config import ExportConfig
 from nmt_tf.text import with_eos
 from nmt_tf.restore import restore_model
 from nmt_tf.saved_models import read_metadata
@@ -30,7 +31,7 @@ def wordpiece_export(tiny_config, tmp_path_factory):
     d = tmp_path_factory.mktemp("wordpiece")
     model_dir = str(d / "model")
     training.train(tiny_config(model_dir=model_dir, tokenizer="wordpiece", max_steps=2), log=lambda *a: None)
-    return export.export(model_dir, str(d / "export"), OPTIONS, log=lambda *a: None)
+    return exporter.export(model_dir, str(d / "export"), ExportConfig(OPTIONS), log=lambda *a: None)
 
 
 @pytest.fixture(scope="session")
@@ -43,8 +44,8 @@ def sentencepiece_export(tiny_config, tmp_path_factory):
                             src_vocab_size=150, tgt_vocab_size=150, sentencepiece_alpha=0.1, max_steps=2),
                 log=lambda *a: None)
     # Long enough for every Multi30k val sentence in tiny pieces (none cut).
-    return model_dir, export.export(model_dir, str(d / "export"), OPTIONS, max_input_length=400,
-                                    log=lambda *a: None)
+    return model_dir, exporter.export(model_dir, str(d / "export"), ExportConfig(OPTIONS, max_input_length=400),
+                                      log=lambda *a: None)
 
 
 def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentencepiece_export):
@@ -86,13 +87,14 @@ def test_versions_are_numbered_and_written_atomically(exported, tmp_path):
     stale, running = f".tmp-5-{int(gone.stdout)}", f".tmp-6-{os.getpid()}"
     for name in (stale, running):
         os.makedirs(os.path.join(copy, name, "variables"))
-    second = export.export(model_dir, copy, OPTIONS, log=lambda *a: None)
+    second = exporter.export(model_dir, copy, ExportConfig(OPTIONS), log=lambda *a: None)
     assert second == os.path.join(copy, "2")
     assert sorted(os.listdir(copy)) == [running, "1", "2"]   # no temporary folder of its own left behind
     with pytest.raises(FileExistsError):      # refused before the model is loaded
-        export.export(str(tmp_path / "no-such-model"), copy, OPTIONS, version=2, log=lambda *a: None)
+        exporter.export(str(tmp_path / "no-such-model"), copy, ExportConfig(OPTIONS), version=2, log=lambda *a: None)
     with pytest.raises(FileNotFoundError):    # a model that cannot be loaded: no empty --export_dir is left
-        export.export(str(tmp_path / "no-such-model"), str(tmp_path / "new-exports"), OPTIONS, log=lambda *a: None)
+        exporter.export(str(tmp_path / "no-such-model"), str(tmp_path / "new-exports"), ExportConfig(OPTIONS),
+                        log=lambda *a: None)
     assert not os.path.exists(tmp_path / "new-exports")
 
 
@@ -184,8 +186,8 @@ def test_mixed_bfloat16_export_computes_in_bfloat16_and_equals_the_python_search
     import keras
 
     model_dir = exported[0]
-    path = export.export(model_dir, str(tmp_path / "bf16"), OPTIONS, max_input_length=20, log=lambda *a: None,
-                         precision="mixed_bfloat16")
+    path = exporter.export(model_dir, str(tmp_path / "bf16"),
+                           ExportConfig(OPTIONS, precision="mixed_bfloat16", max_input_length=20), log=lambda *a: None)
     assert read_metadata(path)["precision"] == "mixed_bfloat16"
     loaded = tf.saved_model.load(path)
     frozen = [v for v in loaded.step_weights if v.dtype != tf.float32]

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cli, smoke_train_args, start_cli
-from nmt_tf import checkpoints, export, files, saved_models, search, train, training
+from nmt_tf import checkpoints, exporter, files, saved_models, search, train, training
+from nmt_tf.config import DecodingConfig, ExportConfig
 
 QUIET = dict(log=lambda *a: None)
 NO_SPACE = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -94,7 +95,7 @@ def test_a_full_disk_during_export_makes_no_version_and_leaves_the_others(export
     monkeypatch.setattr(tf.saved_model, "save", save)
     with pytest.raises(files.WriteFailed, match=rf"could not write {os.path.join(copy, '2')}: .*No space left "
                                                  r"on device \(no new version was made"):
-        export.export(model_dir, copy, search.SearchOptions(beam_size=2), max_input_length=20, **QUIET)
+        exporter.export(model_dir, copy, ExportConfig(search.SearchOptions(beam_size=2), max_input_length=20), **QUIET)
     assert sorted(os.listdir(copy)) == before              # nothing half-written for a server to load
     monkeypatch.setattr(tf.saved_model, "save", real_save)
     assert json.load(open(os.path.join(copy, "1", "assets.extra", saved_models.EXPORT_METADATA)))["search"]["beam_size"] == 3
@@ -152,7 +153,7 @@ def test_a_damaged_saved_model_is_one_clear_error_for_translate_and_evaluate(exp
     assert f"error: {no_variables} could not be loaded as a SavedModel" in result.stderr
     with pytest.raises(FileNotFoundError, match=f"{cut} could not be loaded as a SavedModel"):
         evaluation.run([("saved_model", cut)], None, str(source), str(source), str(tmp_path / "eval"),
-                     search.SearchOptions(beam_size=2), "best", 20, 8, log=lambda *a: None)
+                     DecodingConfig(search.SearchOptions(beam_size=2), max_input_length=20), 8, log=lambda *a: None)
 
 
 def test_a_damaged_best_checkpoint_is_one_clear_error_for_the_tools(trained_model_dir, tmp_path):

@@ -7,11 +7,11 @@ import tensorflow as tf
 
 import reference as ref
 from conftest import memorization_batch, memorize, padded
-from nmt_tf import export, search, training
+from nmt_tf import exporter, search, training
 from nmt_tf.layers import GatedRecursiveConvolution
 from nmt_tf.models.rnnencdec import RNNEncDec
 from nmt_tf.restore import restore_model
-from nmt_tf.config import ConfigError, TrainingConfig
+from nmt_tf.config import ConfigError, ExportConfig, TrainingConfig
 
 RNG = np.random.default_rng(5)
 
@@ -111,7 +111,8 @@ def test_rnnencdec_trains_searches_and_exports(encoder, tiny_config, tmp_path):
     model_dir = str(tmp_path / "m")
     training.train(tiny_config(model_dir=model_dir, model="rnnencdec", encoder=encoder, grconv_size=16, max_steps=3),
                 log=lambda *a: None)
-    path = export.export(model_dir, str(tmp_path / "e"), search.SearchOptions(beam_size=3), log=lambda *a: None)
+    path = exporter.export(model_dir, str(tmp_path / "e"), ExportConfig(search.SearchOptions(beam_size=3)),
+                           log=lambda *a: None)
     out = tf.saved_model.load(path).signatures["serving_default"](text=tf.constant(["A man.", "Two dogs run."]))
     assert out["translation"].shape == (2,)
     assert np.all(out["alignment"].numpy() == 0.0)          # no attention in RNNencdec

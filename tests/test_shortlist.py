@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cli
-from nmt_tf import export
+from nmt_tf import exporter
+from nmt_tf.config import ExportConfig
 from nmt_tf import lexicon as shortlist
 from nmt_tf.models.ensemble import Ensemble
 from nmt_tf.search import SearchOptions, _block_size, beam_search, greedy_search, search
@@ -160,7 +161,8 @@ def test_an_export_with_a_shortlist_translates_as_the_search_in_process(model_di
     model, src_tok, tgt_tok = restore_model(model_dir, log=lambda *a: None)[:3]
     size = model.target_vocab_size // 2
     options = SearchOptions(beam_size=3, shortlist_size=size, shortlist_per_word=4)
-    path = export.export(model_dir, str(tmp_path / "e"), options, max_input_length=20, log=lambda *a: None)
+    path = exporter.export(model_dir, str(tmp_path / "e"), ExportConfig(options, max_input_length=20),
+                           log=lambda *a: None)
     text = tf.constant(["A man in a blue shirt.", "Two dogs run .", ""])
     ids = with_eos(src_tok.encode(text)).to_tensor()
     lexical = shortlist.for_search(model_dir, model, options)

@@ -200,13 +200,17 @@ def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
     checkpoints.write_state(averaged, [os.path.basename(path)])
 
 
-def _export(manifest: dict, model_dir_path: str, export_dir: str) -> str:
-    from nmt_tf.search import SearchOptions
+def _export_config(settings: dict) -> nmt_config.ExportConfig:
+    """The export of a manifest's "export" settings (SearchOptions fields and
+    max_input_length) from the preset's averaged weights; checked."""
+    search = {k: v for k, v in settings.items() if k != "max_input_length"}
+    return nmt_config.ExportConfig(nmt_config.SearchOptions(**search), weights="averaged",
+                                   max_input_length=settings["max_input_length"])
 
-    settings = dict(manifest["export"])
-    max_input_length = settings.pop("max_input_length")
-    return exporter.export(model_dir_path, export_dir, SearchOptions(**settings), version=EXPORT_VERSION,
-                           weights="averaged", max_input_length=max_input_length, log=lambda *a: None)
+
+def _export(manifest: dict, model_dir_path: str, export_dir: str) -> str:
+    return exporter.export(model_dir_path, export_dir, _export_config(manifest["export"]), version=EXPORT_VERSION,
+                           log=lambda *a: None)
 
 
 def is_weight(path: str) -> bool:
@@ -277,13 +281,12 @@ def create(model_dir_path: str, out_dir: str, name: str, weights="averaged", wei
     `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value;
     `export_settings`: SearchOptions fields and max_input_length for the
     SavedModel that `build` makes (defaults: beam 10, n-best 5, 100 tokens)."""
-    from nmt_tf.search import SearchOptions
-
     if os.path.exists(os.path.join(out_dir, MANIFEST)):
         raise PresetError(f"{out_dir} holds a preset already; a model of record is replaced deliberately: "
                           "remove it first")
-    settings = {**dataclasses.asdict(SearchOptions(n_best=5)), "max_input_length": 100, **(export_settings or {})}
-    SearchOptions(**{k: v for k, v in settings.items() if k != "max_input_length"})     # checks them
+    settings = {**dataclasses.asdict(nmt_config.SearchOptions(n_best=5)), "max_input_length": 100,
+                **(export_settings or {})}
+    _export_config(settings)     # checks them
     restored = restore_model(model_dir_path, weights, log=log)
     arrays = weight_arrays(restored.model, weights_dtype)
     os.makedirs(out_dir, exist_ok=True)
