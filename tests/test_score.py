@@ -7,7 +7,7 @@ import math
 import pytest
 
 from conftest import run_cli
-from nmt_tf import score
+from nmt_tf import scoring
 from nmt_tf.client import SignatureClient
 
 PHRASES = [
@@ -20,13 +20,13 @@ PHRASES = [
 
 @pytest.fixture(scope="module")
 def scorer(exported):
-    return score.pair_scorer(SignatureClient("score", saved_model=exported[2]))
+    return scoring.pair_scorer(SignatureClient("score", saved_model=exported[2]))
 
 
 def run_phrase_table(scorer, lines, **kw):
     out = io.BytesIO()
-    malformed = score.Malformed("phrase table", strict=False, log=lambda m: None)
-    score.score_phrase_table(lines, score.OrderedScorer(scorer, out, batch_size=2, unescape=True), malformed, **kw)
+    malformed = scoring.Malformed("phrase table", strict=False, log=lambda m: None)
+    scoring.score_phrase_table(lines, scoring.OrderedScorer(scorer, out, batch_size=2, unescape=True), malformed, **kw)
     return out.getvalue().split(b"\n")[:-1], malformed
 
 
@@ -70,8 +70,8 @@ def test_nbest_rescoring_appends_a_feature_and_keeps_the_rest(scorer):
              b"7 ||| out of range ||| F= 1 ||| 1",
              b"1 ||| deux chiens . ||| LM0= -6 TM0= -1 ||| -7"]
     out = io.BytesIO()
-    malformed = score.Malformed("n-best", strict=False, log=lambda m: None)
-    score.score_nbest(nbest, sources, score.OrderedScorer(scorer, out, 64, True), malformed, "NMT")
+    malformed = scoring.Malformed("n-best", strict=False, log=lambda m: None)
+    scoring.score_nbest(nbest, sources, scoring.OrderedScorer(scorer, out, 64, True), malformed, "NMT")
     lines = out.getvalue().split(b"\n")[:-1]
     assert malformed.lines == [3] and lines[2] == nbest[2]
     want = scorer([sources[0], sources[0], sources[1]],
@@ -85,9 +85,9 @@ def test_nbest_rescoring_appends_a_feature_and_keeps_the_rest(scorer):
 
 def test_pairs_to_tsv(scorer, tmp_path):
     out = io.BytesIO()
-    malformed = score.Malformed("pair", strict=False, log=lambda m: None)
+    malformed = scoring.Malformed("pair", strict=False, log=lambda m: None)
     pairs = [(1, b"A man .", b"Un homme .", b""), (2, b"bad line", None, b"bad line"), (3, b"", b"", b"")]
-    score.score_pairs(pairs, score.OrderedScorer(scorer, out, 64, False), malformed)
+    scoring.score_pairs(pairs, scoring.OrderedScorer(scorer, out, 64, False), malformed)
     lines = out.getvalue().split(b"\n")[:-1]
     assert len(lines) == 3 and lines[1] == b"bad line" and malformed.lines == [2]
     fields = lines[0].split(b"\t")
@@ -122,10 +122,10 @@ def test_pairs_are_scored_in_batches_by_length_and_written_in_order(sort_window,
         b"a b ||| x y z", b"c ||| w", b"broken", b"d e f ||| u v", b"g ||| p q r s t", b"h i ||| o",
         b"j ||| n m", b"k l m n ||| k l m n o p", b"o ||| q")]
     out = io.BytesIO()
-    malformed = score.Malformed("phrase table", strict=False, log=lambda m: None)
-    ordered = score.OrderedScorer(fake, out, batch_size=3, unescape=False, sort_window=sort_window,
-                                  parallel_batches=parallel_batches)
-    score.score_phrase_table(lines, ordered, malformed)
+    malformed = scoring.Malformed("phrase table", strict=False, log=lambda m: None)
+    ordered = scoring.OrderedScorer(fake, out, batch_size=3, unescape=False, sort_window=sort_window,
+                                    parallel_batches=parallel_batches)
+    scoring.score_phrase_table(lines, ordered, malformed)
     written = out.getvalue().split(b"\n")[:-1]
     assert len(written) == len(lines) and written[2] == b"broken" and malformed.lines == [3]
     for line, got in zip(lines, written):
@@ -143,3 +143,25 @@ def test_pairs_are_scored_in_batches_by_length_and_written_in_order(sort_window,
         expected += [[t for _, t in chunk[i:i + 3]] for i in range(0, len(chunk), 3)]
     assert (sent if parallel_batches == 1 else sorted(sent)) == (expected if parallel_batches == 1
                                                                  else sorted(expected))
+
+
+def test_score_files_from_python_without_flags(tmp_path):
+    """The library entry of nmt_tf.score: one input in, every line out in
+    order with the score added (gzip by the output's name), the pairs
+    counted; the input kinds it cannot take are one ScoreError."""
+    fake = lambda sources, targets: {"log_prob": [-float(len(t.split())) for t in targets],
+                                     "log_prob_per_token": [-1.0] * len(targets),
+                                     "target_length": [len(t.split()) + 1 for t in targets]}
+    (tmp_path / "pairs.tsv").write_bytes(b"a b\tx y z\nno tab here\nc\tw\n")
+    warnings = []
+    scored = scoring.score_files(fake, tsv=str(tmp_path / "pairs.tsv"), output=str(tmp_path / "out.tsv.gz"),
+                                 batch_size=2, log=warnings.append)
+    assert scored == 2 and len(warnings) == 2        # the malformed line, then the count
+    assert gzip.open(tmp_path / "out.tsv.gz").read().split(b"\n")[:-1] == [
+        b"a b\tx y z\t-3\t-1\t4", b"no tab here", b"c\tw\t-1\t-1\t2"]
+    with pytest.raises(scoring.ScoreError, match="give one of --phrase_table"):
+        scoring.score_files(fake, source=str(tmp_path / "pairs.tsv"))
+    with pytest.raises(scoring.ScoreError, match="--nbest needs --source"):
+        scoring.score_files(fake, nbest=str(tmp_path / "pairs.tsv"))
+    with pytest.raises(scoring.ScoreError, match="pair line 2: expected 'source<TAB>target'"):
+        scoring.score_files(fake, tsv=str(tmp_path / "pairs.tsv"), output=str(tmp_path / "x"), strict=True)
