@@ -117,10 +117,10 @@ def test_rnnencdec_trains_searches_and_exports(encoder, tiny_config, tmp_path):
     assert out["translation"].shape == (2,)
     assert np.all(out["alignment"].numpy() == 0.0)          # no attention in RNNencdec
     if encoder == "grconv":      # the learned structure of paper 002 Fig. 6
-        from nmt_tf import visualize
+        from nmt_tf import visualization
 
-        (drawn,) = visualize.render_grconv(model_dir, "best", ["A man runs ."], ["one"],
-                                           [str(tmp_path / "tree.png")], logdir=str(tmp_path / "tb"))
+        (drawn,) = visualization.render_grconv(model_dir, "best", ["A man runs ."], ["one"],
+                                               [str(tmp_path / "tree.png")], logdir=str(tmp_path / "tb"))
         assert drawn["tokens"] == ["A", "man", "runs", ".", "[EOS]"]
         assert drawn["gates"].shape == (4, 4, 3)
         np.testing.assert_allclose(drawn["gates"][0].sum(-1), 1.0, rtol=1e-5)       # 4 real nodes at level 1
