@@ -17,7 +17,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      predict_pb2, prediction_service_pb2_grpc)
 
 from conftest import REPO, run_cli
-from nmt_tf import server as nmt_server, translate
+from nmt_tf import server as nmt_server, translation
 from nmt_tf.client import ClientError, SignatureClient
 
 
@@ -222,8 +222,8 @@ def test_a_reply_that_could_exceed_the_message_limit_is_refused_before_decoding(
 
 
 def test_translate_asks_the_server_only_for_the_outputs_it_writes():
-    assert translate.needed_outputs(1, False, False) == ["translation", "truncated"]
-    assert set(translate.needed_outputs(3, True, True)) == {
+    assert translation.needed_outputs(1, False, False) == ["translation", "truncated"]
+    assert set(translation.needed_outputs(3, True, True)) == {
         "translation", "truncated", "score", "log_prob", "nbest_translations", "nbest_scores",
         "source_tokens", "target_tokens", "alignment"}
 
@@ -356,7 +356,7 @@ def test_translate_keeps_a_lines_first_16_required_terms_and_says_so():
         def terms(self, line):
             return terms if line == "b" else ["x"]
 
-    items = list(translate.steered_lines(iter(lines), glossary=Glossary(), warn=warnings.append))
+    items = list(translation.steered_lines(iter(lines), glossary=Glossary(), warn=warnings.append))
     assert [item[2] for item in items] == [b"x", "\t".join(terms[:16]).encode()]
     assert len(warnings) == 1 and "line 2 has 18 required terms" in warnings[0] and "t16, t17" in warnings[0]
 
@@ -378,23 +378,23 @@ def test_translate_reads_gzip_from_standard_input_as_from_files(monkeypatch, tmp
     raw = b"".join(line + b"\n" for line in lines)
     for data in (raw, gzip.compress(raw)):
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(data))))
-        assert list(translate.read_lines(None)) == lines
+        assert list(translation.read_lines(None)) == lines
         path = tmp_path / "in.txt"
         path.write_bytes(data)
-        assert list(translate.read_lines(str(path))) == lines
+        assert list(translation.read_lines(str(path))) == lines
     cut = gzip.compress(raw * 100)[:-30]
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(cut))))
-    with pytest.raises(translate.TranslationError, match="standard input is damaged gzip data"):
-        list(translate.read_lines(None))
+    with pytest.raises(translation.TranslationError, match="standard input is damaged gzip data"):
+        list(translation.read_lines(None))
     path.write_bytes(cut)
-    with pytest.raises(translate.TranslationError, match=f"{path} is damaged gzip data"):
-        list(translate.read_lines(str(path)))
+    with pytest.raises(translation.TranslationError, match=f"{path} is damaged gzip data"):
+        list(translation.read_lines(str(path)))
 
 
 def test_translate_json_lines(exported):
     backend = SignatureClient(saved_model=exported[2])
     out = io.StringIO()
-    n = translate.translate_lines(backend, [b"A man.", b"Two dogs run."], out, batch_size=1, n_best=2,
+    n = translation.translate_lines(backend, [b"A man.", b"Two dogs run."], out, batch_size=1, n_best=2,
                                   with_scores=True, with_alignments=True)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert n == 2 and len(records) == 2
@@ -404,8 +404,8 @@ def test_translate_json_lines(exported):
     assert all(len(row) == len(r["source_tokens"]) for row in r["alignment"])
     assert len(r["nbest"]) == 2 and r["nbest"][0]["translation"] == r["translation"]
     assert r["score"] == pytest.approx(r["nbest"][0]["score"])
-    with pytest.raises(translate.TranslationError, match="n-best"):
-        translate.translate_lines(backend, [b"x"], io.StringIO(), 1, n_best=5, with_scores=False,
+    with pytest.raises(translation.TranslationError, match="n-best"):
+        translation.translate_lines(backend, [b"x"], io.StringIO(), 1, n_best=5, with_scores=False,
                                   with_alignments=False)
 
 
@@ -435,7 +435,7 @@ def test_translate_batches_a_window_by_length_and_writes_in_input_order(sort_win
     lines = [b"a b c d e", b"f", b"g h h h h h h", b"", b"i j", b"k l m", b"n", b"o p q r"]
     client = RecordingClient()
     out = io.StringIO()
-    assert translate.translate_lines(client, lines, out, 3, 1, False, False, sort_window=sort_window,
+    assert translation.translate_lines(client, lines, out, 3, 1, False, False, sort_window=sort_window,
                                      parallel_batches=parallel_batches) == len(lines)
     assert out.getvalue().splitlines() == [" ".join(line.decode().split()[::-1]) for line in lines]
     window = max(sort_window, 3)
@@ -460,7 +460,7 @@ def test_translate_stops_with_the_error_of_a_failed_batch_in_flight():
             return super().__call__(text)
 
     with pytest.raises(ClientError, match="the server said no"):
-        translate.translate_lines(Failing(), [b"a", b"b c", b"x", b"d e f"] * 3, io.StringIO(), 2, 1, False, False,
+        translation.translate_lines(Failing(), [b"a", b"b c", b"x", b"d e f"] * 3, io.StringIO(), 2, 1, False, False,
                                   sort_window=12, parallel_batches=2)
 
 
