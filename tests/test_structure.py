@@ -156,7 +156,8 @@ def test_the_library_defines_and_reads_no_command_line_flag():
     command_line = tool_modules(graph) | {"nmt_tf.flags"}
     library = sorted(m for m in set(graph) - command_line if m != "nmt_tf.presets.__main__")
     assert {"nmt_tf.translation_graph", "nmt_tf.restore", "nmt_tf.callbacks", "nmt_tf.fine_tune", "nmt_tf.presets", "nmt_tf.api",
-            "nmt_tf.training", "nmt_tf.evaluation", "nmt_tf.exporter"} <= set(library)
+            "nmt_tf.training", "nmt_tf.evaluation", "nmt_tf.exporter", "nmt_tf.server", "nmt_tf.translation",
+            "nmt_tf.scoring", "nmt_tf.visualization"} <= set(library)
     assert not [m for m in library if reaches(graph, m, "nmt_tf.flags")]
     code = (f"import importlib\nfor m in {library!r}: importlib.import_module(m)\n"
             "from absl import flags\n"
