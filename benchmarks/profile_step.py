@@ -24,7 +24,7 @@ both. Kinds:
                 keys + query, scores, softmax), gradients included
   elementwise   the rest of the model's arithmetic: GRU gates, maxout, masks,
                 splits and concats, casts, gradient sums (AddN)
-  loss          the softmax cross-entropy (nmt_tf.models.base.token_losses)
+  loss          the softmax cross-entropy (nmt_tf.models.training_step.token_losses)
   optimizer     the weight update, gradient norm and clipping
   loop control  the while loops' own ops: TensorList reads / writes, loop
                 counters and conditions

@@ -171,7 +171,7 @@ def test_a_bfloat16_search_scores_its_attention_in_float32(layer_norm):
 def test_search_step_log_probs_in_output_blocks_equal_one_output_layer():
     """Search's output layer, in column blocks, gives the softmax of the whole
     layer; the blocks tile the vocabulary."""
-    from nmt_tf.models.base import OUTPUT_BLOCKS, output_block_bounds
+    from nmt_tf.models.search_step import OUTPUT_BLOCKS, output_block_bounds
 
     for vocab in (1, 3, 11, 10_000):
         bounds = output_block_bounds(vocab)
@@ -223,7 +223,7 @@ def test_tied_embeddings_hold_one_variable_and_follow_the_equations():
 
 
 def test_label_smoothing_loss_is_the_smoothed_cross_entropy():
-    from nmt_tf.models.base import smoothed_token_loss, token_nll
+    from nmt_tf.models.training_step import smoothed_token_loss, token_nll
 
     logits = RNG.normal(0, 2, size=(2, 3, 7)).astype("float32")
     labels = np.array([[4, 2, 0], [6, 3, 5]], "int32")                   # one padding position
@@ -235,7 +235,7 @@ def test_label_smoothing_loss_is_the_smoothed_cross_entropy():
     np.testing.assert_allclose(smoothed_token_loss(labels, logits, 0.0).numpy(),
                                token_nll(labels, logits)[0].numpy(), rtol=1e-5, atol=1e-6)
     # The written-out gradient is automatic differentiation's of the same formula.
-    from nmt_tf.models.base import smoothed_token_losses
+    from nmt_tf.models.training_step import smoothed_token_losses
     logits_t = tf.constant(logits)
     d_nll, d_loss = (tf.constant(RNG.normal(size=labels.shape).astype("float32")) for _ in range(2))
     with tf.GradientTape(persistent=True) as tape:
@@ -279,7 +279,7 @@ def test_annotation_dropout_acts_only_in_training():
 def test_loss_at_real_tokens_equals_the_masked_loss_over_all_positions():
     """batch_nll computes the output layer at real target tokens only; the sum
     and its gradient are those of the per-position losses masked afterwards."""
-    from nmt_tf.models.base import token_nll
+    from nmt_tf.models.training_step import token_nll
 
     model = tiny_model(layer_norm=True)
     x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
@@ -298,7 +298,7 @@ def test_token_losses_gradient_and_no_underflow():
     """The NLL's written-out gradient is softmax - one-hot, and a label far
     below the row's largest logit still gets its exact NLL (a log of its
     underflowed probability would be inf)."""
-    from nmt_tf.models.base import token_losses
+    from nmt_tf.models.training_step import token_losses
 
     rng = np.random.default_rng(11)
     logits = tf.constant(rng.normal(0, 2, size=(4, 7)).astype("float32"))
