@@ -19,45 +19,13 @@ fly with the same flags.)
 
 from __future__ import annotations
 
-import json
-import os
-
 from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.files import write_atomically
-from nmt_tf.restore import restore_model
+from nmt_tf.restore import write_averaged
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "average_checkpoints", "average_from"))
-
-
-def average(model_dir: str, count: int, source: str = "best", log=print) -> str:
-    """Writes the mean of `count` checkpoints of `source` (best or last) to
-    `<model_dir>/averaged/`; returns the checkpoint path."""
-    import tensorflow as tf
-
-    from nmt_tf import checkpoints
-
-    if count < 2:
-        raise ValueError("--average_checkpoints must be at least 2 to average anything.")
-    restored = restore_model(model_dir, checkpoints.WeightsChoice(average=count, average_from=source), log=log)
-    paths = checkpoints.checkpoint_paths(model_dir, source, count)
-    step = max(int(os.path.basename(p).rsplit("-", 1)[-1]) for p in paths)
-    out_dir = checkpoints.averaged_dir(model_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    for old in tf.io.gfile.glob(os.path.join(out_dir, "averaged-*")):      # one averaged model at a time
-        tf.io.gfile.remove(old)
-    path = tf.train.Checkpoint(model=restored.model).write(os.path.join(out_dir, f"averaged-{step}"))
-    checkpoints.write_state(out_dir, [os.path.basename(path)])
-    scores = {r["path"]: r["score"] for r in checkpoints.read_ranking(checkpoints.best_dir(model_dir))}
-    write_atomically(os.path.join(out_dir, "sources.json"), json.dumps(
-        {"from": source, "checkpoints": [{"path": os.path.abspath(p), "dev_score": scores.get(os.path.basename(p))}
-                                         for p in paths]}, indent=1))
-    log(f"Wrote {path}, the mean of {len(paths)} {source} checkpoints.\n"
-        f"  Use it with --checkpoint=averaged, e.g. python -m nmt_tf.export --model_dir={model_dir} "
-        "--checkpoint=averaged --export_dir=EXPORT_DIR")
-    return path
 
 
 def main(argv):
@@ -66,7 +34,7 @@ def main(argv):
     if not FLAGS.model_dir:
         return nmt_flags.user_error("--model_dir is required.")
     try:
-        average(FLAGS.model_dir, FLAGS.average_checkpoints, FLAGS.average_from)
+        write_averaged(FLAGS.model_dir, FLAGS.average_checkpoints, FLAGS.average_from)
     except (OSError, ValueError) as e:      # FileNotFoundError, WriteFailed (a full disk), ...
         return nmt_flags.user_error(e)
     return 0

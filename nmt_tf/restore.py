@@ -1,15 +1,19 @@
 """A trained model directory back as a model: `restore_model` builds the
 model its configuration describes, reads the chosen weights (best, last,
 averaged, or a checkpoint path) and loads its tokenizers;
-`restore_ensemble` restores several as one `nmt_tf.models.Ensemble`.
+`restore_ensemble` restores several as one `nmt_tf.models.Ensemble`;
+`write_averaged` writes the mean of several checkpoints as one (what
+nmt_tf.average does).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, NamedTuple
 
 from nmt_tf import config as nmt_config
+from nmt_tf.files import write_atomically
 from nmt_tf.models import build_model
 from nmt_tf.precision import dtype_policy
 
@@ -78,3 +82,33 @@ def restore_ensemble(model_dirs: list[str], weights="best", log=print, precision
                                  "members must share their vocabularies")
     return RestoredModel(Ensemble([r.model for r in restored]), first.source_tokenizer, first.target_tokenizer,
                          first.config, "; ".join(f"{d}: {r.checkpoint}" for d, r in zip(model_dirs, restored)))
+
+
+def write_averaged(model_dir: str, count: int, source: str = "best", log=print) -> str:
+    """Writes the mean of `count` checkpoints of `source` (best or last) to
+    `<model_dir>/averaged/` (with averaged/sources.json: which checkpoints,
+    their dev scores), where --checkpoint=averaged finds it; returns the
+    checkpoint path. What nmt_tf.average writes."""
+    import tensorflow as tf
+
+    from nmt_tf import checkpoints
+
+    if count < 2:
+        raise ValueError("--average_checkpoints must be at least 2 to average anything.")
+    restored = restore_model(model_dir, checkpoints.WeightsChoice(average=count, average_from=source), log=log)
+    paths = checkpoints.checkpoint_paths(model_dir, source, count)
+    step = max(int(os.path.basename(p).rsplit("-", 1)[-1]) for p in paths)
+    out_dir = checkpoints.averaged_dir(model_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    for old in tf.io.gfile.glob(os.path.join(out_dir, "averaged-*")):      # one averaged model at a time
+        tf.io.gfile.remove(old)
+    path = tf.train.Checkpoint(model=restored.model).write(os.path.join(out_dir, f"averaged-{step}"))
+    checkpoints.write_state(out_dir, [os.path.basename(path)])
+    scores = {r["path"]: r["score"] for r in checkpoints.read_ranking(checkpoints.best_dir(model_dir))}
+    write_atomically(os.path.join(out_dir, "sources.json"), json.dumps(
+        {"from": source, "checkpoints": [{"path": os.path.abspath(p), "dev_score": scores.get(os.path.basename(p))}
+                                         for p in paths]}, indent=1))
+    log(f"Wrote {path}, the mean of {len(paths)} {source} checkpoints.\n"
+        f"  Use it with --checkpoint=averaged, e.g. python -m nmt_tf.export --model_dir={model_dir} "
+        "--checkpoint=averaged --export_dir=EXPORT_DIR")
+    return path

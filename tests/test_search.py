@@ -488,7 +488,7 @@ def test_unk_dictionary_learns_word_translations_from_a_corpus(tmp_path):
     seen once included; the CLI counts what it skips."""
     from conftest import run_cli
     from nmt_tf.files import InputError
-    from nmt_tf.unk_dictionary import learn, split_corpus
+    from nmt_tf.alignment import learn_dictionary, split_corpus
 
     animals = [("dog", "chien"), ("cat", "chat"), ("horse", "cheval"), ("bird", "oiseau")]
     verbs = [("runs", "court"), ("sleeps", "dort"), ("eats", "mange")]
@@ -499,7 +499,7 @@ def test_unk_dictionary_learns_word_translations_from_a_corpus(tmp_path):
     tgt += [f"Un {a} {v} ." for _, a in animals for _, v in verbs]
     pairs, skipped = split_corpus([s.encode() for s in src], [t.encode() for t in tgt], "en", "fr", 50, 1000)
     assert len(pairs) == len(src) and not skipped
-    dictionary = dict(learn(pairs, iterations=10, log=lambda _: None))
+    dictionary = dict(learn_dictionary(pairs, iterations=10, log=lambda _: None))
     assert dictionary == {"The": "Le", "A": "Un", ".": ".", "zebra": "zèbre", **dict(animals), **dict(verbs)}
 
     src_file, tgt_file, out = tmp_path / "train.en", tmp_path / "train.fr", tmp_path / "dict.tsv"

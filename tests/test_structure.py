@@ -134,6 +134,27 @@ def test_no_module_imports_a_command_line_tool():
         assert not deps & tools, f"{module} imports the tool(s) {sorted(deps & tools)}"
 
 
+def test_the_tools_hold_their_command_line_only():
+    """Each tool is its flags and main over a library module that Python code
+    calls without flags: it defines no class (errors, objects and what they
+    do live in the library) and no function longer than its main's helpers
+    need (30 lines, main aside)."""
+    import ast
+
+    graph = import_graph()
+    tools = tool_modules(graph)
+    assert {"nmt_tf.translate", "nmt_tf.score", "nmt_tf.visualize", "nmt_tf.average", "nmt_tf.unk_dictionary"} <= tools
+    for module in sorted(tools):
+        path = os.path.join(REPO, *module.split("."))
+        path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+        assert not classes, f"{module} defines {classes}: library code, not command line"
+        long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in tree.body
+                if isinstance(node, ast.FunctionDef) and node.name != "main" and node.end_lineno - node.lineno >= 30]
+        assert not long, f"{module}: {long}"
+
+
 def tool_modules(graph):
     """The modules run as `python -m nmt_tf.<tool>`."""
     def source(module):
