@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, UNICODE_SEPARATORS, run_cli
+from conftest import REPO, UNICODE_SEPARATORS, run_cli, smoke_train_args
 from nmt_tf import exporter, search, training
 from nmt_tf.config import ExportConfig
 from nmt_tf.text import with_eos
@@ -339,3 +339,30 @@ def test_export_cli_errors(tmp_path):
     result = run_cli("-m", "nmt_tf.export", f"--model_dir={tmp_path}", f"--export_dir={tmp_path / 'e'}",
                      "--nofreeze_step_weights", "--freeze_token_products")
     assert result.returncode == 1 and "--freeze_token_products needs --freeze_step_weights" in result.stderr
+
+
+def test_a_flagfile_from_before_the_typed_configuration_trains_exports_and_translates(tiny_corpus, tmp_path):
+    """The commands as a user runs them, with pipelines/smoke.flags as it was
+    before the configuration became typed dataclasses (43786b2, kept verbatim
+    in tests/data/): train, export with search flags and [UNK] replacement,
+    translate an n-best list with scores. The change was to how settings are
+    held, not to what the commands take or write."""
+    import json
+
+    model_dir, export_dir = str(tmp_path / "m"), str(tmp_path / "e")
+    args = smoke_train_args(tiny_corpus, model_dir, "--attention_examples=0")
+    args[2] = f"--flagfile={os.path.join(REPO, 'tests', 'data', 'smoke_43786b2.flags')}"
+    trained = run_cli(*args)
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-2000:]
+    exported = run_cli("-m", "nmt_tf.export", f"--model_dir={model_dir}", f"--export_dir={export_dir}",
+                       "--beam_size=3", "--n_best=2", "--max_input_length=20", "--replace_unk")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    meta = read_metadata(os.path.join(export_dir, "1"))
+    assert meta["search"]["beam_size"] == 3 and meta["max_input_length"] == 20 and meta["replace_unk"]
+    assert meta["precision"] == "float32" and meta["checkpoint"].endswith("best-2")     # 40 pairs: 32 + 8
+    (tmp_path / "in.en").write_text("A man is walking his dog.\nTwo children are playing.\n")
+    done = run_cli("-m", "nmt_tf.translate", f"--saved_model={os.path.join(export_dir, '1')}",
+                   f"--input={tmp_path / 'in.en'}", "--n_best=2", "--with_scores")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(lines) == 2 and all(len(line["nbest"]) >= 1 and "score" in line for line in lines)
