@@ -128,9 +128,10 @@ class Translator:
         options = SearchOptions(**{"n_best": min(5, search.get("beam_size", 10)), **search})
         decoding = DecodingConfig(options, WeightsChoice(checkpoint, average_checkpoints, average_from), precision,
                                   max_input_length)
-        restored = restore_model(model_dir, decoding.weights, log=log or (lambda *a: None), precision=precision)
+        restored = restore_model(model_dir, decoding.weights, log=log or (lambda *a: None),
+                                 precision=decoding.precision)
         graph = TranslationGraph(restored.model, restored.source_tokenizer, restored.target_tokenizer, options,
-                                 max_input_length, shortlist=for_search(model_dir, restored.model, options))
+                                 decoding.max_input_length, shortlist=for_search(model_dir, restored.model, options))
         functions = graph.functions()
         translate, score, constrained = (functions[name] for name in ("translate", "score", "translate_constrained"))
         metadata = exporter.metadata(restored.config, decoding, restored.checkpoint)

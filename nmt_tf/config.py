@@ -7,9 +7,10 @@ declares its own, beside its registry entry) and `TrainerConfig`
 (optimizer, schedule, budget, checkpoints, evaluation, devices).
 `SearchOptions` holds how beam search runs (the search flags of export,
 evaluate, visualize), `DecodingConfig` which weights a model directory
-decodes with and how (evaluate), `ExportConfig` what nmt_tf.export fixes in a
-SavedModel, `ServerConfig` how nmt_tf.serve serves a model. Their fields are the single source of the defaults,
-the help texts and the limits (nmt_tf.settings), and nmt_tf.flags turns
+decodes with and how (evaluate), `ExportConfig` what nmt_tf.export fixes in
+a SavedModel, `ServerConfig` how nmt_tf.serve serves a model. Their fields
+are the single source of the defaults, the help texts and the limits
+(nmt_tf.settings), and nmt_tf.flags turns
 each field into the command-line flag of the same name (`--batch_size` is
 `TrainingConfig.batch_size`). The library takes these objects and never
 reads command-line flags, so it is usable from Python without them, and

@@ -221,6 +221,9 @@ def run(models: list[tuple[str, str]], labels: list[str] | None, src: str, ref: 
     search, the longest input, [UNK] replacement, precision; a SavedModel
     has its own). `ensemble`: further model directories decoded with the
     (one) --model_dir as one ensemble."""
+    if not isinstance(decoding, DecodingConfig):
+        raise TypeError(f"decoding: a DecodingConfig, not {type(decoding).__name__} (the search options go in as "
+                        "DecodingConfig(SearchOptions(...)))")
     sources, references = read_text(src, "src"), read_text(ref, "ref")
     if len(sources) != len(references):
         raise EvaluationError(f"{src} (--src) has {len(sources):,} lines but {ref} (--ref) has "

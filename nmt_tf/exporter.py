@@ -126,7 +126,10 @@ def export(model_dir, export_dir: str, config: ExportConfig | None = None, versi
     `freeze_token_products`: see `Seq2SeqModel.freeze_step_weights`)."""
     import tensorflow as tf
 
-    config = config or ExportConfig()
+    config = ExportConfig() if config is None else config
+    if not isinstance(config, ExportConfig):
+        raise TypeError(f"config: an ExportConfig, not {type(config).__name__} (the search options go in as "
+                        "ExportConfig(SearchOptions(...)))")
     options = config.search
     model_dirs = [model_dir] if isinstance(model_dir, str) else list(model_dir)
     version = version or next_version(export_dir)

@@ -113,3 +113,16 @@ def test_decoding_and_export_configurations_check_their_values_and_combinations(
     with pytest.raises(ConfigError, match=r"--freeze_token_products needs --freeze_step_weights"):
         ExportConfig(freeze_step_weights=False)
     assert not ExportConfig(freeze_step_weights=False, freeze_token_products=False).freeze_step_weights
+
+
+def test_export_and_evaluation_take_their_configuration_and_say_so_otherwise(tmp_path):
+    """A SearchOptions where an ExportConfig or DecodingConfig belongs (the
+    arguments before the configurations existed) is one TypeError saying
+    what to pass, before anything is read."""
+    from nmt_tf import evaluation, exporter
+
+    with pytest.raises(TypeError, match=r"config: an ExportConfig, not SearchOptions"):
+        exporter.export(str(tmp_path / "no-model"), str(tmp_path / "e"), SearchOptions())
+    with pytest.raises(TypeError, match=r"decoding: a DecodingConfig, not SearchOptions"):
+        evaluation.run([("model_dir", str(tmp_path))], None, "a", "b", None, SearchOptions(), 4)
+

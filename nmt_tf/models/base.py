@@ -30,7 +30,6 @@ def count_parameters(*weights) -> int:
     return sum(int(w.numpy().size) for w in weights)
 
 
-
 class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
     """An encoder-decoder with the papers' deep output, trained by `fit` on token-level NLL.
 
