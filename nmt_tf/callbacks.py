@@ -381,6 +381,17 @@ class TrainingController(keras.callbacks.Callback):
         else:
             self.state.bad_evals.assign_add(1)
             self._maybe_decay_learning_rate()
+        self._write_dev_summaries(step, dev, bleu)
+        self.log(self._dev_line(step, dev, bleu, improved, by_bleu) + f" [{time.perf_counter() - t0:.1f}s]")
+        if bleu and bleu["examples"]:
+            hyp, ref = bleu["examples"][0]
+            self.log(f"    hyp: {hyp}\n    ref: {ref}")
+        if self.config.patience and int(self.state.bad_evals.numpy()) >= self.config.patience:
+            self.log(f"  early stopping: no dev improvement in {self.config.patience} evaluations")
+            self._stop("early_stopping")
+
+    def _write_dev_summaries(self, step, dev: dict, bleu: dict | None):
+        """An evaluation's TensorBoard scalars (and attention images, with BLEU) under logs/dev."""
         with self.dev_writer.as_default(step=step):
             tf.summary.scalar("loss", dev["nll_per_token"], description="dev NLL per target token")
             tf.summary.scalar("perplexity", dev["perplexity"])
@@ -398,20 +409,17 @@ class TrainingController(keras.callbacks.Callback):
                                      description="alignment alpha_ij: source words on the x axis, "
                                                  "generated words on the y axis (black 0, white 1)")
         self.dev_writer.flush()
+
+    def _dev_line(self, step, dev: dict, bleu: dict | None, improved: bool, by_bleu: bool) -> str:
+        """An evaluation's log line: the dev NLL, BLEU, and the best so far."""
         best = (f"best {float(self.state.best_bleu.numpy()):.2f} BLEU" if by_bleu
                 else f"best {float(self.state.best_dev.numpy()):.4f}") + \
             f" at step {int(self.state.best_step.numpy()):,}"
-        self.log(f"  dev at step {step:,}: NLL/token {dev['nll_per_token']:.4f} (ppl {dev['perplexity']:.2f}), "
-                 f"NLL/sentence {dev['nll_per_sentence']:.2f}"
-                 + (f", BLEU {bleu['bleu']:.2f} (lowercased {bleu['bleu_lc']:.2f}, "
-                    f"lc Moses-tok {bleu['bleu_lc_moses']:.2f})" if bleu else "")
-                 + (" (best)" if improved else f" ({best})") + f" [{time.perf_counter() - t0:.1f}s]")
-        if bleu and bleu["examples"]:
-            hyp, ref = bleu["examples"][0]
-            self.log(f"    hyp: {hyp}\n    ref: {ref}")
-        if self.config.patience and int(self.state.bad_evals.numpy()) >= self.config.patience:
-            self.log(f"  early stopping: no dev improvement in {self.config.patience} evaluations")
-            self._stop("early_stopping")
+        return (f"  dev at step {step:,}: NLL/token {dev['nll_per_token']:.4f} (ppl {dev['perplexity']:.2f}), "
+                f"NLL/sentence {dev['nll_per_sentence']:.2f}"
+                + (f", BLEU {bleu['bleu']:.2f} (lowercased {bleu['bleu_lc']:.2f}, "
+                   f"lc Moses-tok {bleu['bleu_lc_moses']:.2f})" if bleu else "")
+                + (" (best)" if improved else f" ({best})"))
 
     def _maybe_decay_learning_rate(self):
         """--decay_factor after every --decay_patience evaluations without improvement."""
