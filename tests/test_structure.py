@@ -139,15 +139,11 @@ def test_the_tools_hold_their_command_line_only():
     calls without flags: it defines no class (errors, objects and what they
     do live in the library) and no function longer than its main's helpers
     need (30 lines, main aside)."""
-    import ast
-
-    graph = import_graph()
-    tools = tool_modules(graph)
+    paths = module_paths()
+    tools = tool_modules(import_graph())
     assert {"nmt_tf.translate", "nmt_tf.score", "nmt_tf.visualize", "nmt_tf.average", "nmt_tf.unk_dictionary"} <= tools
     for module in sorted(tools):
-        path = os.path.join(REPO, *module.split("."))
-        path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
-        tree = ast.parse(open(path, encoding="utf-8").read())
+        tree = ast.parse(open(paths[module], encoding="utf-8").read())
         classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
         assert not classes, f"{module} defines {classes}: library code, not command line"
         long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in tree.body
@@ -157,12 +153,8 @@ def test_the_tools_hold_their_command_line_only():
 
 def tool_modules(graph):
     """The modules run as `python -m nmt_tf.<tool>`."""
-    def source(module):
-        path = os.path.join(REPO, *module.split("."))
-        return open(os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py",
-                    encoding="utf-8").read()
-
-    return {m for m in graph if 'if __name__ == "__main__":' in source(m)}
+    paths = module_paths()
+    return {m for m in graph if 'if __name__ == "__main__":' in open(paths[m], encoding="utf-8").read()}
 
 
 def test_the_library_defines_and_reads_no_command_line_flag():
