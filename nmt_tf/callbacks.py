@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from nmt_tf import checkpoints, data, metrics, plots, schedules
+from nmt_tf import checkpoints, data, metrics, optimizers, plots, schedules
 from nmt_tf.config import learning_rate
 from nmt_tf.line_batches import translate_lines
 from nmt_tf.translation_graph import TranslationGraph, compiled_translate
@@ -356,25 +356,28 @@ class TrainingController(keras.callbacks.Callback):
         self._reset_interval()
 
     def evaluate(self, step):
-        """Dev loss (and BLEU), TensorBoard, best checkpoint, learning-rate decay, early stopping."""
+        """Dev loss (and BLEU), TensorBoard, best checkpoint, learning-rate decay, early stopping;
+        with --ema_decay all of it on the weights' moving averages."""
         if self.evaluator is None or int(self.state.last_eval_step.numpy()) == step:
             return
         t0 = time.perf_counter()
-        dev = self.evaluator()
-        bleu = self.bleu() if self.bleu is not None else None
-        if bleu:
-            dev.update({k: bleu[k] for k in ("bleu", "bleu_lc", "chrf", "bleu_lc_moses", "bleu_signature")})
-            dev["bleu_sentences"] = bleu["sentences"]
-        self.last_dev = {**dev, "step": step}
-        self.state.last_eval_step.assign(step)
-        by_bleu = self.config.early_stopping_metric == "bleu" and bleu is not None
-        improved = (dev["bleu"] > float(self.state.best_bleu.numpy()) if by_bleu
-                    else dev["nll_per_token"] < float(self.state.best_dev.numpy()))
-        self.state.best_dev.assign(min(dev["nll_per_token"], float(self.state.best_dev.numpy())))
-        if bleu:
-            self.state.best_bleu.assign(max(dev["bleu"], float(self.state.best_bleu.numpy())))
-        if self.best_checkpoints is not None:       # a new best is always kept
-            self.best_checkpoints.save(step, dev["bleu"] if by_bleu else dev["nll_per_token"])
+        # with --ema_decay, the weights' moving averages are what is evaluated and kept in best/
+        with optimizers.averaged_weights(self.model.optimizer):
+            dev = self.evaluator()
+            bleu = self.bleu() if self.bleu is not None else None
+            if bleu:
+                dev.update({k: bleu[k] for k in ("bleu", "bleu_lc", "chrf", "bleu_lc_moses", "bleu_signature")})
+                dev["bleu_sentences"] = bleu["sentences"]
+            self.last_dev = {**dev, "step": step}
+            self.state.last_eval_step.assign(step)
+            by_bleu = self.config.early_stopping_metric == "bleu" and bleu is not None
+            improved = (dev["bleu"] > float(self.state.best_bleu.numpy()) if by_bleu
+                        else dev["nll_per_token"] < float(self.state.best_dev.numpy()))
+            self.state.best_dev.assign(min(dev["nll_per_token"], float(self.state.best_dev.numpy())))
+            if bleu:
+                self.state.best_bleu.assign(max(dev["bleu"], float(self.state.best_bleu.numpy())))
+            if self.best_checkpoints is not None:       # a new best is always kept
+                self.best_checkpoints.save(step, dev["bleu"] if by_bleu else dev["nll_per_token"])
         if improved:
             self.state.best_step.assign(step)
             self.state.bad_evals.assign(0)

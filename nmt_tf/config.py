@@ -165,6 +165,12 @@ class TrainerConfig:
             "Adadelta epsilon (paper: 1e-6).")
     clip_norm: float = setting('float', 1.0,
             "Rescale the gradient when its global L2 norm exceeds this (paper: 1). 0 disables.", lower=0.0)
+    ema_decay: float = setting('float', 0.0,
+            "Keep an exponential moving average of the weights (Polyak averaging, Marian's "
+            "--exponential-smoothing) with this decay per update, e.g. 0.9999; 0: none. The decay is "
+            "min(this, (1 + t) / (10 + t)) at update t, so a short run's average forgets its start. Dev "
+            "evaluations and best/ (what evaluate, translate, export and --average_checkpoints read) use "
+            "the averaged weights; checkpoints/ keep both for resuming. Needs a dev set.", lower=0.0, upper=1.0)
     max_epochs: int = setting('integer', 10,
             "Stop after this many passes over the training data.", lower=1)
     max_steps: int = setting('integer', 0,

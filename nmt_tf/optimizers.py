@@ -27,6 +27,15 @@ global_norm=..., summed=...)`):
 Outside plain TensorFlow variables (another Keras backend, or a strategy's
 mirrored variables, where `update_step` receives per-replica values), Keras'
 own update formula runs.
+
+With `--ema_decay` all four keep an exponential moving average of the
+weights (Polyak & Juditsky 1992; Marian's --exponential-smoothing) in
+Keras' `use_ema` variables, updated after every update with a decay that
+grows with the step as TensorFlow's ExponentialMovingAverage lets it
+(`moving_average_decay`), so that a short run's average does not hold on
+to its first updates. `averaged_weights` swaps the averages into the model
+for a while (the dev evaluation and the best/ checkpoints, nmt_tf.callbacks)
+and back.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 import contextlib
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 
@@ -47,6 +57,22 @@ def _resource_handle(variable):
         except (AttributeError, ValueError):
             return None
     return None
+
+
+def moving_average_decay(decay: float, step):
+    """The decay of the weights' moving average at update `step` (counted from
+    0): 0 at the first update, which copies the weights, then
+    min(decay, (1 + step) / (10 + step)) (TensorFlow's ExponentialMovingAverage
+    with num_updates), so the average of a run of t updates reaches back over
+    at most about t / 9 of them until the decay's own horizon, 1 / (1 - decay),
+    is the shorter."""
+    step = tf.cast(step, tf.float32)
+    return tf.where(step > 0, tf.minimum(tf.cast(decay, tf.float32), (1.0 + step) / (10.0 + step)), 0.0)
+
+
+def _value(variable):
+    """A Keras variable's TensorFlow variable (plain or mirrored), else the variable."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def _dense(gradient):
@@ -95,6 +121,70 @@ class TrainStepGradients:
         if self._summed:
             return list(grads_and_vars)
         return super()._all_reduce_sum_gradients(grads_and_vars)
+
+    def finalize_variable_values(self, var_list):
+        """Nothing: Keras calls this at the end of every `model.fit`, which with
+        `use_ema` would overwrite the trained weights with their averages (and
+        nmt_tf.train calls fit once per epoch); the averages are swapped in only
+        where they are used (`averaged_weights`)."""
+
+    def _update_model_variables_moving_average(self, trainable_variables):
+        """Keras' `use_ema` update with `moving_average_decay`'s decay instead of a
+        fixed one; each average is updated where its variable lives, through
+        the strategy (in a merge call from a replica's step), as the weights are."""
+        if not self.use_ema:
+            return
+        decay = moving_average_decay(self.ema_momentum, self.iterations)
+        pairs = [(_value(var), _value(average))
+                 for var, average in zip(trainable_variables, self._model_variables_moving_average)
+                 if average is not None]
+
+        def update(average, var, decay):
+            decay = tf.cast(decay, average.dtype)
+            return average.assign(decay * average + (1.0 - decay) * tf.cast(var, average.dtype))
+
+        def update_all(distribution, pairs, decay):
+            for var, average in pairs:
+                distribution.extended.update(average, update, args=(var, decay), group=False)
+
+        tf.__internal__.distribute.interim.maybe_merge_call(update_all, tf.distribute.get_strategy(), pairs, decay)
+
+
+def moving_averages(optimizer) -> list:
+    """(weight, its moving average) for every trained weight of an optimizer built
+    with `use_ema` (or a LossScaleOptimizer around one); [] without."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    if optimizer is None or not getattr(optimizer, "use_ema", False) or not optimizer.built:
+        return []
+    return [(var, average) for var, average in zip(optimizer._trainable_variables,
+                                                     optimizer._model_variables_moving_average)
+            if average is not None]
+
+
+def swap_moving_averages(optimizer) -> bool:
+    """Exchanges the values of the trained weights and of their moving averages
+    (nothing without `use_ema`); returns whether it did. Twice is the identity."""
+    pairs = moving_averages(optimizer)
+    for var, average in pairs:
+        # host copies: the values exchanged are the ones read, whatever the assignments do
+        weights = np.array(keras.ops.convert_to_numpy(var))
+        var.assign(np.array(keras.ops.convert_to_numpy(average)))
+        average.assign(weights)
+    return bool(pairs)
+
+
+@contextlib.contextmanager
+def averaged_weights(optimizer):
+    """Inside, the model's trained weights are their moving averages (with
+    `use_ema`; as they are without); on exit, as it raises too, they are the
+    trained weights again and the averages the averages. Yields whether the
+    averages are in."""
+    swapped = swap_moving_averages(optimizer)
+    try:
+        yield swapped
+    finally:
+        if swapped:
+            swap_moving_averages(optimizer)
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")

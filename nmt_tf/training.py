@@ -88,6 +88,12 @@ def check_config(config) -> None:
     if config.tied_embeddings == "all" and not config.joint_vocabulary:
         raise TrainingError("--tied_embeddings=all shares one embedding matrix between source and target "
                             "words: it needs --joint_vocabulary (with --tokenizer=sentencepiece).")
+    if config.ema_decay >= 1.0:
+        raise TrainingError(f"--ema_decay={config.ema_decay} would never move the average from the first "
+                            "weights: use a decay below 1 (e.g. 0.9999), or 0 for none.")
+    if config.ema_decay and not config.dev_src:
+        raise TrainingError("--ema_decay keeps the averaged weights in best/ at dev evaluations: it needs a dev "
+                            "set (--dev_src and --dev_tgt).")
     try:
         schedules.check(config.lr_schedule, config.warmup_steps, config.max_steps, config.max_hours,
                         config.decay_factor, multi_worker=config.distribution == "multi_worker")
@@ -112,19 +118,20 @@ def build_model(config, source_vocab_size: int, target_vocab_size: int):
 def make_optimizer(config):
     """The optimizer of --optimizer: Adam and Adadelta with fused updates,
     RMSprop and SGD as Keras has them; all four from nmt_tf.optimizers, which
-    take the train step's gradient norm and replica sums."""
+    take the train step's gradient norm and replica sums, and with
+    --ema_decay keep the weights' moving averages."""
     from nmt_tf.optimizers import SGD, FusedAdadelta, FusedAdam, RMSprop
 
-    lr = nmt_config.learning_rate(config)
-    clip = config.clip_norm or None
+    common = {"learning_rate": nmt_config.learning_rate(config), "global_clipnorm": config.clip_norm or None}
+    if config.ema_decay:
+        common.update(use_ema=True, ema_momentum=config.ema_decay)
     if config.optimizer == "adadelta":
-        return FusedAdadelta(learning_rate=lr, rho=config.adadelta_rho, epsilon=config.adadelta_epsilon,
-                             global_clipnorm=clip)
+        return FusedAdadelta(rho=config.adadelta_rho, epsilon=config.adadelta_epsilon, **common)
     if config.optimizer == "adam":
-        return FusedAdam(learning_rate=lr, global_clipnorm=clip)
+        return FusedAdam(**common)
     if config.optimizer == "rmsprop":
-        return RMSprop(learning_rate=lr, global_clipnorm=clip)
-    return SGD(learning_rate=lr, global_clipnorm=clip)
+        return RMSprop(**common)
+    return SGD(**common)
 
 
 def dry_run(config, log=log_line) -> int:
@@ -155,6 +162,12 @@ def _check_resume(config, model_dir, explicit, log):
         raise TrainingError(
             f"{model_dir} holds a model trained with other settings: {', '.join(changed)}. "
             "Use a new --model_dir, or the stored values.")
+    if bool(merged["ema_decay"]) != bool(stored["ema_decay"]):
+        # the optimizer's checkpointed variables are a list, the averages first: they would not line up
+        raise TrainingError(
+            f"{model_dir} was trained with --ema_decay={stored['ema_decay']:g}: a resume cannot turn the "
+            "weights' moving average on or off (another decay above 0 is fine). Start a new run from its "
+            f"weights instead: --init_from={model_dir} --model_dir=NEW_DIR.")
     log(f"Resuming in {model_dir} (flags not given now are taken from {nmt_config.path(model_dir)}).")
     for name in ("train_src", "train_tgt", "dev_src", "dev_tgt"):
         if merged[name] != stored[name]:
@@ -449,7 +462,7 @@ def _restore(run: _Run) -> None:
     import tensorflow as tf
 
     from nmt_tf import callbacks as cb
-    from nmt_tf import checkpoints
+    from nmt_tf import checkpoints, optimizers
 
     model, optimizer, n_batches, log = run.model, run.optimizer, run.n_batches, run.log
     state = run.state = cb.TrainingState()
@@ -477,6 +490,9 @@ def _restore(run: _Run) -> None:
         # training counters: the epoch position follows from the step (every epoch has
         # n_batches); the time and token counters start again.
         checkpoints.read_weights(model, restore_from)
+        # it was saved with the weights' moving averages in the model (--ema_decay): training goes on
+        # from the trained weights, as after a regular checkpoint
+        optimizers.swap_moving_averages(optimizer)
         step = int(optimizer.iterations.numpy())
         if n_batches:
             state.epoch.assign(step // n_batches)
@@ -537,6 +553,9 @@ def _controller(run: _Run) -> None:
     log(f"Learning rate ({config.lr_schedule}): {controller.schedule.describe()}"
         + (f"; x{config.decay_factor:g} after every {config.decay_patience} dev evaluations without improvement"
            if config.decay_factor < 1.0 else "") + ".")
+    if config.ema_decay:
+        log(f"Moving average of the weights: decay min({config.ema_decay:g}, (1 + t) / (10 + t)) at update t; "
+            "dev evaluations and best/ use the averages.")
     if run.worker.workers > 1:
         # Not tracked by the model (a plain object): checkpoints stay as they are.
         run.model.stop_votes = controller.votes = cb.StopVotes()

@@ -129,6 +129,26 @@ def test_a_mirrored_run_stopped_and_resumed_trains_what_one_device_trains(tiny_c
     assert_same_training(one_device, model_dir, step=10)
 
 
+def test_mirrored_with_ema_decay_trains_and_averages_what_one_device_does(tiny_corpus, tmp_path):
+    """The weights' moving averages are updated on every replica, as the weights are."""
+    dirs = {}
+    for name, flags in (("one_device", ()), ("mirrored", ("--distribution=mirrored", "--cpu_devices=2"))):
+        dirs[name] = str(tmp_path / name)
+        done = run_cli(*smoke_train_args(tiny_corpus, dirs[name], *JOB, "--ema_decay=0.5", *flags))
+        assert done.returncode == 0, done.stderr
+    assert_same_training(dirs["one_device"], dirs["mirrored"], step=10)
+    best = {name: tf.train.latest_checkpoint(os.path.join(d, "best")) for name, d in dirs.items()}
+    assert os.path.basename(best["one_device"]) == os.path.basename(best["mirrored"])
+    a, b = checkpoint_weights(best["one_device"]), checkpoint_weights(best["mirrored"])
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=WEIGHTS_ATOL, err_msg=k)
+    # best/ holds the averages, not the weights trained up to the same update
+    step = os.path.basename(best["mirrored"]).split("-")[1]
+    trained = checkpoint_weights(os.path.join(dirs["mirrored"], "checkpoints", f"ckpt-{step}"))
+    assert any(k in trained and not np.allclose(b[k], trained[k]) for k in b)
+
+
 def test_mirrored_with_float16_loss_scaling_trains_what_one_device_trains(tiny_corpus, tmp_path):
     """The GPU setting (mixed_float16: Keras' LossScaleOptimizer around ours), run on CPUs."""
     dirs = [str(tmp_path / "one"), str(tmp_path / "mirrored")]

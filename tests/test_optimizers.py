@@ -88,3 +88,75 @@ def test_the_fused_kernel_is_what_runs(name):
     op_types = {op.type for op in graph.get_operations()}
     assert {"adam": "ResourceApplyAdam", "adadelta": "ResourceApplyAdadelta"}[name] in op_types
     assert "Sqrt" not in op_types
+
+
+def test_the_moving_average_decay_grows_with_the_step_up_to_the_decay():
+    from nmt_tf.optimizers import moving_average_decay
+
+    got = [float(moving_average_decay(0.9999, t)) for t in (0, 1, 2, 90, 100_000, 10_000_000)]
+    np.testing.assert_allclose(got, [0.0, 2 / 11, 3 / 12, 91 / 100, 0.9999, 0.9999], rtol=1e-6)
+
+
+def _averaging_sgd(steps, decay=0.5, use_ema=True):
+    """SGD (learning rate 0.1) on one weight with fixed random gradients, keeping
+    the weights' moving average; returns the optimizer, the weight and the gradients."""
+    import keras
+    import tensorflow as tf
+
+    from nmt_tf.optimizers import SGD
+
+    rng = np.random.default_rng(3)
+    weight = keras.Variable(rng.normal(size=(4, 3)).astype("float32"), name="weight")
+    grads = rng.normal(size=(steps, 4, 3)).astype("float32")
+    optimizer = SGD(learning_rate=0.1, use_ema=use_ema, ema_momentum=decay)
+
+    @tf.function
+    def apply(gradient):
+        optimizer.apply_gradients([(gradient, weight)], global_norm=tf.norm(gradient))
+
+    for g in grads:
+        apply(tf.constant(g))
+    return optimizer, weight, grads
+
+
+def test_the_weights_moving_average_is_updated_with_the_growing_decay():
+    """After every update t (from 0): average = d_t average + (1 - d_t) weight,
+    d_t = 0, 2/11, 3/12, ... up to the decay (0.5 from update 9 on)."""
+    from nmt_tf.optimizers import moving_averages
+
+    optimizer, weight, grads = _averaging_sgd(steps=14)
+    expected_weight = np.array(weight.numpy())   # replayed below from the start
+    start = expected_weight + 0.1 * grads.sum(axis=0)
+    w, average = start.copy(), np.zeros_like(start)
+    for t, g in enumerate(grads):
+        w = w - 0.1 * g
+        d = 0.0 if t == 0 else min(0.5, (1 + t) / (10 + t))
+        average = d * average + (1 - d) * w
+    np.testing.assert_allclose(weight.numpy(), w, rtol=1e-5, atol=1e-6)
+    [(var, stored)] = moving_averages(optimizer)
+    assert var is weight
+    np.testing.assert_allclose(stored.numpy(), average, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(average, w, atol=1e-3)      # the average lags the weight
+
+
+def test_averaged_weights_swaps_the_averages_in_and_back_out():
+    from nmt_tf.optimizers import averaged_weights
+
+    optimizer, weight, _ = _averaging_sgd(steps=6)
+    [average] = [a for a in optimizer._model_variables_moving_average if a is not None]
+    trained, averaged = weight.numpy().copy(), average.numpy().copy()
+    with averaged_weights(optimizer) as swapped:
+        assert swapped
+        np.testing.assert_array_equal(weight.numpy(), averaged)
+    np.testing.assert_array_equal(weight.numpy(), trained)
+    np.testing.assert_array_equal(average.numpy(), averaged)
+    with pytest.raises(RuntimeError):              # back out when what ran inside fails, too
+        with averaged_weights(optimizer):
+            raise RuntimeError("a failed dev evaluation")
+    np.testing.assert_array_equal(weight.numpy(), trained)
+
+    plain, weight, _ = _averaging_sgd(steps=2, use_ema=False)
+    before = weight.numpy().copy()
+    with averaged_weights(plain) as swapped:
+        assert not swapped
+        np.testing.assert_array_equal(weight.numpy(), before)

@@ -160,6 +160,59 @@ def test_train_gives_back_the_callers_dtype_policy(tiny_config, tmp_path):
     assert keras.mixed_precision.dtype_policy().name == "float32"
 
 
+def _trained_weights(model_dir, checkpoint):
+    """The trainable weights of a model directory's checkpoint (best, last or a path), in model order."""
+    from nmt_tf.restore import restore_model
+
+    model = restore_model(model_dir, checkpoint, log=lambda *a: None).model
+    return [np.array(v) for v in model.trainable_variables]
+
+
+def test_with_ema_decay_dev_and_best_hold_the_averaged_weights_and_a_resume_the_trained_ones(
+        tiny_config, tmp_path):
+    model_dir = str(tmp_path / "ema")
+    lines = []
+    summary = training.train(tiny_config(model_dir=model_dir, ema_decay=0.5, checkpoint_every_steps=5),
+                             log=lines.append)
+    assert summary["steps"] == 5
+    assert any(line.startswith("Moving average of the weights: decay min(0.5, ") for line in lines)
+    last_path = os.path.join(model_dir, "checkpoints", "ckpt-5")
+    last, best = _trained_weights(model_dir, last_path), _trained_weights(model_dir, "best")
+    assert len(last) == len(best) > 10
+    reader = tf.train.load_checkpoint(last_path)
+    stored = [reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    for trained, averaged in zip(last, best):
+        assert not np.array_equal(trained, averaged)
+        # best/ holds the averages that checkpoints/ keeps beside the trained weights
+        assert any(v.shape == averaged.shape and np.array_equal(v, averaged) for v in stored)
+
+    # A resume from best/ (the regular checkpoints lost) trains on from the trained weights.
+    os.rename(os.path.join(model_dir, "checkpoints"), str(tmp_path / "lost"))
+    lines = []
+    training.train(tiny_config(model_dir=model_dir, ema_decay=0.5, checkpoint_every_steps=5), log=lines.append)
+    assert any("best-5 (model and optimizer): step 5" in line for line in lines), lines
+    for trained, again in zip(last, _trained_weights(model_dir, last_path)):
+        np.testing.assert_array_equal(again, trained)
+
+
+def test_a_resume_cannot_turn_ema_decay_on_or_off_but_may_change_it(tiny_config, tmp_path):
+    plain, averaging = str(tmp_path / "plain"), str(tmp_path / "averaging")
+    training.train(tiny_config(model_dir=plain, max_steps=3), **QUIET)
+    training.train(tiny_config(model_dir=averaging, max_steps=3, ema_decay=0.9), **QUIET)
+    for model_dir, decay in ((plain, 0.9), (averaging, 0.0)):
+        with pytest.raises(training.TrainingError, match="a resume cannot turn the weights' moving average on or off"):
+            training.train(tiny_config(model_dir=model_dir, max_steps=5, ema_decay=decay), **QUIET)
+    assert training.train(tiny_config(model_dir=averaging, max_steps=5, ema_decay=0.5), **QUIET)["steps"] == 5
+
+
+def test_ema_decay_needs_a_dev_set_and_a_decay_below_one(tiny_config, tmp_path):
+    with pytest.raises(training.TrainingError, match="--ema_decay=1.0 would never move"):
+        training.train(tiny_config(model_dir=str(tmp_path / "a"), ema_decay=1.0), **QUIET)
+    with pytest.raises(training.TrainingError, match="--ema_decay keeps the averaged weights .* needs a dev set"):
+        training.train(tiny_config(model_dir=str(tmp_path / "b"), ema_decay=0.9, dev_src=None, dev_tgt=None),
+                       **QUIET)
+
+
 def test_resume_rejects_a_different_model(tiny_config, tmp_path):
     config = tiny_config(model_dir=str(tmp_path / "m"), max_steps=2)
     training.train(config, **QUIET)
