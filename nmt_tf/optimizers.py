@@ -47,10 +47,15 @@ import numpy as np
 import tensorflow as tf
 
 
+def _value(variable):
+    """A Keras variable's TensorFlow variable (plain or mirrored), else the variable."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
 def _resource_handle(variable):
     """The resource handle of a plain TensorFlow variable (a Keras variable's
     value), or None for anything else (mirrored / sharded variables)."""
-    value = variable.value if isinstance(variable, keras.Variable) else variable
+    value = _value(variable)
     if isinstance(value, tf.Variable) and not isinstance(value, tf.distribute.DistributedValues):
         try:
             return value.handle
@@ -68,11 +73,6 @@ def moving_average_decay(decay: float, step):
     is the shorter."""
     step = tf.cast(step, tf.float32)
     return tf.where(step > 0, tf.minimum(tf.cast(decay, tf.float32), (1.0 + step) / (10.0 + step)), 0.0)
-
-
-def _value(variable):
-    """A Keras variable's TensorFlow variable (plain or mirrored), else the variable."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def _dense(gradient):
