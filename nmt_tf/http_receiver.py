@@ -99,7 +99,7 @@ class Receiver:
         self.deliver, self.closed, self.max_body_bytes = deliver, closed, max_body_bytes
         self.header_seconds, self.body_seconds, self.max_header_bytes = header_seconds, body_seconds, max_header_bytes
         self._selector = selectors.DefaultSelector()
-        self._new: list[_Pending] = []
+        self._new: list[_Pending] | None = []      # None once stopped
         self._lock = threading.Lock()
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
@@ -113,10 +113,27 @@ class Receiver:
         do_handshake_on_connect=False has its handshake done here, without
         blocking, within the header deadline."""
         sock.setblocking(False)
+        item = _Pending(sock, address, time.monotonic() + self.header_seconds,
+                        handshaking=isinstance(sock, ssl.SSLSocket))
         with self._lock:
-            self._new.append(_Pending(sock, address, time.monotonic() + self.header_seconds,
-                                      handshaking=isinstance(sock, ssl.SSLSocket)))
-        self._wake()
+            stopped = self._new is None
+            if not stopped:
+                self._new.append(item)
+        if stopped:                # nobody would ever read it
+            self._shut(item)
+            self.closed(sock)
+        else:
+            self._wake()
+
+    @staticmethod
+    def _shut(item: _Pending, reply: bytes | None = None) -> None:
+        try:
+            if reply:
+                item.sock.send(reply)           # small: fits the socket buffer, or is cut
+            item.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        item.sock.close()
 
     def _wake(self):
         try:
@@ -152,6 +169,11 @@ class Receiver:
                 self._close(item, pending, error_reply(408, "Request Timeout",
                                                        f"Request Timeout: the request {what} took more than "
                                                        f"{seconds:g} s"))
+        with self._lock:          # connections added since the last turn, and none from now on
+            new, self._new = self._new, None
+        for item in new:
+            self._shut(item)
+            self.closed(item.sock)
         for item in list(pending.values()):
             self._close(item, pending)
         self._selector.close()
@@ -220,13 +242,7 @@ class Receiver:
     def _close(self, item: _Pending, pending: dict, reply: bytes | None = None) -> None:
         self._selector.unregister(item.sock)
         del pending[item.sock.fileno()]
-        try:
-            if reply:
-                item.sock.send(reply)           # small: fits the socket buffer, or is cut
-            item.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        item.sock.close()
+        self._shut(item, reply)
         self.closed(item.sock)
 
 
