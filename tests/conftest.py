@@ -56,12 +56,15 @@ def memorize(model, x, y, updates: int) -> float:
 
 def checkpoint_weights(path) -> dict:
     """The model weights stored in a training checkpoint, by checkpoint key
-    (optimizer slots left out)."""
+    (optimizer slots left out). TensorFlow keys a variable by the first path
+    it finds to it, and that is `optimizer/_trainable_variables/N` for the
+    decoder's weights (built inside the decoder's loop), `model/...` for the
+    rest."""
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(path)
     return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-            if k.startswith("model/") and "OPTIMIZER_SLOT" not in k}
+            if k.startswith(("model/", "optimizer/_trainable_variables/")) and "OPTIMIZER_SLOT" not in k}
 
 
 def read_multi30k(name: str, n: int | None = None) -> list[str]:
