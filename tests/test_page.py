@@ -109,13 +109,25 @@ def browser():
     driver.quit()
 
 
+def load(browser, url):
+    """Opens the page and waits until it has loaded whole, its script too:
+    chromedriver's get() now and then returns while the document is still
+    loading (seen with Chromium 156), and a form submitted before app.js
+    runs is an ordinary form submission."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(url)
+    WebDriverWait(browser, 30).until(
+        lambda b: b.execute_script("return document.readyState === 'complete' && location.href === arguments[0]", url))
+
+
 def submit(browser, url, text):
     """Loads the page, types `text` and presses Enter; waits for a result or a message."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser.get(url)
+    load(browser, url)
     box = browser.find_element(By.ID, "source")
     browser.execute_script("arguments[0].value = arguments[1];", box, text)     # long lines fast
     box.send_keys(Keys.END, Keys.ENTER)
@@ -179,7 +191,7 @@ def test_a_stopped_server_and_a_failing_one_get_a_message(exported, tmp_path_fac
 
     servers = start(exported, tmp_path_factory)
     url = f"http://127.0.0.1:{servers[2].port}/"
-    browser.get(url)
+    load(browser, url)
     stop(servers)
     box = browser.find_element(By.ID, "source")
     box.send_keys(SENTENCE)
