@@ -57,9 +57,8 @@ def memorize(model, x, y, updates: int) -> float:
 def checkpoint_weights(path) -> dict:
     """The model weights stored in a training checkpoint, by checkpoint key
     (optimizer slots left out). TensorFlow keys a variable by the first path
-    it finds to it, and that is `optimizer/_trainable_variables/N` for the
-    decoder's weights (built inside the decoder's loop), `model/...` for the
-    rest."""
+    it finds to it: `optimizer/_trainable_variables/N` for the decoder's
+    weights in nmt_tf's training checkpoints, `model/...` for the rest."""
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(path)
