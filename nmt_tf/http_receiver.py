@@ -120,13 +120,12 @@ class Receiver:
             if not stopped:
                 self._new.append(item)
         if stopped:                # nobody would ever read it
-            self._shut(item)
-            self.closed(sock)
+            self._end(item)
         else:
             self._wake()
 
-    @staticmethod
-    def _shut(item: _Pending, reply: bytes | None = None) -> None:
+    def _end(self, item: _Pending, reply: bytes | None = None) -> None:
+        """Closes a connection the receiver holds (after `reply`, if any) and reports it closed."""
         try:
             if reply:
                 item.sock.send(reply)           # small: fits the socket buffer, or is cut
@@ -134,6 +133,7 @@ class Receiver:
         except OSError:
             pass
         item.sock.close()
+        self.closed(item.sock)
 
     def _wake(self):
         try:
@@ -172,8 +172,7 @@ class Receiver:
         with self._lock:          # connections added since the last turn, and none from now on
             new, self._new = self._new, None
         for item in new:
-            self._shut(item)
-            self.closed(item.sock)
+            self._end(item)
         for item in list(pending.values()):
             self._close(item, pending)
         self._selector.close()
@@ -242,8 +241,7 @@ class Receiver:
     def _close(self, item: _Pending, pending: dict, reply: bytes | None = None) -> None:
         self._selector.unregister(item.sock)
         del pending[item.sock.fileno()]
-        self._shut(item, reply)
-        self.closed(item.sock)
+        self._end(item, reply)
 
 
 class PrefetchedReader(io.RawIOBase):
