@@ -165,6 +165,11 @@ class TrainerConfig:
             "Adadelta epsilon (paper: 1e-6).")
     clip_norm: float = setting('float', 1.0,
             "Rescale the gradient when its global L2 norm exceeds this (paper: 1). 0 disables.", lower=0.0)
+    weight_decay: float = setting('float', 0.0,
+            "Decoupled weight decay (Loshchilov & Hutter 2019, AdamW): before every update each weight "
+            "matrix and embedding table w becomes w - learning rate * this * w (biases, layer-norm gains "
+            "and other vectors are left alone), e.g. 0.01 with Adam; 0: none. Scaled by the current "
+            "learning rate, so it follows the warm-up and schedule.", lower=0.0)
     ema_decay: float = setting('float', 0.0,
             "Keep an exponential moving average of the weights (Polyak averaging, Marian's "
             "--exponential-smoothing) with this decay per update, e.g. 0.9999; 0: none. The decay is "

@@ -28,6 +28,10 @@ Outside plain TensorFlow variables (another Keras backend, or a strategy's
 mirrored variables, where `update_step` receives per-replica values), Keras'
 own update formula runs.
 
+With `--weight_decay` all four apply Keras' decoupled weight decay (AdamW's
+w -= learning rate * decay * w before each update) to the weight matrices
+and embedding tables only (`_use_weight_decay`).
+
 With `--ema_decay` all four keep an exponential moving average of the
 weights (Polyak & Juditsky 1992; Marian's --exponential-smoothing) in
 Keras' `use_ema` variables, updated after every update with a decay that
@@ -121,6 +125,15 @@ class TrainStepGradients:
         if self._summed:
             return list(grads_and_vars)
         return super()._all_reduce_sum_gradients(grads_and_vars)
+
+    def _use_weight_decay(self, variable):
+        """--weight_decay decays weight matrices and embedding tables only: not
+        biases, layer-norm gains and biases or the attention's score vector
+        (every weight of rank < 2), which decay would pull toward 0 where their
+        neutral value is not 0 (a gain's is 1); the rule of nanoGPT's
+        `configure_optimizers`. Keras calls this with the
+        Keras variable or, under TensorFlow, its tf.Variable: both have a shape."""
+        return len(variable.shape) >= 2
 
     def finalize_variable_values(self, var_list):
         """Nothing: Keras calls this at the end of every `model.fit`, which with

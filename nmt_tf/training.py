@@ -118,11 +118,14 @@ def build_model(config, source_vocab_size: int, target_vocab_size: int):
 def make_optimizer(config):
     """The optimizer of --optimizer: Adam and Adadelta with fused updates,
     RMSprop and SGD as Keras has them; all four from nmt_tf.optimizers, which
-    take the train step's gradient norm and replica sums, and with
-    --ema_decay keep the weights' moving averages."""
+    take the train step's gradient norm and replica sums, with
+    --weight_decay decay the weight matrices, and with --ema_decay keep the
+    weights' moving averages."""
     from nmt_tf.optimizers import SGD, FusedAdadelta, FusedAdam, RMSprop
 
     common = {"learning_rate": nmt_config.learning_rate(config), "global_clipnorm": config.clip_norm or None}
+    if config.weight_decay:
+        common.update(weight_decay=config.weight_decay)
     if config.ema_decay:
         common.update(use_ema=True, ema_momentum=config.ema_decay)
     if config.optimizer == "adadelta":

@@ -160,3 +160,31 @@ def test_averaged_weights_swaps_the_averages_in_and_back_out():
     with averaged_weights(plain) as swapped:
         assert not swapped
         np.testing.assert_array_equal(weight.numpy(), before)
+
+
+def test_weight_decay_shrinks_the_matrices_by_the_current_learning_rate_and_leaves_vectors():
+    """--weight_decay through make_optimizer: with zero gradients (Adam's step
+    is then 0) each update multiplies a matrix by 1 - lr * decay, with the rate
+    the schedule set last; a bias-like vector keeps its values."""
+    import keras
+    import tensorflow as tf
+
+    from nmt_tf.config import TrainingConfig
+    from nmt_tf.training import make_optimizer
+
+    optimizer = make_optimizer(TrainingConfig(optimizer="adam", learning_rate=0.01, weight_decay=0.5))
+    matrix = keras.Variable(np.full((3, 2), 2.0, "float32"), name="kernel")
+    vector = keras.Variable(np.full((2,), 2.0, "float32"), name="bias")
+
+    @tf.function
+    def apply():
+        zeros = [tf.zeros((3, 2)), tf.zeros((2,))]
+        optimizer.apply_gradients(zip(zeros, [matrix, vector]), global_norm=tf.constant(0.0))
+
+    apply()
+    np.testing.assert_allclose(matrix.numpy(), 2.0 * (1 - 0.01 * 0.5), rtol=1e-6)
+    optimizer.learning_rate.assign(0.1)          # as the plateau / budget schedules do
+    apply()
+    np.testing.assert_allclose(matrix.numpy(), 2.0 * (1 - 0.01 * 0.5) * (1 - 0.1 * 0.5), rtol=1e-6)
+    np.testing.assert_array_equal(vector.numpy(), [2.0, 2.0])
+    assert make_optimizer(TrainingConfig(optimizer="adam")).weight_decay is None
