@@ -162,7 +162,7 @@ def freeze(model, parts) -> list[str]:
     if "embeddings" in parts:
         layers += [model.source_embedding, model.target_embedding]
     if "encoder" in parts:
-        layers.append(model.encoder)
+        layers += getattr(model, "encoders", [model.encoder])     # RNNsearch's layers, or RNNencdec's one
     for layer in layers:
         layer.trainable = False
     return sorted({layer.name for layer in layers})

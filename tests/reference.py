@@ -83,6 +83,8 @@ def rnnsearch_forward(w, source, target_in):
     """
     n = w["enc_fw"][1].shape[0]
     H = bidirectional_gru(w["src_emb"][source], w["enc_fw"], w["enc_bw"])
+    for fw, bw in w.get("enc_upper", []):      # encoder_layers > 1: residual layers
+        H = H + bidirectional_gru(H, fw, bw)
     s = np.tanh(H[0, n:] @ w["Ws"] + w["bs"])
     logits, alphas = [], []
     for y_prev in target_in:
@@ -105,6 +107,8 @@ def rnnsearch_weights(model):
         "tgt_emb": g(model.target_embedding.embeddings),
         "enc_fw": (g(enc.kernels[0]), g(enc.recurrent_kernels[0]), g(enc.biases[0])),
         "enc_bw": (g(enc.kernels[1]), g(enc.recurrent_kernels[1]), g(enc.biases[1])),
+        "enc_upper": [tuple((g(layer.kernels[i]), g(layer.recurrent_kernels[i]), g(layer.biases[i]))
+                            for i in (0, 1)) for layer in model.encoders[1:]],
         "Ws": g(model.initial_state.kernel), "bs": g(model.initial_state.bias),
         "att": (g(dec.attention.query_kernel), g(dec.attention.key_kernel),
                 g(dec.attention.bias), g(dec.attention.score_vector)),

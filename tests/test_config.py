@@ -78,6 +78,9 @@ def test_the_parts_of_a_configuration():
     assert TrainingConfig().model_config() == RNNSearchConfig()
     with pytest.raises(ConfigError, match="--encoder=grconv goes with --model=rnnencdec"):
         TrainingConfig(encoder="grconv")
+    with pytest.raises(ConfigError, match="--encoder_layers goes with --model=rnnsearch"):
+        TrainingConfig(model="rnnencdec", encoder_layers=2)
+    assert TrainingConfig(encoder_layers=2).model_config() == RNNSearchConfig(encoder_layers=2)
     with pytest.raises(ConfigError, match="--tied_embeddings=target needs --maxout_size equal to --embedding_size"):
         TrainingConfig(tied_embeddings="target")
     with pytest.raises(ConfigError, match=r"--hidden_size=0: must be at least 1"):

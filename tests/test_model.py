@@ -28,8 +28,10 @@ SOURCES = [[5, 6, 7, 3], [8, 3], [4, 9, 10, 11, 12, 3]]
 TARGETS = [[2, 5, 6], [2, 7, 8, 9, 10], [2, 4]]
 
 
-def test_rnnsearch_matches_numpy_reference_per_sentence():
-    model = tiny_model()
+@pytest.mark.parametrize("encoder_layers", [1, 3])
+def test_rnnsearch_matches_numpy_reference_per_sentence(encoder_layers):
+    """3 encoder layers: h^(k) = h^(k-1) + BiGRU_k(h^(k-1)) above the first."""
+    model = tiny_model(encoder_layers=encoder_layers)
     logits, alignment = model({"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)},
                               return_alignment=True)
     w = ref.rnnsearch_weights(model)
@@ -41,9 +43,11 @@ def test_rnnsearch_matches_numpy_reference_per_sentence():
         assert np.all(alignment[i, :, len(src):].numpy() == 0.0)
 
 
-def test_padding_never_changes_a_result():
-    """Each sentence alone gives the same logits as inside a padded batch."""
-    model = tiny_model()
+@pytest.mark.parametrize("deep", [False, True])
+def test_padding_never_changes_a_result(deep):
+    """Each sentence alone gives the same logits as inside a padded batch (also
+    with residual encoder layers over padded annotations, layer-normalised)."""
+    model = tiny_model(encoder_layers=3, layer_norm=True) if deep else tiny_model()
     batch = model({"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}).numpy()
     for i, (src, tgt) in enumerate(zip(SOURCES, TARGETS)):
         alone = model({"source_ids": np.array([src], "int32"), "target_ids": np.array([tgt], "int32")})
@@ -63,9 +67,10 @@ def test_loss_ignores_padding_labels():
     np.testing.assert_allclose(nll, total, rtol=1e-5)
 
 
-def test_weights_only_checkpoint_holds_every_weight(tmp_path):
+@pytest.mark.parametrize("encoder_layers", [1, 2])
+def test_weights_only_checkpoint_holds_every_weight(tmp_path, encoder_layers):
     """Export and the best-checkpoint copy save the model alone: nothing may be left out."""
-    model = tiny_model()
+    model = tiny_model(encoder_layers=encoder_layers)
     path = tf.train.Checkpoint(model=model).write(str(tmp_path / "w"))
     saved = [k for k in tf.train.list_variables(path) if k[0].startswith("model/")]
     assert len(saved) == len(model.weights)
@@ -385,3 +390,14 @@ def test_transposed_step_products_change_no_gradient(monkeypatch, model_type):
     for got, want in zip(transposed_grads, plain_grads):
         np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
                                    rtol=1e-4, atol=1e-6)
+
+
+def test_freezing_the_encoder_freezes_every_encoder_layer():
+    from nmt_tf import fine_tune
+
+    model = tiny_model(encoder_layers=3)
+    names = fine_tune.freeze(model, ["encoder"])
+    assert names == ["encoder", "encoder_2", "encoder_3"]
+    encoder_weights = {id(w) for layer in model.encoders for w in layer.weights}
+    assert len(encoder_weights) == len(model.weights) - len(model.trainable_weights) > 0
+    assert not encoder_weights & {id(w) for w in model.trainable_weights}

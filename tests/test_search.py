@@ -75,8 +75,9 @@ def test_wide_beam_finds_the_exhaustive_best(suppress_unk):
             assert out["log_probs"][i, rank].numpy() == pytest.approx(candidates[rank][1], rel=1e-4, abs=1e-5)
 
 
-@pytest.mark.parametrize("options", [{}, {"layer_norm": True}, {"tied_embeddings": "target"}],
-                         ids=["paper", "layer_norm", "tied"])
+@pytest.mark.parametrize("options", [{}, {"layer_norm": True}, {"tied_embeddings": "target"},
+                                     {"encoder_layers": 2}],
+                         ids=["paper", "layer_norm", "tied", "encoder_layers"])
 def test_paper_beam_of_10_scores_match_forced_decoding_and_are_sorted(options):
     """Search's own step (fused, sliced, projected matrices) computes the
     teacher-forced model's probabilities, also with the recipe options."""
@@ -364,8 +365,9 @@ def test_frozen_step_weights_give_the_same_search(token_products):
     """Exports keep the step matrices as variables of their own
     (`freeze_step_weights`), and the previous word's products per word
     (`token_products`): the same hypotheses, scores and alignments, also for
-    a layer-normalised GRU (whose input term is normalised in the table)."""
-    for options in ({}, {"layer_norm": True}):
+    a layer-normalised GRU (whose input term is normalised in the table) and
+    for every layer of a deeper encoder."""
+    for options in ({}, {"layer_norm": True}, {"encoder_layers": 2}):
         model = model_with_random_weights(**options)
         search_options = SearchOptions(beam_size=4, n_best=2)
         before = beam_search(model, SOURCES, search_options)
@@ -373,14 +375,16 @@ def test_frozen_step_weights_give_the_same_search(token_products):
         plain = len(tf.nest.flatten(model.step_weights()))
         variables = model.freeze_step_weights(token_products)
         # The step matrices (with the two per-word tables instead of the
-        # embeddings), and (U_rz, U) of each encoder direction, split once.
-        assert len(variables) == plain + token_products + 4
+        # embeddings), and (U_rz, U) of each encoder layer's direction, split once.
+        assert len(variables) == plain + token_products + 4 * options.get("encoder_layers", 1)
         assert ("token_products" in model.step_weights()) == token_products
         assert ("target_embedding" in model.step_weights()) != token_products
         assert all(isinstance(v, tf.Variable) and not v.trainable for v in variables)
-        for (u_rz, u_candidate), kernel in zip(frozen_values(model.encoder, "recurrent_splits"),
-                                               model.encoder.recurrent_kernels):
-            np.testing.assert_array_equal(np.concatenate([u_rz.numpy(), u_candidate.numpy()], -1), kernel.numpy())
+        for encoder in model.encoders:
+            for (u_rz, u_candidate), kernel in zip(frozen_values(encoder, "recurrent_splits"),
+                                                   encoder.recurrent_kernels):
+                np.testing.assert_array_equal(np.concatenate([u_rz.numpy(), u_candidate.numpy()], -1),
+                                              kernel.numpy())
         after = beam_search(model, SOURCES, search_options), greedy_search(model, SOURCES)
         for want, got in zip((before, greedy_before), after):
             for key in want:

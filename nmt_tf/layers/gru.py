@@ -235,6 +235,11 @@ class BidirectionalGRU(FrozenRecurrentSplits, keras.layers.Layer):
     def biases(self):
         return [self.forward_bias, self.backward_bias]
 
+    def direction_weights(self, direction: str) -> list:
+        """Every weight of one direction ("forward" or "backward"): kernel,
+        recurrent kernel, bias, and with layer_norm its norms' gains and biases."""
+        return [w for w in self.weights if w.name.startswith(f"{direction}_")]
+
     def norms(self, term: str, dtype):
         """[(gain, bias) forward, (gain, bias) backward] of the x-terms
         ("input") or h-terms ("recurrent"), in `dtype`; None without layer_norm."""

@@ -71,6 +71,10 @@ class RNNSearchConfig(ModelConfig):
 
     attention_size: int = setting('integer', 1000,
             "Hidden size n' of the alignment model (paper: 1000).", lower=1)
+    encoder_layers: int = setting('integer', 1,
+            "Layers of bidirectional GRUs in RNNsearch's encoder (paper: 1). Each layer above the first reads the"
+            " annotations of the layer below and adds its own to them (a residual connection); the top "
+            "layer's are the annotations h_j.", lower=1, upper=8)
 
     def refuse(self, given: dict) -> None:
         if given.get("encoder", "rnn") != "rnn":
@@ -88,6 +92,11 @@ class RNNEncDecConfig(ModelConfig):
             " 2014b). RNNsearch always uses its bidirectional GRU.", choices=['rnn', 'grconv'])
     grconv_size: int = setting('integer', 2000,
             "Node size of the grConv encoder (paper: 2,000).", lower=1)
+
+    def refuse(self, given: dict) -> None:
+        if given.get("encoder_layers", 1) != 1:
+            raise ConfigError("--encoder_layers goes with --model=rnnsearch; RNNencdec's encoder is one GRU "
+                              "or a grConv.")
 
 
 class Architecture(NamedTuple):

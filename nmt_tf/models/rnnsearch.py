@@ -1,6 +1,8 @@
 """RNNsearch (Bahdanau, Cho & Bengio 2015): the attention-based translator.
 
     encoder:  h_j = [->h_j ; <-h_j], a bidirectional GRU over E_x x_j
+              (with encoder_layers = L > 1, layer k > 1 reads layer k-1's
+              h^(k-1) and gives h^(k) = h^(k-1) + BiGRU_k(h^(k-1)); h = h^(L))
     s_0     = tanh(W_s <-h_1 + b_s)
     decoder:  see nmt_tf.layers.decoder (attention, then GRU with context)
     readout:  t_i = maxout(U_o s_i + V_o E_y y_{i-1} + C_o c_i + b_o)
@@ -43,6 +45,8 @@ class RNNSearch(Seq2SeqModel):
       attention_size: n', the alignment model's hidden size.
       maxout_size: l, the number of maxout units (the readout has 2l).
       dropout: dropout rate on embeddings and maxout features (training only).
+      encoder_layers: L, bidirectional GRU layers in the encoder (paper: 1);
+        layers above the first are residual (module docstring).
       **kwargs: annotation_dropout (on h_j), recurrent_dropout, layer_norm,
         tied_embeddings, label_smoothing (see `Seq2SeqModel`) and Keras' own.
 
@@ -54,12 +58,21 @@ class RNNSearch(Seq2SeqModel):
 
     def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int = 620,
                  hidden_size: int = 1000, attention_size: int = 1000, maxout_size: int = 500,
-                 dropout: float = 0.0, **kwargs):
+                 dropout: float = 0.0, encoder_layers: int = 1, **kwargs):
         super().__init__(source_vocab_size, target_vocab_size, embedding_size, hidden_size, maxout_size,
                          dropout, **kwargs)
+        if encoder_layers < 1:
+            raise ValueError(f"encoder_layers must be at least 1, got {encoder_layers}")
         self.attention_size = attention_size
+        self.encoder_layers = encoder_layers
         self.encoder = BidirectionalGRU(hidden_size, recurrent_dropout=self.recurrent_dropout,
                                         layer_norm=self.layer_norm, name="encoder")
+        # Plain attributes encoder_2, ... (a checkpoint follows attributes), so
+        # a one-layer model's checkpoints are what they were before layers.
+        for k in range(2, encoder_layers + 1):
+            setattr(self, f"encoder_{k}", BidirectionalGRU(
+                hidden_size, recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
+                name=f"encoder_{k}"))
         self.initial_state = keras.layers.Dense(
             hidden_size, activation="tanh", kernel_initializer=weight_init(), name="initial_state")
         self.decoder = AttentionDecoder(hidden_size, attention_size, 2 * hidden_size,
@@ -75,9 +88,16 @@ class RNNSearch(Seq2SeqModel):
         m, n = self.embedding_size, self.hidden_size
         self.build_shared(context_dim=2 * n)
         self.encoder.build((None, None, m))
+        for layer in self.encoders[1:]:
+            layer.build((None, None, 2 * n))
         self.initial_state.build((None, n))
         self.decoder.build((None, None, m))
         self.built = True
+
+    @property
+    def encoders(self) -> list:
+        """The encoder's bidirectional GRU layers, bottom first."""
+        return [self.encoder] + [getattr(self, f"encoder_{k}") for k in range(2, self.encoder_layers + 1)]
 
     def encode(self, source_ids, training=False):
         """Runs the encoder.
@@ -94,6 +114,8 @@ class RNNSearch(Seq2SeqModel):
         # by side (BidirectionalGRU); training keeps its one batched loop.
         annotations = self.encoder(self.embed_source(source_ids, training), mask, separate_loops=not training,
                                    training=training)
+        for layer in self.encoders[1:]:
+            annotations = annotations + layer(annotations, mask, separate_loops=not training, training=training)
         annotations = self.annotation_dropout(annotations, training=training)
         state = self.initial_state(annotations[:, 0, self.hidden_size:])   # tanh(W_s <-h_1)
         return {"annotations": annotations, "mask": mask, "state": state,
@@ -160,11 +182,14 @@ class RNNSearch(Seq2SeqModel):
         """Parameter counts by part of the model, in the order of docs/SPEC.md §2."""
         enc = self.encoder
         shared = self.shared_parameter_groups()
+        upper = {f"encoder layer {k} GRUs": count_parameters(*layer.weights)
+                 for k, layer in enumerate(self.encoders[1:], start=2)}
         return {
             "source embedding": shared["source embedding"],
             "target embedding": shared["target embedding"],
-            "encoder forward GRU": count_parameters(enc.kernels[0], enc.recurrent_kernels[0], enc.biases[0]),
-            "encoder backward GRU": count_parameters(enc.kernels[1], enc.recurrent_kernels[1], enc.biases[1]),
+            "encoder forward GRU": count_parameters(*enc.direction_weights("forward")),
+            "encoder backward GRU": count_parameters(*enc.direction_weights("backward")),
+            **upper,
             "decoder GRU": count_parameters(*self.decoder.cell.weights),
             "initial state s_0": count_parameters(*self.initial_state.weights),
             "attention": count_parameters(*self.decoder.attention.weights),
@@ -173,4 +198,5 @@ class RNNSearch(Seq2SeqModel):
         }
 
     def get_config(self):
-        return {**super().get_config(), "attention_size": self.attention_size}
+        return {**super().get_config(), "attention_size": self.attention_size,
+                "encoder_layers": self.encoder_layers}
