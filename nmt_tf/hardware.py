@@ -29,6 +29,13 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def bf16_cpu_flags() -> list[str]:
+    """Which of BF16_CPU_FLAGS this CPU has (empty: no bfloat16 instructions).
+    --mixed_precision=auto trains in bfloat16 where it is not empty, and
+    `make train` chooses its recipe by it (the Makefile)."""
+    return [f for f in BF16_CPU_FLAGS if f in cpu_flags()]
+
+
 def vector_flags() -> list[str]:
     """The flags that decide kernel speed (avx2, avx512*, amx*), sorted, for reports."""
     return sorted(f for f in cpu_flags() if f == "avx2" or f.startswith(("avx512", "amx")))

@@ -29,7 +29,7 @@ def resolve(requested: str) -> tuple[str, str]:
 
     if tf.config.list_physical_devices("GPU"):
         return "float32", "--mixed_precision=auto: float32, a GPU is visible (auto decides for CPUs only)"
-    found = [f for f in hardware.BF16_CPU_FLAGS if f in hardware.cpu_flags()]
+    found = hardware.bf16_cpu_flags()
     if found:
         return "mixed_bfloat16", f"--mixed_precision=auto: mixed_bfloat16, this CPU has {' and '.join(found)}"
     return "float32", ("--mixed_precision=auto: float32, this CPU has no bfloat16 instructions "

@@ -65,7 +65,8 @@ def test_every_flag_is_documented(name):
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "pipelines", "**", "*.flags"),
                                               recursive=True))
                          + [os.path.join(REPO, "benchmarks", "reference.flags")])
-def test_flagfiles_parse(path):
+def test_flagfiles_parse(path, monkeypatch):
+    monkeypatch.chdir(REPO)         # the recipes' paths, a nested --flagfile's too, are the repository's
     try:
         flags.FLAGS(["train", f"--flagfile={path}"])
         assert flags.config_from_flags().tokenizer in ("word", "wordpiece", "sentencepiece")

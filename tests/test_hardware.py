@@ -36,6 +36,55 @@ def test_the_cpu_flags_are_read_from_cpuinfo():
     assert set(hardware.vector_flags()) <= flags
 
 
+@pytest.mark.parametrize("flags, recipe", [
+    ("avx2 avx512f avx512_bf16", "rnnsearch.flags"),              # AMD EPYC Zen 4
+    ("avx2 avx512f amx_bf16 amx_tile", "rnnsearch.flags"),        # Intel Sapphire Rapids
+    ("avx2 fma", "rnnsearch_float32.flags"),                      # AVX2 only: float32
+])
+def test_make_train_chooses_its_recipe_by_the_cpus_bfloat16(tmp_path, flags, recipe):
+    """The Makefile's choice runs `$(PY) -c ...` with nmt_tf.hardware: here a
+    Python whose hardware.cpu_flags() are `flags`, through `make -n`."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    if not shutil.which("make"):
+        pytest.skip("no make on this system")
+    python = tmp_path / "python"
+    python.write_text(f"#!{sys.executable}\nimport sys\nfrom nmt_tf import hardware\n"
+                      f"hardware.cpu_flags = lambda: frozenset({flags.split()!r})\n"
+                      "assert sys.argv[1] == '-c'\nexec(sys.argv[2])\n")
+    python.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop("FLAGFILE", None)
+    done = subprocess.run(["make", "-n", "-B", "train", f"PY={python}"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"-m nmt_tf.train --flagfile=pipelines/multi30k_en_fr/{recipe} " in done.stdout, done.stdout
+
+
+def test_the_float32_recipe_is_the_recipe_with_less_dropout(monkeypatch):
+    """rnnsearch_float32.flags takes everything from rnnsearch.flags but the
+    three dropout rates, each 0.1 lower (issue 42's choice for ~6,700 updates)."""
+    from conftest import REPO
+    from nmt_tf import flags
+
+    def config(name):
+        try:
+            flags.FLAGS(["train", f"--flagfile=pipelines/multi30k_en_fr/{name}"])
+            return flags.config_from_flags().as_dict()
+        finally:
+            flags.FLAGS.unparse_flags()
+
+    monkeypatch.chdir(REPO)     # the nested --flagfile is relative to the repository, like the corpora
+    recipe, float32 = config("rnnsearch.flags"), config("rnnsearch_float32.flags")
+    changed = {name: (recipe[name], float32[name]) for name in recipe if recipe[name] != float32[name]}
+    assert changed == {"dropout": (0.4, 0.3), "annotation_dropout": (0.5, 0.4), "recurrent_dropout": (0.2, 0.1)}
+
+
 def choose_in_a_fresh_process(env_value):
     """choose_training_kernels() in a Python without TensorFlow imported:
     (what it says, TF_ENABLE_ONEDNN_OPTS afterwards)."""
