@@ -73,7 +73,7 @@ def define_settings(config_class, names=None, module_name: str | None = None) ->
 
 define_settings(TrainingConfig)
 
-# The flags above make up a training job's configuration (nmt_tf.config, flags.json).
+# The flags above make up a training job's configuration (nmt_tf.config, config.json).
 TRAINING_FLAGS = tuple(sorted(config.NAMES))
 
 # ---------------------------------------------------------------- search (export, translate, evaluate)
@@ -184,7 +184,7 @@ def user_error(error, code: int = EXIT_USER_ERROR) -> int:
 
 
 def nmt_flag_names() -> list[str]:
-    """Names of the training flags (those stored in flags.json)."""
+    """Names of the training flags (those stored in config.json)."""
     return list(TRAINING_FLAGS)
 
 

@@ -5,13 +5,13 @@ Usage:
   python -m nmt_tf.evaluate --model_dir=runs/m30k --shortlist_size=2000 --src=val.en --ref=val.fr
   python -m nmt_tf.export --model_dir=runs/m30k --shortlist_size=1000 --export_dir=exports/nmt
 
-Reads the model's training corpus (flags.json's --train_src / --train_tgt,
+Reads the model's training corpus (config.json's --train_src / --train_tgt,
 or the ones given) with the model's own tokenizers, skips the pairs with an
 empty side or more than --max_len tokens, and learns IBM Model 1 (EM,
 --shortlist_iterations) over at most --shortlist_pairs of them. It stores
 for every source token its --shortlist_keep likeliest target tokens and the
 target tokens' counts (nmt_tf.lexicon), and reports how many of the dev
-set's reference tokens (flags.json's --dev_src / --dev_tgt) a shortlist of
+set's reference tokens (config.json's --dev_src / --dev_tgt) a shortlist of
 each size would hold, sentence by sentence. A search with --shortlist_size=C
 then computes its output layer and softmax over at least C candidate tokens
 per batch, more when the batch's translations need the room (Jean et al.
