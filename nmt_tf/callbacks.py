@@ -174,7 +174,8 @@ class TrainingController(keras.callbacks.Callback):
         self.run_steps = 0
         self.schedule = schedules.LearningRateSchedule(     # workers of one job must agree: steps only there
             config.lr_schedule, learning_rate(config), config.warmup_steps, config.max_steps,
-            0.0 if config.distribution == "multi_worker" else config.max_hours, config.final_lr_fraction)
+            0.0 if config.distribution == "multi_worker" else config.max_hours, config.final_lr_fraction,
+            config.lr_decay_fraction)
         self._timed = {"steps": 0, "seconds": 0.0}   # this run's updates after the first few, for seconds_per_step
         self._interrupted = False
         self.received_signal: str | None = None      # name of the signal that stopped the run

@@ -159,6 +159,10 @@ class TrainerConfig:
     final_lr_fraction: float = setting('float', 0.0,
             "--lr_schedule=linear / cosine: the fraction of --learning_rate reached at the end of the "
             "budget.", lower=0.0, upper=1.0)
+    lr_decay_fraction: float = setting('float', 1.0,
+            "--lr_schedule=linear / cosine: the share of the budget (after the warm-up) over which the "
+            "rate decays; before it the rate stays at --learning_rate (warm-up, stable, decay; e.g. 0.2 "
+            "decays over the last fifth). 1: the decay starts right after the warm-up.", lower=0.0, upper=1.0)
     adadelta_rho: float = setting('float', 0.95,
             "Adadelta decay rate rho (paper: 0.95).")
     adadelta_epsilon: float = setting('float', 1e-06,

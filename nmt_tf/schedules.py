@@ -11,6 +11,11 @@
   budget is known; an hour budget is converted to updates from the measured
   seconds per update of this run, re-estimated at every update (a resumed
   run on another CPU measures its own).
+  With --lr_decay_fraction below 1 the rate stays at --learning_rate until
+  only that share of the budget is left and decays over it ("warm-up,
+  stable, decay": Hu et al. 2024, MiniCPM; Hägele et al. 2024, "Scaling Laws
+  and Compute-Optimal Training Beyond Fixed Training Durations", where a
+  linear cool-down over the last 20% matched a cosine over the whole run).
 """
 
 from __future__ import annotations
@@ -26,15 +31,22 @@ class ScheduleError(ValueError):
 
 
 def check(schedule: str, warmup_steps: int, max_steps: int, max_hours: float, decay_factor: float,
-          multi_worker: bool = False) -> None:
+          multi_worker: bool = False, decay_fraction: float = 1.0) -> None:
     """Raises ScheduleError for a budgeted schedule without a budget, with
-    plateau decay on top, or with a warm-up as long as its step budget; and
+    plateau decay on top, or with a warm-up as long as its step budget; for a
+    decay fraction outside (0, 1] or given to the plateau schedule; and
     under a multi-worker strategy without --max_steps (each worker measures
     its own time, and workers that set different rates would apply the same
     gradient differently: the schedule follows the step budget alone there)."""
     if schedule not in SCHEDULES:
         raise ScheduleError(f"--lr_schedule={schedule}: not one of {', '.join(SCHEDULES)}.")
+    if not 0.0 < decay_fraction <= 1.0:
+        raise ScheduleError(f"--lr_decay_fraction={decay_fraction:g}: the share of the budget the rate decays "
+                            "over must be above 0 and at most 1.")
     if schedule not in BUDGETED:
+        if decay_fraction != 1.0:
+            raise ScheduleError(f"--lr_decay_fraction={decay_fraction:g} shapes the decay of --lr_schedule=linear "
+                                f"or cosine; --lr_schedule={schedule} would ignore it.")
         return
     if multi_worker and not max_steps:
         raise ScheduleError(f"--lr_schedule={schedule} under --distribution=multi_worker decays over --max_steps "
@@ -63,13 +75,14 @@ class LearningRateSchedule:
     """
 
     def __init__(self, schedule: str, base_rate: float, warmup_steps: int = 0, max_steps: int = 0,
-                 max_hours: float = 0.0, final_fraction: float = 0.0):
+                 max_hours: float = 0.0, final_fraction: float = 0.0, decay_fraction: float = 1.0):
         self.schedule = schedule
         self.base_rate = float(base_rate)
         self.warmup_steps = int(warmup_steps)
         self.max_steps = int(max_steps)
         self.max_hours = float(max_hours)
         self.final_fraction = float(final_fraction)
+        self.decay_fraction = float(decay_fraction)
 
     def describe(self) -> str:
         """One line for the training log."""
@@ -78,9 +91,11 @@ class LearningRateSchedule:
             return f"{self.base_rate:g}{warmup}"
         ends = " or ".join(([f"update {self.max_steps:,}"] if self.max_steps else [])
                            + ([f"{self.max_hours:g} training hours"] if self.max_hours else []))
-        return (f"{self.base_rate:g}{warmup}, {self.schedule} decay to {self.final_fraction:g} of it "
-                f"at {ends} (whichever comes first)" if self.max_steps and self.max_hours else
-                f"{self.base_rate:g}{warmup}, {self.schedule} decay to {self.final_fraction:g} of it at {ends}")
+        first = " (whichever comes first)" if self.max_steps and self.max_hours else ""
+        held = (f", held until the last {self.decay_fraction:.0%} of the budget, then" if self.decay_fraction < 1
+                else ",")
+        return (f"{self.base_rate:g}{warmup}{held} {self.schedule} decay to {self.final_fraction:g} of it "
+                f"at {ends}{first}")
 
     @property
     def budgeted(self) -> bool:
@@ -118,5 +133,7 @@ class LearningRateSchedule:
         budget = self.budget_steps(step, train_seconds, seconds_per_step)
         if budget is None:
             return self.base_rate
-        span = budget - self.warmup_steps
-        return self.base_rate * self.decay((step - self.warmup_steps) / span if span > 0 else 1.0)
+        # The decay covers the last decay_fraction of the updates after the warm-up; before it, the full rate.
+        span = (budget - self.warmup_steps) * self.decay_fraction
+        start = budget - span
+        return self.base_rate * self.decay((step - start) / span if span > 0 else 1.0)

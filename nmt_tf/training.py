@@ -96,7 +96,8 @@ def check_config(config) -> None:
                             "set (--dev_src and --dev_tgt).")
     try:
         schedules.check(config.lr_schedule, config.warmup_steps, config.max_steps, config.max_hours,
-                        config.decay_factor, multi_worker=config.distribution == "multi_worker")
+                        config.decay_factor, multi_worker=config.distribution == "multi_worker",
+                        decay_fraction=config.lr_decay_fraction)
     except schedules.ScheduleError as e:
         raise TrainingError(str(e)) from None
     try:

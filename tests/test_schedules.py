@@ -30,6 +30,25 @@ def test_cosine_decay_to_a_final_fraction():
     assert all(a >= b for a, b in zip(rates, rates[1:]))
 
 
+def test_a_decay_fraction_holds_the_rate_until_the_last_part_of_the_budget():
+    # Warm-up, stable, decay: 100 warm-up updates, then 1,000 more of which the last 20% decay.
+    s = schedules.LearningRateSchedule("linear", 1e-3, warmup_steps=100, max_steps=1100, decay_fraction=0.2)
+    assert s.rate(99) == pytest.approx(1e-3)
+    assert s.rate(500) == pytest.approx(1e-3) and s.rate(900) == pytest.approx(1e-3)   # held to the decay
+    assert s.rate(1000) == pytest.approx(5e-4)           # half way through the last 200 updates
+    assert s.rate(1099) == pytest.approx(1e-3 / 200)
+    assert s.rate(1100) == 0.0
+    cosine = schedules.LearningRateSchedule("cosine", 1.0, max_steps=1000, decay_fraction=0.5, final_fraction=0.1)
+    assert cosine.rate(499) == 1.0 and cosine.rate(750) == pytest.approx(0.1 + 0.9 * 0.5)
+    # An hour budget: the decay starts when a fifth of the estimated updates is left.
+    hours = schedules.LearningRateSchedule("linear", 1.0, max_hours=1.0, decay_fraction=0.2)
+    assert hours.rate(100, 1800.0, 0.5) == 1.0                            # ends at 3,700: holds until 2,960
+    # 200 s left at 0.5 s per update: the budget ends at update 3,400 and its decay spans 680 updates from 2,720.
+    assert hours.rate(3000, 3400.0, 0.5) == pytest.approx(1 - 280 / 680)
+    assert "held until the last 20% of the budget, then linear decay to 0 of it at 1 training hours" \
+        in hours.describe()
+
+
 def test_an_hour_budget_is_turned_into_updates_from_the_measured_rate():
     s = schedules.LearningRateSchedule("linear", 1.0, max_hours=1.0)
     assert s.rate(10, train_seconds=5.0, seconds_per_step=None) == 1.0    # nothing measured yet: full rate
@@ -55,6 +74,8 @@ def test_plateau_leaves_the_rate_alone_after_the_warm_up():
     (dict(lr_schedule="linear", max_steps=100, decay_factor=0.5), "set --decay_factor=1"),
     (dict(lr_schedule="linear", max_steps=100, warmup_steps=100), "leaves nothing of --max_steps=100"),
     (dict(lr_schedule="linear", max_hours=1.0, distribution="multi_worker"), "under --distribution=multi_worker"),
+    (dict(lr_decay_fraction=0.2), "--lr_schedule=plateau would ignore it"),
+    (dict(lr_schedule="linear", max_steps=100, lr_decay_fraction=0.0), "must be above 0 and at most 1"),
 ])
 def test_schedule_flags_that_cannot_work_are_one_error(tiny_config, tmp_path, overrides, message):
     with pytest.raises(training.TrainingError, match=message):
@@ -66,11 +87,11 @@ def test_training_with_a_linear_budget_ends_annealed(tiny_config, tmp_path):
     model_dir = str(tmp_path / "m")
     lines = []
     summary = training.train(tiny_config(model_dir=model_dir, max_epochs=5, max_steps=8, warmup_steps=2,
-                                      lr_schedule="linear"), log=lines.append)
+                                      lr_schedule="linear", lr_decay_fraction=0.5), log=lines.append)
     assert summary["steps"] == 8 and summary["status"] == "max_steps"
-    assert any("Learning rate (linear): 0.01, warm-up over 2 updates, linear decay to 0 of it at update 8"
-               in line for line in lines), lines
+    assert any("Learning rate (linear): 0.01, warm-up over 2 updates, held until the last 50% of the budget, "
+               "then linear decay to 0 of it at update 8" in line for line in lines), lines
     rates = [v for _, v in sorted(read_scalars(os.path.join(model_dir, "logs", "train"))["learning_rate"])]
-    # Update k (from 0) is logged at step k + 1: warm-up 0.005, 0.01, then 0.01 x (1 - (k - 2) / 6).
-    np.testing.assert_allclose(rates, [0.005, 0.01, 0.01, 0.01 * 5 / 6, 0.01 * 4 / 6, 0.01 * 3 / 6,
-                                       0.01 * 2 / 6, 0.01 * 1 / 6], rtol=1e-5)
+    # Update k (from 0) is logged at step k + 1: warm-up 0.005, 0.01; held at 0.01 for the first half of
+    # the 6 updates after it; then 0.01 x (1 - (k - 5) / 3).
+    np.testing.assert_allclose(rates, [0.005, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01 * 2 / 3, 0.01 / 3], rtol=1e-5)
