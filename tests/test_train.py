@@ -377,8 +377,6 @@ def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(t
     from them) and the others moved;
     the vocabularies are the source's; the log counts the new corpus' [UNK]s;
     a model flag that contradicts the source is one error."""
-    from nmt_tf import checkpoints
-
     source = trained_model_dir[0]
     tuned = str(tmp_path / "tuned")
     given = {"model_dir", "train_src", "train_tgt", "init_from", "freeze", "max_epochs", "dropout",
