@@ -92,7 +92,7 @@ class LearningRateSchedule:
         ends = " or ".join(([f"update {self.max_steps:,}"] if self.max_steps else [])
                            + ([f"{self.max_hours:g} training hours"] if self.max_hours else []))
         first = " (whichever comes first)" if self.max_steps and self.max_hours else ""
-        held = (f", held until the last {self.decay_fraction:.0%} of the budget, then" if self.decay_fraction < 1
+        held = (f", held until the last {self.decay_fraction * 100:g}% of the budget, then" if self.decay_fraction < 1
                 else ",")
         return (f"{self.base_rate:g}{warmup}{held} {self.schedule} decay to {self.final_fraction:g} of it "
                 f"at {ends}{first}")
