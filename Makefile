@@ -37,7 +37,10 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m nmt_tf.serve --preset=$(PRESET) --host=127.0.0.1 --port=0 --rest_api_port=$(DEMO_PORT)
 
+# The recipe's file must exist: if the CPU check above failed (its error is printed
+# above this one), FLAGFILE is the folder alone.
 train: setup
+	@test -f "$(FLAGFILE)" || { echo "make train: no recipe file '$(FLAGFILE)' (choose one with FLAGFILE=$(RECIPES)/rnnsearch.flags; the CPU check is $(PY) -c 'from nmt_tf import hardware; hardware.bf16_cpu_flags()')" >&2; exit 2; }
 	$(PY) -m nmt_tf.train --flagfile=$(FLAGFILE) --model_dir=$(MODEL_DIR)
 	$(PY) -m nmt_tf.shortlist --model_dir=$(MODEL_DIR)
 

@@ -66,6 +66,30 @@ def test_make_train_chooses_its_recipe_by_the_cpus_bfloat16(tmp_path, flags, rec
     assert f"-m nmt_tf.train --flagfile=pipelines/multi30k_en_fr/{recipe} " in done.stdout, done.stdout
 
 
+def test_make_train_stops_with_one_clear_error_when_the_cpu_check_fails(tmp_path):
+    """A Python that fails the Makefile's `$(PY) -c ...` leaves FLAGFILE the
+    recipes' folder alone: make train stops before training and names it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    if not shutil.which("make"):
+        pytest.skip("no make on this system")
+    python = tmp_path / "python"     # fails the CPU check; `-m nmt_tf.presets --build` (make setup) succeeds
+    python.write_text(f"#!{sys.executable}\nimport sys\nsys.exit('no nmt_tf here' if sys.argv[1] == '-c' else 0)\n")
+    python.chmod(0o755)
+    (tmp_path / ".installed").touch()           # the venv is up to date: make setup installs nothing
+    env = {k: v for k, v in os.environ.items() if k != "FLAGFILE"}
+    done = subprocess.run(["make", "train", f"PY={python}", f"VENV={tmp_path}"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode != 0
+    assert "make train: no recipe file 'pipelines/multi30k_en_fr/'" in done.stderr, done.stderr
+    assert "nmt_tf.train" not in done.stdout, done.stdout
+
+
 def test_the_float32_recipe_is_the_recipe_with_less_dropout(monkeypatch):
     """rnnsearch_float32.flags takes everything from rnnsearch.flags but the
     three dropout rates, each 0.1 lower (issue 42's choice for ~6,700 updates)."""
