@@ -162,7 +162,7 @@ class TrainerConfig:
     lr_decay_fraction: float = setting('float', 1.0,
             "--lr_schedule=linear / cosine: the share of the budget (after the warm-up) over which the "
             "rate decays; before it the rate stays at --learning_rate (warm-up, stable, decay; e.g. 0.2 "
-            "decays over the last fifth). 1: the decay starts right after the warm-up.", lower=0.0, upper=1.0)
+            "decays over the last fifth). 1: the decay starts right after the warm-up.", above=0.0, upper=1.0)
     adadelta_rho: float = setting('float', 0.95,
             "Adadelta decay rate rho (paper: 0.95).")
     adadelta_epsilon: float = setting('float', 1e-06,
@@ -212,7 +212,7 @@ class TrainerConfig:
             "evaluation.", lower=0)
     decay_factor: float = setting('float', 1.0,
             "Multiply the learning rate by this after --decay_patience dev evaluations without "
-            "improvement (1: constant learning rate, as in the paper).", lower=0.0, upper=1.0)
+            "improvement (1: constant learning rate, as in the paper).", above=0.0, upper=1.0)
     decay_patience: int = setting('integer', 2,
             "Dev evaluations without improvement before each learning-rate decay.", lower=1)
     patience: int = setting('integer', 10,

@@ -54,7 +54,9 @@ def _define(field, module_name: str | None = None) -> None:
     and limits; it belongs to `module_name` (a tool's __name__) or to this module."""
     meta = field.metadata
     default = settings.default(field)
-    extra = {k: v for k, v in (("lower_bound", meta["lower"]), ("upper_bound", meta["upper"])) if v is not None}
+    # absl's bounds are inclusive: a bound the value must exceed (`above`) is checked by the configuration.
+    lower = meta["lower"] if meta["lower"] is not None else meta["above"]
+    extra = {k: v for k, v in (("lower_bound", lower), ("upper_bound", meta["upper"])) if v is not None}
     if module_name is not None:      # as absl names the module that defines a flag itself
         extra["module_name"] = sys.argv[0] if module_name == "__main__" else module_name
     if meta["flag"] == "enum":

@@ -34,15 +34,12 @@ def check(schedule: str, warmup_steps: int, max_steps: int, max_hours: float, de
           multi_worker: bool = False, decay_fraction: float = 1.0) -> None:
     """Raises ScheduleError for a budgeted schedule without a budget, with
     plateau decay on top, or with a warm-up as long as its step budget; for a
-    decay fraction outside (0, 1] or given to the plateau schedule; and
-    under a multi-worker strategy without --max_steps (each worker measures
+    decay fraction given to the plateau schedule (its range, above 0 and at
+    most 1, is the configuration's to check); and under a multi-worker strategy without --max_steps (each worker measures
     its own time, and workers that set different rates would apply the same
     gradient differently: the schedule follows the step budget alone there)."""
     if schedule not in SCHEDULES:
         raise ScheduleError(f"--lr_schedule={schedule}: not one of {', '.join(SCHEDULES)}.")
-    if not 0.0 < decay_fraction <= 1.0:
-        raise ScheduleError(f"--lr_decay_fraction={decay_fraction:g}: the share of the budget the rate decays "
-                            "over must be above 0 and at most 1.")
     if schedule not in BUDGETED:
         if decay_fraction != 1.0:
             raise ScheduleError(f"--lr_decay_fraction={decay_fraction:g} shapes the decay of --lr_schedule=linear "

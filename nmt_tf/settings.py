@@ -13,12 +13,15 @@ from __future__ import annotations
 import dataclasses
 
 
-def setting(kind: str, default, help: str, choices=None, lower=None, upper=None, name=None):
+def setting(kind: str, default, help: str, choices=None, lower=None, upper=None, above=None, name=None):
     """A field of a configuration and the command-line flag it becomes:
     `kind` is absl's DEFINE_<kind> (string, integer, float, boolean, enum,
-    list), `choices` an enum's values, `lower` / `upper` a number's bounds,
-    `name` the flag's name where it is not the field's."""
-    metadata = {"flag": kind, "help": help, "choices": choices, "lower": lower, "upper": upper, "name": name}
+    list), `choices` an enum's values, `lower` / `upper` a number's bounds
+    (inclusive), `above` a lower bound the value must exceed (a share or a
+    factor that means nothing at 0), `name` the flag's name where it is not
+    the field's."""
+    metadata = {"flag": kind, "help": help, "choices": choices, "lower": lower, "upper": upper, "above": above,
+                "name": name}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -50,7 +53,9 @@ def check_limits(config) -> None:
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if (meta["lower"] is not None and value < meta["lower"]) or (
+                meta["above"] is not None and value <= meta["above"]) or (
                 meta["upper"] is not None and value > meta["upper"]):
             bounds = " and ".join(f"{word} {bound}" for word, bound in (
-                ("at least", meta["lower"]), ("at most", meta["upper"])) if bound is not None)
+                ("at least", meta["lower"]), ("above", meta["above"]), ("at most", meta["upper"]))
+                if bound is not None)
             raise ConfigError(f"--{flag_name(field)}={value}: must be {bounds}")

@@ -14,6 +14,12 @@ from nmt_tf.models import RNNEncDecConfig, RNNSearchConfig
 def test_values_out_of_their_limits_are_one_error_naming_the_flag():
     with pytest.raises(ConfigError, match=r"--dropout=2.0: must be at least 0.0 and at most 0.95"):
         TrainingConfig(dropout=2.0)
+    # A share or a factor that means nothing at 0 must be above it.
+    with pytest.raises(ConfigError, match=r"--lr_decay_fraction=0.0: must be above 0.0 and at most 1.0"):
+        TrainingConfig(lr_decay_fraction=0.0)
+    with pytest.raises(ConfigError, match=r"--decay_factor=0.0: must be above 0.0 and at most 1.0"):
+        TrainingConfig(decay_factor=0.0)
+    assert TrainingConfig(lr_decay_fraction=1e-3, decay_factor=1.0).lr_decay_fraction == 1e-3
     with pytest.raises(ConfigError, match=r"--tokenizer='bytes': choose one of word, wordpiece, sentencepiece"):
         TrainingConfig(tokenizer="bytes")
     with pytest.raises(ConfigError, match="unknown setting"):
