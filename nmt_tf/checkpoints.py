@@ -178,9 +178,10 @@ def checkpoint_paths(model_dir: str, source: str, count: int) -> list[str]:
     regular checkpoints, newest first) or "best" (by dev score, best first).
     Raises FileNotFoundError when there is none."""
     if source == "last":
+        # get_checkpoint_state joins relative names to the directory itself
+        # (joining again broke a relative --model_dir: runs/m/checkpoints/runs/m/...).
         state = tf.train.get_checkpoint_state(checkpoints_dir(model_dir))
         paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
-        paths = [p if os.path.isabs(p) else os.path.join(checkpoints_dir(model_dir), p) for p in paths]
     elif source == "best":
         paths = [os.path.join(best_dir(model_dir), r["path"]) for r in read_ranking(best_dir(model_dir))]
     else:
