@@ -35,9 +35,10 @@ def check(schedule: str, warmup_steps: int, max_steps: int, max_hours: float, de
     """Raises ScheduleError for a budgeted schedule without a budget, with
     plateau decay on top, or with a warm-up as long as its step budget; for a
     decay fraction given to the plateau schedule (its range, above 0 and at
-    most 1, is the configuration's to check); and under a multi-worker strategy without --max_steps (each worker measures
-    its own time, and workers that set different rates would apply the same
-    gradient differently: the schedule follows the step budget alone there)."""
+    most 1, is the configuration's to check); and under a multi-worker
+    strategy without --max_steps (each worker measures its own time, and
+    workers that set different rates would apply the same gradient
+    differently: the schedule follows the step budget alone there)."""
     if schedule not in SCHEDULES:
         raise ScheduleError(f"--lr_schedule={schedule}: not one of {', '.join(SCHEDULES)}.")
     if schedule not in BUDGETED:
