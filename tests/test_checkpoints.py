@@ -39,9 +39,8 @@ def test_averaging_identical_checkpoints_changes_nothing_and_averaging_n_gives_t
     last = checkpoints.checkpoint_paths(model_dir, "last", 3)
     assert len(last) == 3 and last[0] == tf.train.latest_checkpoint(checkpoints.checkpoints_dir(model_dir))
     # A relative --model_dir (runs/m, as users type it) names the same files.
-    relative = os.path.relpath(model_dir)
-    assert [os.path.abspath(p) for p in checkpoints.checkpoint_paths(relative, "last", 3)] == last
-    assert all(os.path.exists(p + ".index") for p in checkpoints.checkpoint_paths(relative, "last", 3))
+    relative = checkpoints.checkpoint_paths(os.path.relpath(model_dir), "last", 3)
+    assert [os.path.abspath(p) for p in relative] == last and all(os.path.exists(p + ".index") for p in relative)
     one = restore_model(model_dir, last[0], log=lambda *a: None).model
     same = restore_model(model_dir, "best", log=lambda *a: None).model
     checkpoints.average_into(same, [last[0]] * 3)

@@ -36,14 +36,9 @@ def test_the_cpu_flags_are_read_from_cpuinfo():
     assert set(hardware.vector_flags()) <= flags
 
 
-@pytest.mark.parametrize("flags, recipe", [
-    ("avx2 avx512f avx512_bf16", "rnnsearch.flags"),              # AMD EPYC Zen 4
-    ("avx2 avx512f amx_bf16 amx_tile", "rnnsearch.flags"),        # Intel Sapphire Rapids
-    ("avx2 fma", "rnnsearch_float32.flags"),                      # AVX2 only: float32
-])
-def test_make_train_chooses_its_recipe_by_the_cpus_bfloat16(tmp_path, flags, recipe):
-    """The Makefile's choice runs `$(PY) -c ...` with nmt_tf.hardware: here a
-    Python whose hardware.cpu_flags() are `flags`, through `make -n`."""
+def make_train(tmp_path, python_body: str, *arguments):
+    """`make train` (with `arguments`) where the Makefile's $(PY) is a Python
+    running `python_body` (after `import sys`), FLAGFILE unset."""
     import os
     import shutil
     import subprocess
@@ -54,14 +49,24 @@ def test_make_train_chooses_its_recipe_by_the_cpus_bfloat16(tmp_path, flags, rec
     if not shutil.which("make"):
         pytest.skip("no make on this system")
     python = tmp_path / "python"
-    python.write_text(f"#!{sys.executable}\nimport sys\nfrom nmt_tf import hardware\n"
-                      f"hardware.cpu_flags = lambda: frozenset({flags.split()!r})\n"
-                      "assert sys.argv[1] == '-c'\nexec(sys.argv[2])\n")
+    python.write_text(f"#!{sys.executable}\nimport sys\n{python_body}")
     python.chmod(0o755)
-    env = {**os.environ, "PYTHONPATH": REPO}
-    env.pop("FLAGFILE", None)
-    done = subprocess.run(["make", "-n", "-B", "train", f"PY={python}"], cwd=REPO, capture_output=True,
-                          text=True, env=env, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "FLAGFILE"}
+    return subprocess.run(["make", *arguments, "train", f"PY={python}"], cwd=REPO, capture_output=True,
+                          text=True, env={**env, "PYTHONPATH": REPO}, timeout=60)
+
+
+@pytest.mark.parametrize("flags, recipe", [
+    ("avx2 avx512f avx512_bf16", "rnnsearch.flags"),              # AMD EPYC Zen 4
+    ("avx2 avx512f amx_bf16 amx_tile", "rnnsearch.flags"),        # Intel Sapphire Rapids
+    ("avx2 fma", "rnnsearch_float32.flags"),                      # AVX2 only: float32
+])
+def test_make_train_chooses_its_recipe_by_the_cpus_bfloat16(tmp_path, flags, recipe):
+    """The Makefile's choice runs `$(PY) -c ...` with nmt_tf.hardware: here a
+    Python whose hardware.cpu_flags() are `flags`, through `make -n`."""
+    done = make_train(tmp_path, f"from nmt_tf import hardware\n"
+                                f"hardware.cpu_flags = lambda: frozenset({flags.split()!r})\n"
+                                "assert sys.argv[1] == '-c'\nexec(sys.argv[2])\n", "-n", "-B")
     assert done.returncode == 0, done.stderr
     assert f"-m nmt_tf.train --flagfile=pipelines/multi30k_en_fr/{recipe} " in done.stdout, done.stdout
 
@@ -69,22 +74,9 @@ def test_make_train_chooses_its_recipe_by_the_cpus_bfloat16(tmp_path, flags, rec
 def test_make_train_stops_with_one_clear_error_when_the_cpu_check_fails(tmp_path):
     """A Python that fails the Makefile's `$(PY) -c ...` leaves FLAGFILE the
     recipes' folder alone: make train stops before training and names it."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    if not shutil.which("make"):
-        pytest.skip("no make on this system")
-    python = tmp_path / "python"     # fails the CPU check; `-m nmt_tf.presets --build` (make setup) succeeds
-    python.write_text(f"#!{sys.executable}\nimport sys\nsys.exit('no nmt_tf here' if sys.argv[1] == '-c' else 0)\n")
-    python.chmod(0o755)
     (tmp_path / ".installed").touch()           # the venv is up to date: make setup installs nothing
-    env = {k: v for k, v in os.environ.items() if k != "FLAGFILE"}
-    done = subprocess.run(["make", "train", f"PY={python}", f"VENV={tmp_path}"], cwd=REPO, capture_output=True,
-                          text=True, env=env, timeout=60)
+    # This Python fails the CPU check; `-m nmt_tf.presets --build` (make setup) succeeds.
+    done = make_train(tmp_path, "sys.exit('no nmt_tf here' if sys.argv[1] == '-c' else 0)\n", f"VENV={tmp_path}")
     assert done.returncode != 0
     assert "make train: no recipe file 'pipelines/multi30k_en_fr/'" in done.stderr, done.stderr
     assert "nmt_tf.train" not in done.stdout, done.stdout
