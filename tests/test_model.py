@@ -281,6 +281,28 @@ def test_annotation_dropout_acts_only_in_training():
     assert np.abs(dropped(x, training=True).numpy() - model(x).numpy()).max() > 1e-3
 
 
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_word_dropout_zeroes_whole_embeddings_in_training_only(side):
+    """--source_word_dropout / --target_word_dropout: in training each token's
+    embedding vector is either zero or the whole vector scaled by 1 / (1 - p);
+    outside training the embeddings are untouched, and the setting survives
+    get_config."""
+    model = tiny_model(embedding_size=64, **{f"{side}_word_dropout": 0.5})
+    assert RNNSearch.from_config(model.get_config()).get_config()[f"{side}_word_dropout"] == 0.5
+    ids = tf.constant(RNG.integers(4, 11, size=(8, 25)), tf.int32)
+    embed, table = ((model.embed_source, model.source_embedding) if side == "source"
+                    else (model.embed_target, model.target_embedding))
+    plain = table(ids).numpy()
+    np.testing.assert_array_equal(embed(ids).numpy(), plain)
+    dropped = embed(ids, training=True).numpy()
+    zero = np.all(dropped == 0, axis=-1)
+    np.testing.assert_allclose(dropped[~zero], plain[~zero] / 0.5, rtol=1e-6)
+    assert 0.3 < zero.mean() < 0.7           # 200 draws of p = 0.5
+    other = model.embed_target if side == "source" else model.embed_source
+    np.testing.assert_array_equal(other(ids, training=True).numpy(),
+                                  (model.target_embedding if side == "source" else model.source_embedding)(ids))
+
+
 def test_loss_at_real_tokens_equals_the_masked_loss_over_all_positions():
     """batch_nll computes the output layer at real target tokens only; the sum
     and its gradient are those of the per-position losses masked afterwards."""

@@ -39,6 +39,15 @@ class ModelConfig:
             "Variational dropout of the GRU states in training (Gal & Ghahramani 2016; Nematus' "
             "dropout_hidden, Marian's dropout-rnn): one mask per sentence, the same at every step, where "
             "the state enters the recurrent products (paper: none).", lower=0.0, upper=0.95)
+    source_word_dropout: float = setting('float', 0.0,
+            "Word dropout on the source side in training: each source token's whole embedding vector is "
+            "zeroed with this probability, the kept ones scaled by 1 / (1 - p) (Sennrich et al. 2016; "
+            "Nematus' dropout_source, Marian's dropout-src; paper: none).", lower=0.0, upper=0.95)
+    target_word_dropout: float = setting('float', 0.0,
+            "Word dropout on the target side in training: the embedding of the previous target word "
+            "y_{i-1}, as the decoder and the readout read it, is zeroed with this probability per "
+            "position, the kept ones scaled by 1 / (1 - p) (Nematus' dropout_target, Marian's "
+            "dropout-trg; paper: none).", lower=0.0, upper=0.95)
     layer_norm: bool = setting('boolean', False,
             "Layer-normalised GRUs (Ba et al. 2016, as Nematus and Marian use them): the input, recurrent"
             " and context terms of the gates and of the candidate each normalised on their own, with a "

@@ -36,9 +36,10 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
     Holds what RNNsearch and RNNencdec share: the source and target word
     embeddings (N(0, 0.01^2)), the maxout readout and the output layer, and
     the options that are not in the papers: dropout (`dropout` on embeddings
-    and maxout features; `annotation_dropout` on the encoder's outputs and
-    `recurrent_dropout`, variational dropout of the GRU states, which
-    subclasses apply), layer-normalised GRUs (`layer_norm`, also applied by
+    and maxout features; `source_word_dropout` / `target_word_dropout`, whole
+    embedding vectors of source words and of the previous target words;
+    `annotation_dropout` on the encoder's outputs and `recurrent_dropout`,
+    variational dropout of the GRU states, which subclasses apply), layer-normalised GRUs (`layer_norm`, also applied by
     subclasses; nmt_tf.layers.gru), tied embeddings and label smoothing.
 
     `tied_embeddings` (Press & Wolf 2017): "none" (the papers: an output
@@ -71,7 +72,8 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
 
     def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int,
                  hidden_size: int, maxout_size: int, dropout: float = 0.0, annotation_dropout: float = 0.0,
-                 recurrent_dropout: float = 0.0, layer_norm: bool = False, tied_embeddings: str = "none",
+                 recurrent_dropout: float = 0.0, source_word_dropout: float = 0.0,
+                 target_word_dropout: float = 0.0, layer_norm: bool = False, tied_embeddings: str = "none",
                  label_smoothing: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         if tied_embeddings not in TIED_EMBEDDINGS:
@@ -104,6 +106,11 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
         self.embedding_dropout = keras.layers.Dropout(dropout, name="embedding_dropout")
         self.readout_dropout = keras.layers.Dropout(dropout, name="readout_dropout")
         self.annotation_dropout = keras.layers.Dropout(annotation_dropout, name="annotation_dropout")
+        # Whole words: one draw per token, the same for all m values of its embedding.
+        self.source_word_dropout = keras.layers.Dropout(source_word_dropout, noise_shape=(None, None, 1),
+                                                        name="source_word_dropout")
+        self.target_word_dropout = keras.layers.Dropout(target_word_dropout, noise_shape=(None, None, 1),
+                                                        name="target_word_dropout")
         self.nll_sum = keras.metrics.Sum(name="nll_sum")
         self.target_token_count = keras.metrics.Sum(name="target_tokens")
 
@@ -152,10 +159,16 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
                                transpose_kernel=True), tf.float32)
 
     def embed_target(self, target_ids, training=False):
-        return self.embedding_dropout(self.target_embedding(tf.cast(target_ids, tf.int32)), training=training)
+        """E y for target ids [batch, Ty] (the previous words y_{i-1}), with
+        word dropout and dropout in training: [batch, Ty, m]."""
+        embedded = self.target_word_dropout(self.target_embedding(tf.cast(target_ids, tf.int32)), training=training)
+        return self.embedding_dropout(embedded, training=training)
 
     def embed_source(self, source_ids, training=False):
-        return self.embedding_dropout(self.source_embedding(source_ids), training=training)
+        """E x for source ids [batch, Tx], with word dropout and dropout in
+        training: [batch, Tx, m]."""
+        embedded = self.source_word_dropout(self.source_embedding(source_ids), training=training)
+        return self.embedding_dropout(embedded, training=training)
 
     def shared_parameter_groups(self) -> dict:
         """Parameter counts of the shared parts; a tied matrix counts once,
@@ -172,5 +185,7 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
                 "target_vocab_size": self.target_vocab_size, "embedding_size": self.embedding_size,
                 "hidden_size": self.hidden_size, "maxout_size": self.maxout_size, "dropout": self.dropout,
                 "annotation_dropout": self.annotation_dropout_rate, "recurrent_dropout": self.recurrent_dropout,
+                "source_word_dropout": self.source_word_dropout.rate,
+                "target_word_dropout": self.target_word_dropout.rate,
                 "layer_norm": self.layer_norm, "tied_embeddings": self.tied_embeddings,
                 "label_smoothing": self.label_smoothing}
