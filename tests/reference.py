@@ -89,8 +89,14 @@ def rnnsearch_forward(w, source, target_in):
     logits, alphas = [], []
     for y_prev in target_in:
         e_y = w["tgt_emb"][y_prev]
-        c, alpha = attention(s, H, *w["att"])
-        s = gru_step(e_y, s, *w["dec"], c=c)
+        if "transition" in w:
+            # Nematus' cGRU: s' = GRU_1(s, E y), attention from s', s = GRU_2(s', c), c as GRU_2's input.
+            s_mid = gru_step(e_y, s, *w["transition"])
+            c, alpha = attention(s_mid, H, *w["att"])
+            s = gru_step(c, s_mid, *w["dec"])
+        else:
+            c, alpha = attention(s, H, *w["att"])
+            s = gru_step(e_y, s, *w["dec"], c=c)
         t = maxout(s, e_y, c, *w["readout"])
         logits.append(t @ w["Wo"] + w["bo"])
         alphas.append(alpha)
@@ -102,6 +108,7 @@ def rnnsearch_weights(model):
     g = lambda v: np.asarray(v.numpy(), dtype=np.float64)
     enc, dec = model.encoder, model.decoder
     ro = model.readout
+    cgru = hasattr(dec, "transition")
     return {
         "src_emb": g(model.source_embedding.embeddings),
         "tgt_emb": g(model.target_embedding.embeddings),
@@ -113,7 +120,9 @@ def rnnsearch_weights(model):
         "att": (g(dec.attention.query_kernel), g(dec.attention.key_kernel),
                 g(dec.attention.bias), g(dec.attention.score_vector)),
         "dec": (g(dec.cell.kernel), g(dec.cell.recurrent_kernel), g(dec.cell.bias),
-                g(dec.cell.context_kernel)),
+                *([] if cgru else [g(dec.cell.context_kernel)])),
+        **({"transition": (g(dec.transition.kernel), g(dec.transition.recurrent_kernel), g(dec.transition.bias))}
+           if cgru else {}),
         "readout": (g(ro.state_kernel), g(ro.embedding_kernel), g(ro.context_kernel), g(ro.bias)),
         # Tied embeddings: W_o is E_y^T.
         "Wo": g(model.output_weights()[0]), "bo": g(model.output_weights()[1]),

@@ -87,6 +87,11 @@ def test_the_parts_of_a_configuration():
     with pytest.raises(ConfigError, match="--encoder_layers goes with --model=rnnsearch"):
         TrainingConfig(model="rnnencdec", encoder_layers=2)
     assert TrainingConfig(encoder_layers=2).model_config() == RNNSearchConfig(encoder_layers=2)
+    with pytest.raises(ConfigError, match="--decoder goes with --model=rnnsearch"):
+        TrainingConfig(model="rnnencdec", decoder="cgru")
+    assert TrainingConfig(decoder="cgru").model_config() == RNNSearchConfig(decoder="cgru")
+    with pytest.raises(ConfigError, match="--decoder='gru': choose one of bahdanau, cgru"):
+        TrainingConfig(decoder="gru")
     with pytest.raises(ConfigError, match="--tied_embeddings=target needs --maxout_size equal to --embedding_size"):
         TrainingConfig(tied_embeddings="target")
     with pytest.raises(ConfigError, match=r"--hidden_size=0: must be at least 1"):

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import reference as ref
-from nmt_tf.layers import (AdditiveAttention, AttentionDecoder, BidirectionalGRU, BlockOrthogonal,
-                           ConditionalGRUCell, MaxoutReadout, gru_update, score_bias)
+from nmt_tf.layers import (AdditiveAttention, AttentionDecoder, BidirectionalGRU, BlockOrthogonal, CGRUDecoder,
+                           ConditionalGRUCell, GRUCell, MaxoutReadout, gru_update, score_bias)
 from nmt_tf.layers.ops import layer_norm, sigmoid, tanh
 
 RNG = np.random.default_rng(7)
@@ -178,10 +178,11 @@ def test_maxout_search_step_equals_the_layer():
     np.testing.assert_allclose(got.numpy(), layer(s, e, c).numpy(), **TOL)
 
 
-def test_decoder_step_equals_teacher_forced_loop():
+@pytest.mark.parametrize("decoder_class", [AttentionDecoder, CGRUDecoder])
+def test_decoder_step_equals_teacher_forced_loop(decoder_class):
     """The search's single step and the training loop compute the same states."""
     n, m, k, units = 4, 3, 6, 5
-    dec = AttentionDecoder(n, units, k)
+    dec = decoder_class(n, units, k)
     _, H, mask = _padded([3, 5], k)
     emb = RNG.normal(size=(2, 4, m)).astype("float32")
     dec.build(emb.shape)
@@ -197,16 +198,18 @@ def test_decoder_step_equals_teacher_forced_loop():
         np.testing.assert_allclose(s.numpy(), states[:, i], **TOL)
         np.testing.assert_allclose(c.numpy(), contexts[:, i], **TOL)
         np.testing.assert_allclose(a.numpy()[:, 0], alphas[:, i], **TOL)
-        # The search state is [s_i ; W_a s_i ; U_rz s_i].
-        np.testing.assert_allclose(search_state.numpy(), np.concatenate([s, s @ weights["state"].numpy()], -1),
-                                   **TOL)
+        # The search state is [s_i ; W_a s_i ; U_rz s_i]; the cGRU's [s_i ; U_1rz s_i].
+        kernel = (weights["transition"]["recurrent_rz"] if decoder_class is CGRUDecoder else weights["state"])
+        np.testing.assert_allclose(search_state.numpy(), np.concatenate([s, s @ kernel.numpy()], -1), **TOL)
+        assert search_state.shape[-1] == dec.search_state_size
 
 
-def test_decoder_step_with_a_beam_of_hypotheses_per_sentence():
+@pytest.mark.parametrize("decoder_class", [AttentionDecoder, CGRUDecoder])
+def test_decoder_step_with_a_beam_of_hypotheses_per_sentence(decoder_class):
     """Rows grouped by sentence (beam 3) read their own sentence's annotations
     and equal the one-hypothesis step row by row."""
     n, m, k, units, beam = 4, 3, 6, 5, 3
-    dec = AttentionDecoder(n, units, k)
+    dec = decoder_class(n, units, k)
     _, H, mask = _padded([3, 5], k)
     dec.build((2, 1, m))
     randomize(dec)
@@ -242,8 +245,9 @@ def every_layer_and_initializer():
     from nmt_tf.layers.gru import GRU
 
     return [BidirectionalGRU(3, recurrent_dropout=0.2, layer_norm=True), GRU(4, recurrent_dropout=0.1, layer_norm=True),
-            ConditionalGRUCell(3, 4, layer_norm=True), AdditiveAttention(5), MaxoutReadout(2),
-            AttentionDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True),
+            GRUCell(3, layer_norm=True), ConditionalGRUCell(3, 4, layer_norm=True), AdditiveAttention(5),
+            MaxoutReadout(2), AttentionDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True),
+            CGRUDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True),
             ContextDecoder(3, 5, recurrent_dropout=0.2, layer_norm=True), GatedRecursiveConvolution(7),
             BlockOrthogonal(seed=3), ScaledOrthogonal(gain=0.3, seed=5)]
 
@@ -306,6 +310,38 @@ def test_recurrent_dropout_acts_only_in_training_and_draws_one_mask_per_sequence
             plain(x, mask), mask)
     np.testing.assert_allclose(decoder(*args)[0].numpy(), decoder(*args)[0].numpy())
     assert np.abs(decoder(*args, training=True)[0].numpy() - decoder(*args)[0].numpy()).max() > 1e-3
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_cgru_decoder_matches_the_reference_with_its_two_dropout_masks(layer_norm):
+    """Training's loop of the cGRU: s'_i = GRU_1(s_{i-1}, E y_{i-1}) with mask
+    m_1 on s_{i-1}, the attention from m_2 * s'_i, s_i = GRU_2(s'_i, c_i) with
+    m_2 on s'_i (the same masks at every step), layer-normalised or not."""
+    n, m, k, units = 4, 3, 6, 5
+    dec = CGRUDecoder(n, units, k, recurrent_dropout=0.5, layer_norm=layer_norm)
+    lengths = [3, 5]
+    _, H, mask = _padded(lengths, k)
+    emb = RNG.normal(size=(2, 4, m)).astype("float32")
+    dec.build(emb.shape)
+    randomize(dec)
+    s0 = RNG.normal(size=(2, n)).astype("float32")
+    masks = [((RNG.random((2, n)) > 0.5) / 0.5).astype("float32") for _ in range(2)]
+    dec._state_mask = lambda batch, dtype, training: tuple(tf.constant(mk) for mk in masks) if training else None
+    states, contexts, alphas = (t.numpy() for t in dec(emb, s0, H, mask, training=True))
+    g = lambda v: v.numpy().astype(np.float64)
+    att = [g(w) for w in (dec.attention.query_kernel, dec.attention.key_kernel, dec.attention.bias,
+                          dec.attention.score_vector)]
+    gru = lambda cell: [g(w) for w in (cell.kernel, cell.recurrent_kernel, cell.bias)]
+    norms = lambda cell: _norms(cell, "", ("input", "recurrent")) if layer_norm else None
+    for b, length in enumerate(lengths):
+        s = s0[b].astype(np.float64)
+        for i in range(4):
+            s_mid = ref.gru_step(emb[b, i], s, *gru(dec.transition), m=masks[0][b], norms=norms(dec.transition))
+            c, alpha = ref.attention(s_mid * masks[1][b], H[b, :length], *att)
+            s = ref.gru_step(c, s_mid, *gru(dec.cell), m=masks[1][b], norms=norms(dec.cell))
+            np.testing.assert_allclose(states[b, i], s, **TOL)
+            np.testing.assert_allclose(contexts[b, i], c, **TOL)
+            np.testing.assert_allclose(alphas[b, i, :length], alpha, **TOL)
 
 
 def _norms(layer, prefix, terms):

@@ -28,10 +28,11 @@ SOURCES = [[5, 6, 7, 3], [8, 3], [4, 9, 10, 11, 12, 3]]
 TARGETS = [[2, 5, 6], [2, 7, 8, 9, 10], [2, 4]]
 
 
-@pytest.mark.parametrize("encoder_layers", [1, 3])
-def test_rnnsearch_matches_numpy_reference_per_sentence(encoder_layers):
-    """3 encoder layers: h^(k) = h^(k-1) + BiGRU_k(h^(k-1)) above the first."""
-    model = tiny_model(encoder_layers=encoder_layers)
+@pytest.mark.parametrize("encoder_layers,decoder", [(1, "bahdanau"), (3, "bahdanau"), (1, "cgru")])
+def test_rnnsearch_matches_numpy_reference_per_sentence(encoder_layers, decoder):
+    """3 encoder layers: h^(k) = h^(k-1) + BiGRU_k(h^(k-1)) above the first;
+    cgru: s'_i = GRU_1(s_{i-1}, E y_{i-1}), attention from s'_i, s_i = GRU_2(s'_i, c_i)."""
+    model = tiny_model(encoder_layers=encoder_layers, decoder=decoder)
     logits, alignment = model({"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)},
                               return_alignment=True)
     w = ref.rnnsearch_weights(model)
@@ -67,10 +68,11 @@ def test_loss_ignores_padding_labels():
     np.testing.assert_allclose(nll, total, rtol=1e-5)
 
 
-@pytest.mark.parametrize("encoder_layers", [1, 2])
-def test_weights_only_checkpoint_holds_every_weight(tmp_path, encoder_layers):
+@pytest.mark.parametrize("options", [{}, {"encoder_layers": 2}, {"decoder": "cgru", "layer_norm": True}],
+                         ids=["paper", "encoder_layers", "cgru"])
+def test_weights_only_checkpoint_holds_every_weight(tmp_path, options):
     """Export and the best-checkpoint copy save the model alone: nothing may be left out."""
-    model = tiny_model(encoder_layers=encoder_layers)
+    model = tiny_model(**options)
     path = tf.train.Checkpoint(model=model).write(str(tmp_path / "w"))
     saved = [k for k in tf.train.list_variables(path) if k[0].startswith("model/")]
     assert len(saved) == len(model.weights)
@@ -91,6 +93,21 @@ def test_paper_sized_model_has_80_4_million_parameters():
                         ("decoder GRU", "10,863,000"), ("attention", "3,002,000"),
                         ("maxout readout", "3,621,000"), ("output layer", "15,030,000")]:
         assert any(part in l and count in l for l in lines), (part, text)
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_the_cgru_decoder_adds_a_transition_gru_to_the_parameters(layer_norm):
+    """The cGRU's GRU_2 reads c_i as its input (W_2 [2n, 3n], the size of the
+    paper's C); GRU_1 adds U_1 [n, 3n], b_1 and its W_1 [m, 3n] replaces the
+    paper's W: n·3n + 3n more weights (with layer_norm one (gain, bias) pair
+    more: four terms instead of three). The groups of --dry_run add up."""
+    paper, cgru = (tiny_model(decoder=decoder, layer_norm=layer_norm) for decoder in ("bahdanau", "cgru"))
+    n = 4
+    assert cgru.count_params() - paper.count_params() == n * 3 * n + 3 * n + layer_norm * 2 * 3 * n
+    groups = cgru.parameter_groups()
+    assert "decoder GRU" not in groups and sum(groups.values()) == cgru.count_params()
+    assert groups["decoder GRU 2 (context)"] == 2 * n * 3 * n + n * 3 * n + 3 * n + layer_norm * 4 * 3 * n
+    assert cgru.search_state_size == 3 * n and paper.search_state_size == 3 * n + 6
 
 
 def test_initialisation_follows_appendix_b1():
@@ -343,17 +360,21 @@ def test_token_losses_gradient_and_no_underflow():
     np.testing.assert_allclose(token_losses(tf.constant([2]), far).numpy(), [500.0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("layer_norm", [False, True])
-def test_projected_annotations_gradient_after_the_loop_is_autodiffs(monkeypatch, layer_norm):
+@pytest.mark.parametrize("layer_norm,decoder,transposed", [(False, "bahdanau", False), (True, "bahdanau", False),
+                                                            (True, "cgru", False), (True, "cgru", True)])
+def test_projected_annotations_gradient_after_the_loop_is_autodiffs(monkeypatch, layer_norm, decoder, transposed):
     """In training, the decoder takes the gradient of C h_j after its loop,
-    from all steps' alpha_i and d(C c_i) (nmt_tf.layers.ops.AfterLoopGradient);
-    outside training the loop is differentiated as it is. Without dropout the
-    two compute the same loss, and every gradient must agree too, traced as
-    model.fit traces the step and eagerly."""
+    from all steps' alpha_i and d(C c_i) (nmt_tf.layers.ops.AfterLoopGradient;
+    the cGRU's W_2 h_j likewise), and with `transposed` multiplies its states
+    by stored transposes (`StepKernel`, every state product of both cGRU
+    GRUs); outside training the loop is differentiated as it is. Without
+    dropout the two compute the same loss, and every gradient must agree too,
+    traced as model.fit traces the step and eagerly (to 1e-3 with the
+    transposes, whose products round in another order: 2e-4 was seen)."""
     from nmt_tf import hardware
 
-    monkeypatch.setattr(hardware, "transposed_step_products", lambda: False)
-    model = tiny_model(layer_norm=layer_norm)
+    monkeypatch.setattr(hardware, "transposed_step_products", lambda: transposed)
+    model = tiny_model(layer_norm=layer_norm, decoder=decoder)
     x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
     y = padded([t[1:] + [3] for t in TARGETS])
 
@@ -367,7 +388,7 @@ def test_projected_annotations_gradient_after_the_loop_is_autodiffs(monkeypatch,
         np.testing.assert_allclose(float(after), float(plain), rtol=1e-6)
         for variable, got, want in zip(model.trainable_variables, after_grads, plain_grads):
             np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
-                                       rtol=1e-4, atol=1e-6, err_msg=variable.path)
+                                       rtol=1e-3 if transposed else 1e-4, atol=1e-6, err_msg=variable.path)
 
 
 def test_after_loop_gradient_needs_the_left_operands():

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from nmt_tf import hardware
 from nmt_tf.layers.attention import AdditiveAttention, score_bias
-from nmt_tf.layers.gru import ConditionalGRUCell, gru_update, recurrent_dropout_mask
+from nmt_tf.layers.gru import ConditionalGRUCell, GRUCell, gru_update, recurrent_dropout_mask
 from nmt_tf.layers.ops import AfterLoopGradient, project, step_kernel, step_matmul
 
 
@@ -86,13 +86,50 @@ class AttentionDecoder(keras.layers.Layer):
         self.recurrent_dropout = recurrent_dropout
         self.layer_norm = layer_norm
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
-        self.cell = ConditionalGRUCell(units, context_dim, layer_norm=layer_norm, name="gru")
+        self.cell = self._make_cell()
         self.attention = AdditiveAttention(attention_units, name="attention")
+
+    # Key paths in `step_weights()` of the matrices that multiply a state in
+    # the teacher-forcing loop (`step_loop_weights`).
+    LOOP_STATE_KERNELS = (("state",), ("cell", "recurrent_candidate"))
+
+    def _make_cell(self):
+        """The GRU that reads the context: s_i = GRU(s_{i-1}, E y_{i-1}, c_i)."""
+        return ConditionalGRUCell(self.units, self.context_dim, layer_norm=self.layer_norm, name="gru")
 
     def build(self, target_embeddings_shape, *args, **kwargs):
         self.cell.build((None, target_embeddings_shape[-1]))
         self.attention.build_for(self.units, self.context_dim)
         self.built = True
+
+    def gru_cells(self) -> dict:
+        """The decoder's GRUs by what `--dry_run` calls them."""
+        return {"decoder GRU": self.cell}
+
+    @property
+    def search_state_size(self) -> int:
+        """Width of `search_state`: [s ; W_a s ; U_rz s], n + n' + 2n."""
+        return 3 * self.units + self.attention_units
+
+    def _annotation_kernel(self, weights):
+        """The matrix the context enters the GRU by, C [context_dim, 3n]: the
+        annotations are multiplied by it once per sentence (`project_annotations`)."""
+        return weights["cell"]["context"]
+
+    def _state_mask(self, batch, dtype, training):
+        """The recurrent dropout mask of the teacher-forcing loop (None outside training)."""
+        return recurrent_dropout_mask(tf.stack([batch, self.units]), self.recurrent_dropout,
+                                      self.seed_generator, dtype, training)
+
+    def _attend(self, query_proj, keys, projected_annotations, bias, tap=None):
+        """The attention of a teacher-forcing step: (sum_j alpha_ij (h_j C)
+        [B, 3n], alpha_i [B, Tx]); with `tap` (`AfterLoopGradient`), the
+        gradient of the projected annotations is taken after the loop."""
+        if tap is not None:
+            # (inside the loop's body, so that its gradient builds no per-step share at all)
+            projected_annotations = tf.stop_gradient(projected_annotations)
+        context_proj, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
+        return (context_proj if tap is None else context_proj + tap), alpha
 
     def precompute(self, annotations):
         """Per-sentence work shared by every step: the keys U_a h_j + b_a."""
@@ -123,12 +160,7 @@ class AttentionDecoder(keras.layers.Layer):
         dropped = state if state_mask is None else state * state_mask
         query_proj, state_rz = tf.split(step_matmul(dropped, weights["state"]),
                                         [self.attention_units, 2 * self.units], axis=1)
-        if tap is not None:
-            # (inside the loop's body, so that its gradient builds no per-step share at all)
-            projected_annotations = tf.stop_gradient(projected_annotations)
-        context_proj, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
-        if tap is not None:
-            context_proj = context_proj + tap
+        context_proj, alpha = self._attend(query_proj, keys, projected_annotations, bias, tap)
         new_state = self.cell.step(x_proj, state, state_rz=state_rz, kernels=weights["cell"],
                                    context_proj=context_proj, state_dropped=None if state_mask is None else dropped)
         return new_state, alpha
@@ -146,7 +178,7 @@ class AttentionDecoder(keras.layers.Layer):
         annotations = tf.cast(annotations, dtype)
         # Two products, then one concat of the (small) results: concatenating
         # the matrices instead would copy megabytes per call.
-        return tf.concat([project(annotations, weights["cell"]["context"]),
+        return tf.concat([project(annotations, self._annotation_kernel(weights)),
                           project(annotations, tf.cast(extra_kernel, dtype))], axis=-1)
 
     def search_state(self, state, weights=None):
@@ -202,17 +234,15 @@ class AttentionDecoder(keras.layers.Layer):
         if keys is None:
             keys = self.precompute(annotations)
         bias = score_bias(mask)
-        weights = step_loop_weights(self.step_weights(), [("state",), ("cell", "recurrent_candidate")], training)
+        weights = step_loop_weights(self.step_weights(), self.LOOP_STATE_KERNELS, training)
         # C c_i = sum_j alpha_ij (C h_j), as in search: the annotations are
         # multiplied by C once, as one large product, instead of every step's
         # context by C (same products, the loop's share done in bulk; its
         # gradient too). c_i itself, for the readout, is alpha_i h after the loop.
-        projected = project(annotations, weights["cell"]["context"])                     # [B, Tx, 3n]
+        projected = project(annotations, self._annotation_kernel(weights))               # [B, Tx, 3n]
         # [Ty, B, 3n], time-major for the loop.
-        x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
-        batch = tf.shape(annotations)[0]
-        state_mask = recurrent_dropout_mask(tf.stack([batch, self.units]), self.recurrent_dropout,
-                                            self.seed_generator, dtype, training)
+        x_proj = self.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]), weights)
+        state_mask = self._state_mask(tf.shape(annotations)[0], dtype, training)
 
         init = (tf.cast(initial_state, dtype), tf.zeros(tf.shape(mask), tf.float32))
         if training:
@@ -239,6 +269,121 @@ class AttentionDecoder(keras.layers.Layer):
         return {**super().get_config(), "units": self.units, "attention_units": self.attention_units,
                 "context_dim": self.context_dim, "recurrent_dropout": self.recurrent_dropout,
                 "layer_norm": self.layer_norm}
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class CGRUDecoder(AttentionDecoder):
+    """The conditional GRU with attention ("cGRU") of Nematus (Sennrich et
+    al. 2017, §2), the decoder of Nematus, of Marian's RNN models and of
+    nmtpytorch's Multi30k systems; not in paper 000:
+
+        s'_i = GRU_1(s_{i-1}, E y_{i-1})                      (the transition)
+        e_ij = v_a^T tanh(W_a s'_i + U_a h_j + b_a),  alpha_i = softmax_j(e_i)
+        c_i  = sum_j alpha_ij h_j
+        s_i  = GRU_2(s'_i, c_i)                      (c_i is GRU_2's input x)
+
+    The attention reads s'_i, which has seen y_{i-1}, where RNNsearch's reads
+    s_{i-1}, which has not. The readout and the output layer read s_i, c_i
+    and E y_{i-1} as before. GRU_1 has W_1 [m, 3n], U_1 [n, 3n], b_1; GRU_2
+    has W_2 [context_dim, 3n], U_2 [n, 3n], b_2: n·3n more weights than the
+    paper's one GRU (U_1), and one more [n, 3n] product per step.
+
+    Same arguments, call and outputs as `AttentionDecoder`, whose time loop
+    it shares. Per step that is U_1 [r, z] s_{i-1} and U_1 (r * s_{i-1}),
+    then one product of s'_i by [W_a | U_2r | U_2z] (fused), the attention
+    over the precomputed keys (and W_2 c_i = sum_j alpha_ij (W_2 h_j), with
+    h_j W_2 taken once per sentence), and U_2 (r * s'_i). Recurrent dropout
+    draws one mask per sentence for s_{i-1} and another for s'_i. Search's
+    state is [s_i ; U_1rz s_i] (`search_state`).
+    """
+
+    LOOP_STATE_KERNELS = AttentionDecoder.LOOP_STATE_KERNELS + (("transition", "recurrent_rz"),
+                                                                ("transition", "recurrent_candidate"))
+
+    def __init__(self, units: int, attention_units: int, context_dim: int, recurrent_dropout: float = 0.0,
+                 layer_norm: bool = False, **kwargs):
+        super().__init__(units, attention_units, context_dim, recurrent_dropout=recurrent_dropout,
+                         layer_norm=layer_norm, **kwargs)
+        self.transition = GRUCell(units, layer_norm=layer_norm, name="transition")
+
+    def _make_cell(self):
+        """GRU_2, whose input x is the context: s_i = GRU_2(s'_i, c_i)."""
+        return GRUCell(self.units, layer_norm=self.layer_norm, name="gru")
+
+    def build(self, target_embeddings_shape, *args, **kwargs):
+        self.transition.build((None, target_embeddings_shape[-1]))
+        self.cell.build((None, self.context_dim))
+        self.attention.build_for(self.units, self.context_dim)
+        self.built = True
+
+    def gru_cells(self) -> dict:
+        return {"decoder GRU 1 (transition)": self.transition, "decoder GRU 2 (context)": self.cell}
+
+    @property
+    def search_state_size(self) -> int:
+        """Width of `search_state`: [s ; U_1rz s], n + 2n."""
+        return 3 * self.units
+
+    def _annotation_kernel(self, weights):
+        return weights["cell"]["input"]
+
+    def _state_mask(self, batch, dtype, training):
+        """(mask of s_{i-1}, mask of s'_i), or None outside training."""
+        masks = recurrent_dropout_mask(tf.stack([2, batch, self.units]), self.recurrent_dropout,
+                                       self.seed_generator, dtype, training)
+        return None if masks is None else tuple(tf.unstack(masks))
+
+    def step_weights(self) -> dict:
+        """`AttentionDecoder.step_weights()` ("state": [W_a | U_2rz], what
+        multiplies s'_i before the reset gate; "cell": GRU_2's but its U_rz)
+        and "transition": GRU_1's `step_weights()`."""
+        return {**super().step_weights(), "transition": self.transition.step_weights()}
+
+    def _step(self, x_proj, state, weights, keys, projected_annotations, bias, state_mask=None, tap=None):
+        """Teacher forcing's step (`AttentionDecoder._step`); x_proj is GRU_1's
+        input term, state_mask the pair of `_state_mask`."""
+        mask_1, mask_2 = (None, None) if state_mask is None else state_mask
+        intermediate = self.transition.step(x_proj, state, kernels=weights["transition"],
+                                            state_dropped=None if mask_1 is None else state * mask_1)
+        dropped = intermediate if mask_2 is None else intermediate * mask_2
+        query_proj, state_rz = tf.split(step_matmul(dropped, weights["state"]),
+                                        [self.attention_units, 2 * self.units], axis=1)
+        context_proj, alpha = self._attend(query_proj, keys, projected_annotations, bias, tap)
+        new_state = self.cell.step(self.cell.input_term(context_proj, weights["cell"]), intermediate,
+                                   state_rz=state_rz, kernels=weights["cell"],
+                                   state_dropped=None if mask_2 is None else dropped)
+        return new_state, alpha
+
+    def search_state(self, state, weights=None):
+        """s [N, n] -> search's state [N, 3n]: [s ; U_1rz s], the product the
+        next step's GRU_1 needs first, taken once here."""
+        weights = weights or self.step_weights()
+        state = tf.cast(state, self.compute_dtype)
+        return tf.concat([state, tf.matmul(state, weights["transition"]["recurrent_rz"])], axis=-1)
+
+    def project_inputs(self, previous_embedding, weights=None):
+        """GRU_1's input term W_1 E y_{i-1} + b_1 [N, 3n] (layer-normalised
+        with layer_norm) that `step` takes; `weights` is `step_weights()`."""
+        return self.transition.project_inputs(previous_embedding, (weights or self.step_weights())["transition"])
+
+    def step(self, x_proj, state, keys, projected_annotations, bias, weights=None, beam=1):
+        """One decoding step for search, as `AttentionDecoder.step`; `state` is
+        the [N, 3n] `search_state` of s_{i-1}, `projected_annotations` are
+        h_j [W_2 | R] (`project_annotations`)."""
+        dtype = self.compute_dtype
+        weights = weights or self.step_weights()
+        n, units = self.units, self.attention_units
+        previous_state, state_rz_1 = tf.split(tf.cast(state, dtype), [n, 2 * n], axis=1)
+        intermediate = self.transition.step(x_proj, previous_state, state_rz=state_rz_1,
+                                            kernels=weights["transition"])
+        query_proj, state_rz = tf.split(tf.matmul(intermediate, weights["state"]), [units, 2 * n], axis=1)
+        weighted, alpha = self.attention.attend(tf.reshape(query_proj, [-1, beam, units]), keys,
+                                                projected_annotations, bias)
+        width = projected_annotations.shape[-1]
+        context_proj, readout_context = tf.split(tf.reshape(weighted, [-1, width]), [3 * n, width - 3 * n], axis=1)
+        new_state = self.cell.step(self.cell.input_term(context_proj, weights["cell"]), intermediate,
+                                   state_rz=state_rz, kernels=weights["cell"])
+        return new_state, self.search_state(new_state, weights), readout_context, alpha
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")

@@ -64,6 +64,21 @@ def add_norm_weights(layer, name: str, width: int):
     return gain, bias
 
 
+def add_gru_weights(layer, input_dim: int):
+    """One GRU's weights as attributes of `layer` (with its `units` n and
+    `layer_norm`): with layer_norm the x- and h-terms' (gain, bias), then
+    kernel W [input_dim, 3n], recurrent_kernel U [n, 3n] (block-orthogonal)
+    and bias b [3n]."""
+    n = layer.units
+    if layer.layer_norm:
+        for term in ("input", "recurrent"):
+            add_norm_weights(layer, f"{term}_norm", 3 * n)
+    layer.kernel = layer.add_weight(name="kernel", shape=(input_dim, 3 * n), initializer=weight_init())
+    layer.recurrent_kernel = layer.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
+                                              initializer=BlockOrthogonal())
+    layer.bias = layer.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
+
+
 def norm_weights(layer, name: str, dtype) -> tuple:
     """The (gain, bias) that `add_norm_weights(layer, name, ...)` created, in `dtype`."""
     return tuple(tf.cast(getattr(layer, f"{name}_{part}"), dtype) for part in ("gain", "bias"))
@@ -324,14 +339,7 @@ class GRU(FrozenRecurrentSplits, keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
 
     def build(self, input_shape):
-        n = self.units
-        if self.layer_norm:
-            for term in ("input", "recurrent"):
-                add_norm_weights(self, f"{term}_norm", 3 * n)
-        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], 3 * n), initializer=weight_init())
-        self.recurrent_kernel = self.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
-                                                initializer=BlockOrthogonal())
-        self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
+        add_gru_weights(self, input_shape[-1])
 
     @property
     def recurrent_kernels(self):
@@ -361,7 +369,84 @@ class GRU(FrozenRecurrentSplits, keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
-class ConditionalGRUCell(keras.layers.Layer):
+class GRUCell(keras.layers.Layer):
+    """A GRU's weights and its step, for decoders that run their own time
+    loop and fuse these matrices with others (the cGRU decoder's two GRUs).
+
+    Holds W [input_dim, 3n], U [n, 3n] (block-orthogonal) and b [3n]; with
+    layer_norm the (gain, bias) of the x-terms and of the h-terms.
+
+    Call arguments (one step):
+      inputs: [batch, input_dim] x_t.
+      state: [batch, n] h_{t-1}.
+
+    Returns:
+      [batch, n] h_t.
+    """
+
+    def __init__(self, units: int, layer_norm: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.layer_norm = layer_norm
+
+    def build(self, input_shape):
+        add_gru_weights(self, input_shape[-1])
+
+    def project_inputs(self, inputs, kernels=None):
+        """W x + b (layer-normalised with layer_norm) for inputs [..., input_dim]
+        -> [..., 3n] (outside the loop for teacher forcing; per step in
+        search, with `kernels`)."""
+        kernels = kernels or self.step_weights()
+        x_proj = project(tf.cast(inputs, self.compute_dtype), kernels["input"], kernels["bias"])
+        return gate_layer_norm(x_proj, kernels["input_norm"]) if self.layer_norm else x_proj
+
+    def input_term(self, product, kernels=None):
+        """The x-term from W x [..., 3n] computed elsewhere (search: sum_j
+        alpha_ij (W h_j), from products taken once per sentence): W x + b,
+        layer-normalised with layer_norm, as `project_inputs` gives it."""
+        kernels = kernels or self.step_weights()
+        x_proj = product + kernels["bias"]
+        return gate_layer_norm(x_proj, kernels["input_norm"]) if self.layer_norm else x_proj
+
+    def step_weights(self) -> dict:
+        """W, b, U_rz [n, 2n] and U [n, n] (candidate) in the compute dtype,
+        and with layer_norm the (gain, bias) pairs "input_norm" and
+        "recurrent_norm".
+
+        Slicing and casting copy the matrices, so a time loop takes them once,
+        outside, and passes them to every `step`.
+        """
+        dtype = self.compute_dtype
+        u_rz, u_candidate = split_recurrent_kernel(tf.cast(self.recurrent_kernel, dtype))
+        kernels = {"input": tf.cast(self.kernel, dtype), "bias": tf.cast(self.bias, dtype),
+                   "recurrent_rz": u_rz, "recurrent_candidate": u_candidate}
+        if self.layer_norm:
+            for term in ("input", "recurrent"):
+                kernels[f"{term}_norm"] = norm_weights(self, f"{term}_norm", dtype)
+        return kernels
+
+    def step(self, x_proj, state, state_rz=None, kernels=None, state_dropped=None):
+        """One step from x_proj (`project_inputs` or `input_term`).
+
+        `state_rz` is U_rz h_{t-1} when the caller computed it already (fused
+        with another product); `kernels` is `step_weights()`, taken once per
+        sequence; `state_dropped` is h_{t-1} with recurrent dropout (training;
+        then `state_rz` must be U_rz of it)."""
+        kernels = kernels or self.step_weights()
+        if state_rz is None:
+            state_rz = step_matmul(state if state_dropped is None else state_dropped, kernels["recurrent_rz"])
+        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"], h_dropped=state_dropped,
+                          recurrent_norm=kernels.get("recurrent_norm"))
+
+    def call(self, inputs, state):
+        return self.step(self.project_inputs(inputs), tf.cast(state, self.compute_dtype))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "layer_norm": self.layer_norm}
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class ConditionalGRUCell(GRUCell):
     """The decoder's GRU: the context c_i enters all three gates (C_r, C_z, C).
 
     Holds W [input_dim, 3n], U [n, 3n] (block-orthogonal), C [context_dim, 3n]
@@ -378,10 +463,8 @@ class ConditionalGRUCell(keras.layers.Layer):
     """
 
     def __init__(self, units: int, context_dim: int, layer_norm: bool = False, **kwargs):
-        super().__init__(**kwargs)
-        self.units = units
+        super().__init__(units, layer_norm=layer_norm, **kwargs)
         self.context_dim = context_dim
-        self.layer_norm = layer_norm
 
     def build(self, input_shape):
         n = self.units
@@ -397,14 +480,6 @@ class ConditionalGRUCell(keras.layers.Layer):
                                               initializer=weight_init())
         self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
 
-    def project_inputs(self, inputs, kernels=None):
-        """W x + b (layer-normalised with layer_norm) for inputs [..., input_dim]
-        -> [..., 3n] (outside the loop for teacher forcing; per step in
-        search, with `kernels`)."""
-        kernels = kernels or self.step_weights()
-        x_proj = project(tf.cast(inputs, self.compute_dtype), kernels["input"], kernels["bias"])
-        return gate_layer_norm(x_proj, kernels["input_norm"]) if self.layer_norm else x_proj
-
     def normalize_context(self, context_proj, kernels=None):
         """C c [..., 3n] as the gates add it: layer-normalised with layer_norm."""
         if not self.layer_norm:
@@ -412,21 +487,12 @@ class ConditionalGRUCell(keras.layers.Layer):
         return gate_layer_norm(context_proj, (kernels or self.step_weights())["context_norm"])
 
     def step_weights(self) -> dict:
-        """W, b, U_rz [n, 2n], U [n, n] (candidate) and C [context_dim, 3n] in
-        the compute dtype, and with layer_norm the (gain, bias) pairs
-        "input_norm", "recurrent_norm" and "context_norm".
-
-        Slicing and casting copy the matrices, so a time loop takes them once,
-        outside, and passes them to every `step`.
-        """
+        """`GRUCell.step_weights()` and C [context_dim, 3n] in the compute
+        dtype, with layer_norm also its (gain, bias) "context_norm"."""
         dtype = self.compute_dtype
-        u_rz, u_candidate = split_recurrent_kernel(tf.cast(self.recurrent_kernel, dtype))
-        kernels = {"input": tf.cast(self.kernel, dtype), "bias": tf.cast(self.bias, dtype),
-                   "recurrent_rz": u_rz, "recurrent_candidate": u_candidate,
-                   "context": tf.cast(self.context_kernel, dtype)}
+        kernels = {**super().step_weights(), "context": tf.cast(self.context_kernel, dtype)}
         if self.layer_norm:
-            for term in ("input", "recurrent", "context"):
-                kernels[f"{term}_norm"] = norm_weights(self, f"{term}_norm", dtype)
+            kernels["context_norm"] = norm_weights(self, "context_norm", dtype)
         return kernels
 
     def step(self, x_proj, state, context=None, state_rz=None, kernels=None, context_proj=None, state_dropped=None):
@@ -455,5 +521,4 @@ class ConditionalGRUCell(keras.layers.Layer):
         return self.step(self.project_inputs(inputs), tf.cast(state, dtype), tf.cast(context, dtype))
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units, "context_dim": self.context_dim,
-                "layer_norm": self.layer_norm}
+        return {**super().get_config(), "context_dim": self.context_dim}

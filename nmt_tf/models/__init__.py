@@ -84,6 +84,11 @@ class RNNSearchConfig(ModelConfig):
             "Layers of bidirectional GRUs in RNNsearch's encoder (paper: 1). Each layer above the first reads the"
             " annotations of the layer below and adds its own to them (a residual connection); the top "
             "layer's are the annotations h_j.", lower=1, upper=8)
+    decoder: str = setting('enum', 'bahdanau',
+            "RNNsearch's decoder: bahdanau (the paper's: the attention reads s_{i-1}, one GRU reads E y_{i-1}"
+            " and c_i) or cgru (Nematus' conditional GRU, Sennrich et al. 2017: a first GRU reads E y_{i-1}, "
+            "the attention reads its state, a second GRU reads c_i; n x 3n more weights and one more "
+            "[n, 3n] product per step).", choices=['bahdanau', 'cgru'])
 
     def refuse(self, given: dict) -> None:
         if given.get("encoder", "rnn") != "rnn":
@@ -106,6 +111,9 @@ class RNNEncDecConfig(ModelConfig):
         if given.get("encoder_layers", 1) != 1:
             raise ConfigError("--encoder_layers goes with --model=rnnsearch; RNNencdec's encoder is one GRU "
                               "or a grConv.")
+        if given.get("decoder", "bahdanau") != "bahdanau":
+            raise ConfigError("--decoder goes with --model=rnnsearch; RNNencdec's decoder reads one fixed "
+                              "summary c of the source and has no attention.")
 
 
 class Architecture(NamedTuple):

@@ -4,7 +4,8 @@
               (with encoder_layers = L > 1, layer k > 1 reads layer k-1's
               h^(k-1) and gives h^(k) = h^(k-1) + BiGRU_k(h^(k-1)); h = h^(L))
     s_0     = tanh(W_s <-h_1 + b_s)
-    decoder:  see nmt_tf.layers.decoder (attention, then GRU with context)
+    decoder:  see nmt_tf.layers.decoder (attention, then GRU with context;
+              with decoder="cgru" Nematus' conditional GRU: GRU, attention, GRU)
     readout:  t_i = maxout(U_o s_i + V_o E_y y_{i-1} + C_o c_i + b_o)
     output:   p(y_i | y_<i, x) = softmax(W_o t_i + b_o')
 
@@ -26,11 +27,14 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from nmt_tf.layers import AttentionDecoder, BidirectionalGRU, score_bias
+from nmt_tf.layers import AttentionDecoder, BidirectionalGRU, CGRUDecoder, score_bias
 from nmt_tf.layers.initializers import weight_init
 from nmt_tf.models.base import Seq2SeqModel, count_parameters
 from nmt_tf.models.search_step import by_sentence
 from nmt_tf.text import PAD_ID
+
+# decoder= name -> its layer: the paper's, or Nematus' conditional GRU.
+DECODERS = {"bahdanau": AttentionDecoder, "cgru": CGRUDecoder}
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
@@ -47,6 +51,8 @@ class RNNSearch(Seq2SeqModel):
       dropout: dropout rate on embeddings and maxout features (training only).
       encoder_layers: L, bidirectional GRU layers in the encoder (paper: 1);
         layers above the first are residual (module docstring).
+      decoder: "bahdanau" (the paper's, `AttentionDecoder`) or "cgru"
+        (Nematus' conditional GRU, `CGRUDecoder`).
       **kwargs: annotation_dropout (on h_j), recurrent_dropout, layer_norm,
         tied_embeddings, label_smoothing (see `Seq2SeqModel`) and Keras' own.
 
@@ -58,11 +64,14 @@ class RNNSearch(Seq2SeqModel):
 
     def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int = 620,
                  hidden_size: int = 1000, attention_size: int = 1000, maxout_size: int = 500,
-                 dropout: float = 0.0, encoder_layers: int = 1, **kwargs):
+                 dropout: float = 0.0, encoder_layers: int = 1, decoder: str = "bahdanau", **kwargs):
         super().__init__(source_vocab_size, target_vocab_size, embedding_size, hidden_size, maxout_size,
                          dropout, **kwargs)
         if encoder_layers < 1:
             raise ValueError(f"encoder_layers must be at least 1, got {encoder_layers}")
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+        self.decoder_type = decoder
         self.attention_size = attention_size
         self.encoder_layers = encoder_layers
         self.encoder = BidirectionalGRU(hidden_size, recurrent_dropout=self.recurrent_dropout,
@@ -75,9 +84,9 @@ class RNNSearch(Seq2SeqModel):
                 name=f"encoder_{k}"))
         self.initial_state = keras.layers.Dense(
             hidden_size, activation="tanh", kernel_initializer=weight_init(), name="initial_state")
-        self.decoder = AttentionDecoder(hidden_size, attention_size, 2 * hidden_size,
-                                        recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
-                                        name="decoder")
+        self.decoder = DECODERS[decoder](hidden_size, attention_size, 2 * hidden_size,
+                                         recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
+                                         name="decoder")
 
     @classmethod
     def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int):
@@ -123,15 +132,16 @@ class RNNSearch(Seq2SeqModel):
 
     @property
     def search_state_size(self) -> int:
-        """Width d of search's decoder state: [s ; W_a s ; U_rz s] (n + n' + 2n)."""
-        return 3 * self.hidden_size + self.attention_size
+        """Width d of search's decoder state: [s ; W_a s ; U_rz s] (n + n' + 2n),
+        with the cGRU decoder [s ; U_1rz s] (3n)."""
+        return self.decoder.search_state_size
 
     def search_inputs(self, source_ids, weights):
         """`encode` for search: keys, the padding's score bias, the search
-        state of s_0 (`AttentionDecoder.search_state`: s_0 with its products
-        by W_a and U_rz) and the annotations projected once per sentence by
-        [C | C_o] (the GRU's and the readout's context matrices; see
-        `AttentionDecoder.project_annotations`)."""
+        state of s_0 (`AttentionDecoder.search_state`: s_0 with the products
+        the first step needs) and the annotations projected once per sentence
+        by [C | C_o] (the context's matrix in the decoder GRU and the
+        readout's; see `AttentionDecoder.project_annotations`)."""
         encoded = self.encode(source_ids)
         projected = self.decoder.project_annotations(encoded["annotations"], weights["readout_context"],
                                                      weights["decoder"])
@@ -146,8 +156,8 @@ class RNNSearch(Seq2SeqModel):
 
         Args:
           previous_ids: [batch, K] int, y_{i-1} ([BOS] at the first step).
-          state: [batch, K, d] search state of s_{i-1} (d = n + n' + 2n: s
-            with its products by W_a and U_rz, `AttentionDecoder.search_state`).
+          state: [batch, K, d] search state of s_{i-1} (`search_state_size`: s
+            with the products the step needs first, the decoder's `search_state`).
           inputs: `search_inputs`' dict, one row per sentence (never tiled:
             the K hypotheses of a sentence attend to its annotations together).
           weights: `step_weights()`, taken once outside the search loop
@@ -190,7 +200,7 @@ class RNNSearch(Seq2SeqModel):
             "encoder forward GRU": count_parameters(*enc.direction_weights("forward")),
             "encoder backward GRU": count_parameters(*enc.direction_weights("backward")),
             **upper,
-            "decoder GRU": count_parameters(*self.decoder.cell.weights),
+            **{name: count_parameters(*cell.weights) for name, cell in self.decoder.gru_cells().items()},
             "initial state s_0": count_parameters(*self.initial_state.weights),
             "attention": count_parameters(*self.decoder.attention.weights),
             "maxout readout": shared["maxout readout"],
@@ -199,4 +209,4 @@ class RNNSearch(Seq2SeqModel):
 
     def get_config(self):
         return {**super().get_config(), "attention_size": self.attention_size,
-                "encoder_layers": self.encoder_layers}
+                "encoder_layers": self.encoder_layers, "decoder": self.decoder_type}
