@@ -22,6 +22,10 @@ U_rz s_i] (`search_state`), taken as soon as s_i exists. That product is the
 first thing step i + 1 needs; taken at the end of step i (before the beam is
 reordered: a row of the product follows its row of s_i), it runs while the
 readout, output layer and top-k of step i run, instead of after them.
+
+`CGRUDecoder` is Nematus' conditional GRU (not in the paper), a subclass
+that shares this loop: a first GRU reads E y_{i-1}, the attention reads its
+state, and a second GRU reads c_i.
 """
 
 from __future__ import annotations
@@ -285,8 +289,8 @@ class CGRUDecoder(AttentionDecoder):
     The attention reads s'_i, which has seen y_{i-1}, where RNNsearch's reads
     s_{i-1}, which has not. The readout and the output layer read s_i, c_i
     and E y_{i-1} as before. GRU_1 has W_1 [m, 3n], U_1 [n, 3n], b_1; GRU_2
-    has W_2 [context_dim, 3n], U_2 [n, 3n], b_2: n·3n more weights than the
-    paper's one GRU (U_1), and one more [n, 3n] product per step.
+    has W_2 [context_dim, 3n], U_2 [n, 3n], b_2: n·3n + 3n more weights than
+    the paper's one GRU (U_1, b_1), and one more [n, 3n] product per step.
 
     Same arguments, call and outputs as `AttentionDecoder`, whose time loop
     it shares. Per step that is U_1 [r, z] s_{i-1} and U_1 (r * s_{i-1}),
