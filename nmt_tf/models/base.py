@@ -39,8 +39,9 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
     and maxout features; `source_word_dropout` / `target_word_dropout`, whole
     embedding vectors of source words and of the previous target words;
     `annotation_dropout` on the encoder's outputs and `recurrent_dropout`,
-    variational dropout of the GRU states, which subclasses apply), layer-normalised GRUs (`layer_norm`, also applied by
-    subclasses; nmt_tf.layers.gru), tied embeddings and label smoothing.
+    variational dropout of the GRU states, which subclasses apply),
+    layer-normalised GRUs (`layer_norm`, also applied by subclasses;
+    nmt_tf.layers.gru), tied embeddings and label smoothing.
 
     `tied_embeddings` (Press & Wolf 2017): "none" (the papers: an output
     matrix W_o of its own); "target": W_o = E_y^T, the target embeddings
