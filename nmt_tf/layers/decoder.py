@@ -135,6 +135,18 @@ class AttentionDecoder(keras.layers.Layer):
         context_proj, alpha = self.attention.attend(query_proj, keys, projected_annotations, bias)
         return (context_proj if tap is None else context_proj + tap), alpha
 
+    def _search_attend(self, query_proj, keys, projected_annotations, bias, beam):
+        """The attention of a search step, the hypotheses' queries W_a s
+        [N, n'] grouped by sentence (`beam` each): (sum_j alpha_ij (h_j C)
+        [N, 3n], sum_j alpha_ij (h_j R) [N, r], alpha_i [batch, beam, Tx]);
+        `projected_annotations` are h_j [C | R] (`project_annotations`)."""
+        n, units = self.units, self.attention_units
+        weighted, alpha = self.attention.attend(tf.reshape(query_proj, [-1, beam, units]), keys,
+                                                projected_annotations, bias)
+        width = projected_annotations.shape[-1]
+        context_proj, readout_context = tf.split(tf.reshape(weighted, [-1, width]), [3 * n, width - 3 * n], axis=1)
+        return context_proj, readout_context, alpha
+
     def precompute(self, annotations):
         """Per-sentence work shared by every step: the keys U_a h_j + b_a."""
         return self.attention.precompute_keys(annotations)
@@ -224,10 +236,8 @@ class AttentionDecoder(keras.layers.Layer):
         n, units = self.units, self.attention_units
         state = tf.cast(state, dtype)
         previous_state, query_proj, state_rz = tf.split(state, [n, units, 2 * n], axis=1)
-        weighted, alpha = self.attention.attend(tf.reshape(query_proj, [-1, beam, units]), keys,
-                                                projected_annotations, bias)
-        width = projected_annotations.shape[-1]
-        context_proj, readout_context = tf.split(tf.reshape(weighted, [-1, width]), [3 * n, width - 3 * n], axis=1)
+        context_proj, readout_context, alpha = self._search_attend(query_proj, keys, projected_annotations, bias,
+                                                                   beam)
         new_state = self.cell.step(x_proj, previous_state, state_rz=state_rz,
                                    kernels=weights["cell"], context_proj=context_proj)
         return new_state, self.search_state(new_state, weights), readout_context, alpha
@@ -381,10 +391,8 @@ class CGRUDecoder(AttentionDecoder):
         intermediate = self.transition.step(x_proj, previous_state, state_rz=state_rz_1,
                                             kernels=weights["transition"])
         query_proj, state_rz = tf.split(tf.matmul(intermediate, weights["state"]), [units, 2 * n], axis=1)
-        weighted, alpha = self.attention.attend(tf.reshape(query_proj, [-1, beam, units]), keys,
-                                                projected_annotations, bias)
-        width = projected_annotations.shape[-1]
-        context_proj, readout_context = tf.split(tf.reshape(weighted, [-1, width]), [3 * n, width - 3 * n], axis=1)
+        context_proj, readout_context, alpha = self._search_attend(query_proj, keys, projected_annotations, bias,
+                                                                   beam)
         new_state = self.cell.step(self.cell.input_term(context_proj, weights["cell"]), intermediate,
                                    state_rz=state_rz, kernels=weights["cell"])
         return new_state, self.search_state(new_state, weights), readout_context, alpha
