@@ -425,18 +425,20 @@ class GRUCell(keras.layers.Layer):
                 kernels[f"{term}_norm"] = norm_weights(self, f"{term}_norm", dtype)
         return kernels
 
-    def step(self, x_proj, state, state_rz=None, kernels=None, state_dropped=None):
+    def step(self, x_proj, state, state_rz=None, kernels=None, state_dropped=None, extra=None):
         """One step from x_proj (`project_inputs` or `input_term`).
 
         `state_rz` is U_rz h_{t-1} when the caller computed it already (fused
         with another product); `kernels` is `step_weights()`, taken once per
         sequence; `state_dropped` is h_{t-1} with recurrent dropout (training;
-        then `state_rz` must be U_rz of it)."""
+        then `state_rz` must be U_rz of it); `extra` [..., 3n], normalised
+        already, is added to every pre-activation (`ConditionalGRUCell`'s
+        context terms)."""
         kernels = kernels or self.step_weights()
         if state_rz is None:
             state_rz = step_matmul(state if state_dropped is None else state_dropped, kernels["recurrent_rz"])
-        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"], h_dropped=state_dropped,
-                          recurrent_norm=kernels.get("recurrent_norm"))
+        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"], extra=extra,
+                          h_dropped=state_dropped, recurrent_norm=kernels.get("recurrent_norm"))
 
     def call(self, inputs, state):
         return self.step(self.project_inputs(inputs), tf.cast(state, self.compute_dtype))
@@ -508,13 +510,10 @@ class ConditionalGRUCell(GRUCell):
         normalised (`project_inputs`); C c and the h-terms are normalised here.
         """
         kernels = kernels or self.step_weights()
-        if state_rz is None:
-            state_rz = tf.matmul(state, kernels["recurrent_rz"])
         if context_proj is None:
             context_proj = tf.matmul(context, kernels["context"])
-        return gru_update(x_proj, state, state_rz, kernels["recurrent_candidate"],
-                          extra=self.normalize_context(context_proj, kernels), h_dropped=state_dropped,
-                          recurrent_norm=kernels.get("recurrent_norm"))
+        return super().step(x_proj, state, state_rz=state_rz, kernels=kernels, state_dropped=state_dropped,
+                            extra=self.normalize_context(context_proj, kernels))
 
     def call(self, inputs, state, context):
         dtype = self.compute_dtype
