@@ -567,8 +567,8 @@ def _controller(run: _Run) -> None:
 
 def _fit(run: _Run) -> tuple[int, float]:
     """The epochs, each one `model.fit` from where the last one stopped, until
-    the controller stops them or --max_epochs; then the last evaluation and
-    checkpoint. Returns (the last step, when this run started)."""
+    the controller stops them or --max_epochs; then the last evaluation (not
+    after a signal) and checkpoint. Returns (the last step, when this run started)."""
     from nmt_tf import callbacks as cb
     from nmt_tf import checkpoints, data
 
@@ -617,7 +617,12 @@ def _fit(run: _Run) -> tuple[int, float]:
                 f"stopped. The last good checkpoint is {last}. Lower --learning_rate or --clip_norm, "
                 "or use --mixed_precision=none.")
         if step > start_step or not run.manager.latest_checkpoint:
-            controller.evaluate(step)
+            if controller.stop_reason != "interrupted":
+                # A signal asks for a quick stop (a scheduler's grace period may be
+                # 30 s), and the resumed run evaluates at the epoch end as an
+                # uninterrupted one would: an evaluation here would add one to the
+                # plateau's patience and to best/.
+                controller.evaluate(step)
             checkpoints.save_checkpoint(run.manager, step)
     controller.flush()
     return step, started

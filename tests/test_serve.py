@@ -270,9 +270,12 @@ def test_a_second_server_on_a_taken_port_exits_with_a_clear_error(server):
 
 def test_a_new_version_is_picked_up(server, exported):
     shutil.copytree(exported[2], os.path.join(server["base"], "2"))
-    deadline = time.time() + 30
+    # Loading a SavedModel takes a few seconds alone and over 30 s on a saturated
+    # 2-core machine; the loop ends as soon as version 2 is served.
+    deadline = time.time() + 120
     while time.time() < deadline and server["registry"].current.version != 2:
         time.sleep(0.1)
+    assert server["registry"].current.version == 2, "version 2 was not loaded within 120 s"
     response = server["predict"].Predict(request(), timeout=60)
     assert response.model_spec.version.value == 2
 

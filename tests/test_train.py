@@ -76,6 +76,31 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny_config, tmp_path):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+def test_an_interrupted_and_resumed_run_evaluates_when_an_uninterrupted_one_does(
+        tiny_config, tmp_path, monkeypatch):
+    """A signal stops with a checkpoint but no dev evaluation: the resumed run evaluates
+    at the epoch ends only, so the plateau's patience and best/ see what an
+    uninterrupted run sees (the stop used to add an evaluation)."""
+    from nmt_tf import callbacks as cb
+
+    original = cb.TrainingController.on_train_batch_end
+
+    def signal_at_update_3(self, batch, logs=None):
+        original(self, batch, logs)
+        if self.step == 3 and self.received_signal is None:
+            self._interrupted, self.received_signal = True, "SIGTERM"   # what the handler sets
+    monkeypatch.setattr(cb.TrainingController, "on_train_batch_end", signal_at_update_3)
+    config = tiny_config(model_dir=str(tmp_path / "m"), max_epochs=2)
+    first = training.train(config, **QUIET)
+    assert first["status"] == "interrupted" and 3 <= first["steps"] < 5 and first["dev"] is None
+    assert tf.train.latest_checkpoint(str(tmp_path / "m" / "checkpoints")).endswith(f"ckpt-{first['steps']}")
+    monkeypatch.setattr(cb.TrainingController, "on_train_batch_end", original)
+    resumed = training.train(config, **QUIET)
+    assert resumed["status"] == "max_epochs" and resumed["steps"] == 10
+    dev = read_scalars(str(tmp_path / "m" / "logs" / "dev"))
+    assert [s for s, _ in dev["loss"]] == [5, 10]
+
+
 def test_sigterm_saves_a_checkpoint_and_exits_with_128_plus_the_signal(tiny_corpus, tmp_path):
     """A scheduler's SIGTERM: the run stops after the update, checkpoints, says
     'interrupted' and exits 143, not 0 (it did not finish)."""
