@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, UNICODE_SEPARATORS, run_cli, smoke_train_args
+from conftest import REPO, UNICODE_SEPARATORS, padded, run_cli, smoke_train_args
 from nmt_tf import exporter, search, training
 from nmt_tf.config import ExportConfig
 from nmt_tf.text import with_eos
@@ -204,6 +204,31 @@ def test_mixed_bfloat16_export_computes_in_bfloat16_and_equals_the_python_search
     want = tgt_tok.decode(search.search(model, ids, OPTIONS)["tokens"][:, 0])
     got = loaded.signatures["serving_default"](text=text)
     assert got["translation"].numpy().tolist() == want.numpy().tolist()
+
+
+def test_a_cgru_model_exports_and_its_signatures_equal_the_python_search_and_forced_decoding(tiny_config, tmp_path):
+    """--decoder=cgru (with layer_norm, so that every weight it adds is frozen):
+    the frozen step matrices and token products hold the transition GRU's, and
+    both signatures give what the restored model gives in Python."""
+    model_dir = str(tmp_path / "model")
+    training.train(tiny_config(model_dir=model_dir, decoder="cgru", layer_norm=True, max_steps=3),
+                   log=lambda *a: None)
+    loaded = tf.saved_model.load(exporter.export(model_dir, str(tmp_path / "export"),
+                                                 ExportConfig(OPTIONS, max_input_length=20), log=lambda *a: None))
+    model, src_tok, tgt_tok = restore_model(model_dir, log=lambda *a: None)[:3]
+    assert model.decoder.transition.built
+    text = tf.constant(["A man in a blue shirt.", "Two dogs run ."])
+    ids = with_eos(src_tok.encode(text)).to_tensor()
+    want = search.search(model, ids, OPTIONS)
+    got = loaded.signatures["serving_default"](text=text)
+    assert got["translation"].numpy().tolist() == tgt_tok.decode(want["tokens"][:, 0]).numpy().tolist()
+    np.testing.assert_allclose(got["score"].numpy(), want["scores"][:, 0].numpy(), rtol=1e-5)
+    target = tf.constant(["Un homme en bleu.", "Deux chiens courent."])
+    tgt = tgt_tok.encode(target).to_list()
+    x = {"source_ids": ids.numpy(), "target_ids": padded([[2] + t for t in tgt])}
+    want_log_prob = tf.reduce_sum(model.target_log_probs(x, padded([t + [3] for t in tgt])), axis=-1)
+    np.testing.assert_allclose(loaded.signatures["score"](source=text, target=target)["log_prob"].numpy(),
+                               want_log_prob.numpy(), rtol=1e-5)
 
 
 def test_score_signature_is_forced_decoding(exported, signatures):
