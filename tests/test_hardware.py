@@ -82,7 +82,7 @@ def test_make_train_stops_with_one_clear_error_when_the_cpu_check_fails(tmp_path
     assert "nmt_tf.train" not in done.stdout, done.stdout
 
 
-def test_the_float32_recipe_is_the_recipe_with_less_dropout(monkeypatch):
+def test_the_float32_recipe_is_the_recipe_with_less_dropout_and_the_papers_decoder(monkeypatch):
     """rnnsearch_float32.flags takes everything from rnnsearch.flags but the
     three dropout rates, each 0.1 lower (issue 42's choice for ~6,700 updates),
     and the decoder: the paper's, as the cGRU was measured only at the
