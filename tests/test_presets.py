@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import read_multi30k, run_cli, write_lines
 from nmt_tf import presets
 from nmt_tf.client import SignatureClient
 
@@ -185,3 +185,43 @@ def test_translate_and_presets_cli_with_a_preset(tiny_preset, tmp_path):
     assert listed.returncode == 0 and listed.stdout.startswith("multi30k_en_fr\ten->fr\trnnsearch")
     built = run_cli("-m", "nmt_tf.presets", f"--build={folder}", env=env)
     assert built.returncode == 0 and built.stdout.strip() == saved_model
+
+
+def test_measured_checks_are_what_the_preset_translates_and_scores(tiny_preset, tmp_path):
+    from nmt_tf import metrics
+    from nmt_tf.api import Translator
+
+    folder, cache, _ = tiny_preset
+    copy = str(tmp_path / "tiny_en_fr")
+    shutil.copytree(folder, copy)            # the same manifest: the same build in the cache
+    sources, references = read_multi30k("val.en.gz", 6), read_multi30k("val.fr.gz", 6)
+    src, ref = write_lines(tmp_path / "set.en.gz", sources, gz=True), write_lines(tmp_path / "set.fr", references)
+    checks = presets.measure_checks(copy, src, ref, src, ref, pairs=4, cache_dir=cache, log=lambda *a: None)
+    assert checks == json.load(open(os.path.join(copy, "checks.json"), encoding="utf-8")) == presets.read_checks(copy)
+    translator = Translator.from_preset(copy, cache, log=lambda *a: None)
+    bleu, signature = metrics.moses_lc_bleu([t.text for t in translator.translate(sources)], references, "fr")
+    assert checks["bleu"] == {"source": "set.en.gz", "reference": "set.fr", "lines": 6,
+                              "bleu_lc_moses": round(bleu, 2), "signature": signature}
+    scored = translator.score(sources[:4], references[:4])
+    assert [(p["source"], p["target"], p["target_length"]) for p in checks["score"]] == [
+        (s, t, score.target_length) for s, t, score in zip(sources, references, scored)]
+    np.testing.assert_allclose([p["log_prob"] for p in checks["score"]], [s.log_prob for s in scored], atol=1e-4)
+    table = presets.files_table(copy).splitlines()
+    assert table[:2] == ["| SHA-256 | file | bytes |", "|---|---|---|"]
+    assert [row.split("`")[3] for row in table[2:]] == sorted(os.listdir(copy))      # no card in this preset
+    assert f"| `{presets.sha256(os.path.join(copy, 'checks.json'))}` | `checks.json` |" in table[2]
+    out = run_cli("-m", "nmt_tf.presets", f"--measure_checks={copy}", f"--bleu_src={src}", f"--bleu_ref={ref}",
+                  "--pairs=3", env={"NMT_TF_CACHE": cache})          # the pairs default to the BLEU files
+    assert out.returncode == 0, out.stderr
+    assert [p["source"] for p in presets.read_checks(copy)["score"]] == sources[:3]
+    assert out.stdout.splitlines() == presets.files_table(copy).splitlines() and "checks.json" in out.stdout
+    no_ref = run_cli("-m", "nmt_tf.presets", f"--measure_checks={copy}", f"--bleu_src={src}")
+    assert no_ref.returncode == 1 and "--measure_checks needs --bleu_src and --bleu_ref" in no_ref.stderr
+    short = write_lines(tmp_path / "short.fr", references[:5])
+    with pytest.raises(presets.PresetError, match="the BLEU source has 6 lines but the BLEU reference 5"):
+        presets.measure_checks(copy, src, short, src, ref, cache_dir=cache, log=lambda *a: None)
+    with pytest.raises(presets.PresetError, match="pairs=7: the pairs files have 6 lines"):
+        presets.measure_checks(copy, src, ref, src, ref, pairs=7, cache_dir=cache, log=lambda *a: None)
+    with pytest.raises(presets.PresetError, match=r"the pairs target .*missing\.fr cannot be read"):
+        presets.measure_checks(copy, src, ref, src, str(tmp_path / "missing.fr"), cache_dir=cache,
+                               log=lambda *a: None)

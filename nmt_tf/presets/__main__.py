@@ -5,6 +5,9 @@ Usage:
   python -m nmt_tf.presets --build=multi30k_en_fr       # `make setup` runs this
   python -m nmt_tf.presets --create=presets/my_model --name=my_model --model_dir=runs/m30k \
       --average_checkpoints=5 [--weights_dtype=float16] [--beam_size=10 --n_best=5 --max_input_length=100]
+  python -m nmt_tf.presets --measure_checks=presets/my_model \
+      --bleu_src=data/multi30k/test_2016_flickr.en.gz --bleu_ref=data/multi30k/test_2016_flickr.fr.gz \
+      --pairs_src=data/multi30k/val.en.gz --pairs_tgt=data/multi30k/val.fr.gz [--pairs=12]
 
 --build checks the SHA-256 of every file of the preset, writes its model
 directory and exports its SavedModel into the cache (NMT_TF_CACHE, else
@@ -14,7 +17,12 @@ directory and exports its SavedModel into the cache (NMT_TF_CACHE, else
 writes a preset of a trained model directory (its --checkpoint or the mean
 of --average_checkpoints, weights stored in --weights_dtype; the search
 flags and --max_input_length are what its SavedModel will be exported with;
---n_best defaults to 5 here). Nothing is downloaded.
+--n_best defaults to 5 here). --measure_checks translates --bleu_src with
+the preset's SavedModel and scores the first --pairs lines of --pairs_src /
+--pairs_tgt, writes what it measured (lc Moses-tok BLEU against --bleu_ref,
+log-probabilities) as the preset's checks.json, the figures
+tests/test_model_of_record.py holds a model of record to, and prints the
+model card's table of files with their SHA-256. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -36,6 +44,12 @@ absl_flags.DEFINE_string("name", None, "With --create: the preset's name (defaul
 absl_flags.DEFINE_enum("weights_dtype", "float16", list(presets.WEIGHT_DTYPES),
                        "With --create: how the weights are stored (the model computes in float32 either way).")
 absl_flags.DEFINE_string("description", "", "With --create: one line saying what the model is.")
+absl_flags.DEFINE_string("measure_checks", None, "Measure this preset (a name or folder) and write its checks.json.")
+absl_flags.DEFINE_string("bleu_src", None, "With --measure_checks: the source side of the test set to translate.")
+absl_flags.DEFINE_string("bleu_ref", None, "With --measure_checks: its reference translations (raw, line-aligned).")
+absl_flags.DEFINE_string("pairs_src", None, "With --measure_checks: sources of the pairs to score (default --bleu_src).")
+absl_flags.DEFINE_string("pairs_tgt", None, "With --measure_checks: their targets (default --bleu_ref).")
+absl_flags.DEFINE_integer("pairs", 12, "With --measure_checks: how many pairs (the files' first lines) to score.")
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "max_input_length", *nmt_flags.SEARCH_FLAGS,
                                              *nmt_flags.WEIGHTS_FLAGS))
@@ -44,8 +58,8 @@ TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "max_input_length", *n
 def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
-    if sum(bool(x) for x in (FLAGS.list, FLAGS.build, FLAGS.create)) != 1:
-        return nmt_flags.user_error("give one of --list, --build=NAME and --create=FOLDER.")
+    if sum(bool(x) for x in (FLAGS.list, FLAGS.build, FLAGS.create, FLAGS.measure_checks)) != 1:
+        return nmt_flags.user_error("give one of --list, --build=NAME, --create=FOLDER and --measure_checks=NAME.")
     try:
         if FLAGS.list:
             for name in presets.available():
@@ -54,6 +68,13 @@ def main(argv):
                       f"{manifest['parameters']:,} parameters\t{manifest.get('description', '')}")
         elif FLAGS.build:
             print(presets.build(FLAGS.build, log=lambda *a: print(*a, file=sys.stderr)))
+        elif FLAGS.measure_checks:
+            if not (FLAGS.bleu_src and FLAGS.bleu_ref):
+                return nmt_flags.user_error("--measure_checks needs --bleu_src and --bleu_ref.")
+            presets.measure_checks(FLAGS.measure_checks, FLAGS.bleu_src, FLAGS.bleu_ref,
+                                   FLAGS.pairs_src or FLAGS.bleu_src, FLAGS.pairs_tgt or FLAGS.bleu_ref, FLAGS.pairs,
+                                   log=lambda *a: print(*a, file=sys.stderr))
+            print(presets.files_table(FLAGS.measure_checks))
         else:
             if not FLAGS.model_dir:
                 return nmt_flags.user_error("--create needs --model_dir.")
