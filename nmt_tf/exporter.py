@@ -49,11 +49,13 @@ def write_warmup(saved_model_dir: str, sentences=WARMUP_SENTENCES) -> str:
 
 def metadata(trained, decoding: DecodingConfig, checkpoint: str) -> dict:
     """What a model translates with: languages, tokenizer, architecture (of its
-    training configuration `trained`), search settings, input limit, precision
+    training configuration `trained`: its --model name and a description for
+    people), search settings, input limit, precision
     (of `decoding`) and which weights (`checkpoint`, the path restored):
     nmt_tf.json's core."""
     return {"src_lang": trained.src_lang, "tgt_lang": trained.tgt_lang, "tokenizer": trained.tokenizer,
-            "model": trained.model, "search": dataclasses.asdict(decoding.search),
+            "model": trained.model, "architecture": trained.model_config().describe(),
+            "search": dataclasses.asdict(decoding.search),
             "max_input_length": decoding.max_input_length, "checkpoint": checkpoint, "precision": decoding.precision}
 
 

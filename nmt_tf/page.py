@@ -49,7 +49,7 @@ def index_html(model_name: str, metadata: dict, version: int | None) -> bytes:
               "max_input_tokens": str(metadata.get("max_input_length", "")),
               "max_line_characters": str(MAX_LINE_CHARACTERS),
               "version": "" if version is None else str(version),
-              "model": metadata.get("model", "")}
+              "architecture": metadata.get("architecture") or metadata.get("model", "an nmt_tf model")}
     text = _read("index.html").decode("utf-8")
     for key, value in values.items():
         text = text.replace("{{" + key + "}}", html.escape(value, quote=True))

@@ -5,6 +5,7 @@ n-best list and heatmap out, hover links, and a message for every failure."""
 
 import functools
 import os
+import re
 import shutil
 import urllib.error
 import urllib.request
@@ -55,7 +56,7 @@ def test_the_page_files_are_served_with_their_types_and_a_strict_policy(server):
     assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
     assert "default-src 'none'" in headers["Content-Security-Policy"] and headers["X-Content-Type-Options"] == "nosniff"
     assert b'data-model-name="nmt"' in body and b'data-max-input-tokens="20"' in body and b"{{" not in body
-    assert b"English" in body and b"French" in body
+    assert b"English" in body and b"French" in body and b"RNNsearch with attention (Bahdanau et al. 2015)" in body
     for path, kind in (("/page/app.js", "text/javascript"), ("/page/style.css", "text/css")):
         status, headers, body = fetch(server + path)
         assert status == 200 and headers["Content-Type"].startswith(kind) and len(body) > 500
@@ -69,6 +70,20 @@ def test_the_page_files_are_served_with_their_types_and_a_strict_policy(server):
 def test_what_the_page_shows_of_the_model_is_escaped():
     html = page.index_html('<script>"x"', {"src_lang": "en", "tgt_lang": "x<y", "model": "rnnsearch"}, 3).decode()
     assert "<script>\"x\"" not in html and "&lt;script&gt;&quot;x&quot;" in html and "x&lt;y" in html
+
+
+def test_the_page_names_the_served_architecture():
+    from nmt_tf.models import RNNEncDecConfig, RNNSearchConfig
+
+    about = lambda config: re.search(r'<p class="about">(.*?)</p>', page.index_html(
+        "nmt", {"src_lang": "en", "tgt_lang": "fr", "architecture": config.describe()}, 1).decode(), re.S).group(1)
+    assert "RNNsearch with attention (Bahdanau et al. 2015) · beam search" in about(RNNSearchConfig())
+    assert ("RNNsearch with attention (Bahdanau et al. 2015), a conditional GRU decoder (Sennrich et al. 2017), "
+            "2 encoder layers · beam search") in about(RNNSearchConfig(decoder="cgru", encoder_layers=2))
+    assert "RNNencdec (Cho et al. 2014a), no attention · beam" in about(RNNEncDecConfig())
+    assert "RNNencdec with a grConv encoder (Cho et al. 2014b), no attention" in about(RNNEncDecConfig(encoder="grconv"))
+    older = page.index_html("nmt", {"src_lang": "en", "tgt_lang": "fr", "model": "rnnsearch"}, 1).decode()
+    assert "· rnnsearch · beam search" in older          # an export made before nmt_tf.json named it
 
 
 def test_a_server_without_the_page_answers_its_path_as_the_rest_api(exported, tmp_path_factory):

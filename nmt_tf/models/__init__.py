@@ -73,6 +73,11 @@ class ModelConfig:
         this architecture does not take that differ from their defaults).
         Others are ignored: a flagfile may hold the sizes of several."""
 
+    def describe(self) -> str:
+        """The architecture in a few words with its papers, for people (the
+        translation page shows it)."""
+        raise NotImplementedError
+
 
 @dataclasses.dataclass(frozen=True)
 class RNNSearchConfig(ModelConfig):
@@ -90,6 +95,14 @@ class RNNSearchConfig(ModelConfig):
             "the attention reads its state, a second GRU reads c_i; n x 3n more weights and one more "
             "[n, 3n] product per step).", choices=['bahdanau', 'cgru'])
 
+    def describe(self) -> str:
+        parts = ["RNNsearch with attention (Bahdanau et al. 2015)"]
+        if self.decoder == "cgru":
+            parts.append("a conditional GRU decoder (Sennrich et al. 2017)")
+        if self.encoder_layers > 1:
+            parts.append(f"{self.encoder_layers} encoder layers")
+        return ", ".join(parts)
+
     def refuse(self, given: dict) -> None:
         if given.get("encoder", "rnn") != "rnn":
             raise ConfigError("--encoder=grconv goes with --model=rnnencdec; RNNsearch always uses its "
@@ -106,6 +119,11 @@ class RNNEncDecConfig(ModelConfig):
             " 2014b). RNNsearch always uses its bidirectional GRU.", choices=['rnn', 'grconv'])
     grconv_size: int = setting('integer', 2000,
             "Node size of the grConv encoder (paper: 2,000).", lower=1)
+
+    def describe(self) -> str:
+        if self.encoder == "grconv":
+            return "RNNencdec with a grConv encoder (Cho et al. 2014b), no attention"
+        return "RNNencdec (Cho et al. 2014a), no attention"
 
     def refuse(self, given: dict) -> None:
         if given.get("encoder_layers", 1) != 1:
