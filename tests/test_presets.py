@@ -11,6 +11,7 @@ import pytest
 
 from conftest import read_multi30k, run_cli, write_lines
 from nmt_tf import presets
+from nmt_tf.presets import measure
 from nmt_tf.client import SignatureClient
 
 SENTENCES = ["A man in a blue shirt is running.", "", "Two dogs play in the snow near a tree .",
@@ -196,7 +197,7 @@ def test_measured_checks_are_what_the_preset_translates_and_scores(tiny_preset, 
     shutil.copytree(folder, copy)            # the same manifest: the same build in the cache
     sources, references = read_multi30k("val.en.gz", 6), read_multi30k("val.fr.gz", 6)
     src, ref = write_lines(tmp_path / "set.en.gz", sources, gz=True), write_lines(tmp_path / "set.fr", references)
-    checks = presets.measure_checks(copy, src, ref, src, ref, pairs=4, cache_dir=cache, log=lambda *a: None)
+    checks = measure.measure_checks(copy, src, ref, src, ref, pairs=4, cache_dir=cache, log=lambda *a: None)
     assert checks == json.load(open(os.path.join(copy, "checks.json"), encoding="utf-8")) == presets.read_checks(copy)
     translator = Translator.from_preset(copy, cache, log=lambda *a: None)
     bleu, signature = metrics.moses_lc_bleu([t.text for t in translator.translate(sources)], references, "fr")
@@ -219,9 +220,9 @@ def test_measured_checks_are_what_the_preset_translates_and_scores(tiny_preset, 
     assert no_ref.returncode == 1 and "--measure_checks needs --bleu_src and --bleu_ref" in no_ref.stderr
     short = write_lines(tmp_path / "short.fr", references[:5])
     with pytest.raises(presets.PresetError, match="the BLEU source has 6 lines but the BLEU reference 5"):
-        presets.measure_checks(copy, src, short, src, ref, cache_dir=cache, log=lambda *a: None)
+        measure.measure_checks(copy, src, short, src, ref, cache_dir=cache, log=lambda *a: None)
     with pytest.raises(presets.PresetError, match="pairs=7: the pairs files have 6 lines"):
-        presets.measure_checks(copy, src, ref, src, ref, pairs=7, cache_dir=cache, log=lambda *a: None)
+        measure.measure_checks(copy, src, ref, src, ref, pairs=7, cache_dir=cache, log=lambda *a: None)
     with pytest.raises(presets.PresetError, match=r"the pairs target .*missing\.fr cannot be read"):
-        presets.measure_checks(copy, src, ref, src, str(tmp_path / "missing.fr"), cache_dir=cache,
+        measure.measure_checks(copy, src, ref, src, str(tmp_path / "missing.fr"), cache_dir=cache,
                                log=lambda *a: None)

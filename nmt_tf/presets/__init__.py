@@ -17,7 +17,7 @@ exported SavedModel offline, and nothing that can be rebuilt.
     checks.json          what the model must still do (not a build input):
                          BLEU of a test set and log-probabilities of fixed
                          pairs, the figures tests/test_model_of_record.py
-                         holds it to (written by measure_checks)
+                         holds it to (written by presets.measure)
     MODEL_CARD.md        data and licence, recipe, training, quality, checksums
 
 The presets shipped with the package live beside this file
@@ -29,8 +29,9 @@ the cached SavedModel. The cache key is the preset's content and nmt_tf's
 own source, so a new model of record or a change to the code rebuilds.
 Nothing is ever downloaded. `create(model_dir, out_dir)` makes a preset from
 a trained model directory (python -m nmt_tf.presets --create=...);
-`measure_checks` then writes its checks.json (--measure_checks=...), and
-`files_table` gives the model card's table of files with their SHA-256.
+`presets.measure.measure_checks` then writes its checks.json
+(--measure_checks=...), and `files_table` gives the model card's table of
+files with their SHA-256.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import os
 import re
 import shutil
 import time
-import zlib
 
 import ml_dtypes
 import numpy as np
@@ -50,7 +50,6 @@ import numpy as np
 from nmt_tf import exporter
 from nmt_tf import config as nmt_config
 from nmt_tf import model_dir as layout
-from nmt_tf.files import read_lines
 from nmt_tf.models import build_model
 from nmt_tf.precision import dtype_policy
 from nmt_tf.restore import restore_model
@@ -315,54 +314,6 @@ def create(model_dir_path: str, out_dir: str, name: str, weights="averaged", wei
     log(f"Wrote preset {name} to {out_dir} ({sum(os.path.getsize(os.path.join(out_dir, n)) for n in manifest['files']):,} "
         f"bytes; weights in {weights_dtype}, from {restored.checkpoint})")
     return manifest
-
-
-def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_source: str, pairs_target: str,
-                   pairs: int = 12, cache_dir: str | None = None, log=print) -> dict:
-    """Measures what the preset `name` must still do and writes it as its
-    checks.json (what tests/test_model_of_record.py holds the shipped model
-    to): the lc Moses-tok BLEU of its translations of `bleu_source` against
-    `bleu_reference`, through its SavedModel (built as `build` does), and the
-    score signature's log-probabilities of the first `pairs` lines of
-    `pairs_source` / `pairs_target`. Files are named by their base name: the
-    test reads them from the project's data folder. Returns the checks."""
-    from nmt_tf import metrics
-    from nmt_tf.api import Translator
-
-    folder = preset_dir(name)
-    manifest = read_manifest(folder)
-    texts = {}
-    for what, path in (("BLEU source", bleu_source), ("BLEU reference", bleu_reference),
-                       ("pairs source", pairs_source), ("pairs target", pairs_target)):
-        try:
-            texts[what] = [line.decode("utf-8") for line in read_lines(path)]
-        except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
-            raise PresetError(f"the {what} {path} cannot be read: {e}") from None
-    for a, b in (("BLEU source", "BLEU reference"), ("pairs source", "pairs target")):
-        if len(texts[a]) != len(texts[b]):
-            raise PresetError(f"the {a} has {len(texts[a]):,} lines but the {b} {len(texts[b]):,}")
-    if not 1 <= pairs <= len(texts["pairs source"]):
-        raise PresetError(f"pairs={pairs}: the pairs files have {len(texts['pairs source']):,} lines")
-    translator = Translator.from_preset(folder, cache_dir, log=log)
-    hypotheses = [t.text for t in translator.translate(texts["BLEU source"])]
-    bleu, signature = metrics.moses_lc_bleu(hypotheses, texts["BLEU reference"], manifest["tgt_lang"])
-    sources, targets = texts["pairs source"][:pairs], texts["pairs target"][:pairs]
-    scores = translator.score(sources, targets)
-    checks = {
-        "about": "What tests/test_model_of_record.py holds the shipped model to: lc Moses-tok BLEU of a test set "
-                 "(fails more than 0.3 below) and the score signature's log-probabilities of fixed pairs (the "
-                 f"first {pairs} of {os.path.basename(pairs_source)}; fails more than 0.02 away). Measured when "
-                 "the preset was made.",
-        "bleu": {"source": os.path.basename(bleu_source), "reference": os.path.basename(bleu_reference),
-                 "lines": len(hypotheses), "bleu_lc_moses": round(bleu, 2), "signature": signature},
-        "score": [{"source": s, "target": t, "log_prob": round(float(score.log_prob), 4),
-                   "target_length": int(score.target_length)} for s, t, score in zip(sources, targets, scores)],
-    }
-    with open(os.path.join(folder, CHECKS), "w", encoding="utf-8") as f:
-        json.dump(checks, f, indent=1, ensure_ascii=False)
-    log(f"Wrote {os.path.join(folder, CHECKS)}: lc Moses-tok BLEU {bleu:.2f} on {os.path.basename(bleu_source)} "
-        f"({len(hypotheses):,} lines), log-probabilities of {pairs} pairs")
-    return checks
 
 
 def files_table(name: str) -> str:

@@ -36,6 +36,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf import presets
+from nmt_tf.presets import measure
 
 absl_flags.DEFINE_boolean("list", False, "List the shipped presets with their languages and size.")
 absl_flags.DEFINE_string("build", None, "Build (or find in the cache) the SavedModel of this preset and print its path.")
@@ -71,7 +72,7 @@ def main(argv):
         elif FLAGS.measure_checks:
             if not (FLAGS.bleu_src and FLAGS.bleu_ref):
                 return nmt_flags.user_error("--measure_checks needs --bleu_src and --bleu_ref.")
-            presets.measure_checks(FLAGS.measure_checks, FLAGS.bleu_src, FLAGS.bleu_ref,
+            measure.measure_checks(FLAGS.measure_checks, FLAGS.bleu_src, FLAGS.bleu_ref,
                                    FLAGS.pairs_src or FLAGS.bleu_src, FLAGS.pairs_tgt or FLAGS.bleu_ref, FLAGS.pairs,
                                    log=lambda *a: print(*a, file=sys.stderr))
             print(presets.files_table(FLAGS.measure_checks))

@@ -1,0 +1,63 @@
+"""What a preset must go on doing, measured: its checks.json.
+
+`measure_checks` translates a test set with the preset's SavedModel (built
+as `presets.build` does) and scores fixed sentence pairs with its score
+signature; tests/test_model_of_record.py holds the shipped model to what it
+wrote (python -m nmt_tf.presets --measure_checks=...). Apart from
+nmt_tf.presets because it translates through nmt_tf.api, which imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+from nmt_tf import metrics, presets
+from nmt_tf.api import Translator
+from nmt_tf.files import read_lines
+
+
+def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_source: str, pairs_target: str,
+                   pairs: int = 12, cache_dir: str | None = None, log=print) -> dict:
+    """Measures what the preset `name` must still do and writes it as its
+    checks.json (what tests/test_model_of_record.py holds the shipped model
+    to): the lc Moses-tok BLEU of its translations of `bleu_source` against
+    `bleu_reference`, through its SavedModel (built as `presets.build` does), and the
+    score signature's log-probabilities of the first `pairs` lines of
+    `pairs_source` / `pairs_target`. Files are named by their base name: the
+    test reads them from the project's data folder. Returns the checks."""
+    folder = presets.preset_dir(name)
+    manifest = presets.read_manifest(folder)
+    texts = {}
+    for what, path in (("BLEU source", bleu_source), ("BLEU reference", bleu_reference),
+                       ("pairs source", pairs_source), ("pairs target", pairs_target)):
+        try:
+            texts[what] = [line.decode("utf-8") for line in read_lines(path)]
+        except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
+            raise presets.PresetError(f"the {what} {path} cannot be read: {e}") from None
+    for a, b in (("BLEU source", "BLEU reference"), ("pairs source", "pairs target")):
+        if len(texts[a]) != len(texts[b]):
+            raise presets.PresetError(f"the {a} has {len(texts[a]):,} lines but the {b} {len(texts[b]):,}")
+    if not 1 <= pairs <= len(texts["pairs source"]):
+        raise presets.PresetError(f"pairs={pairs}: the pairs files have {len(texts['pairs source']):,} lines")
+    translator = Translator.from_preset(folder, cache_dir, log=log)
+    hypotheses = [t.text for t in translator.translate(texts["BLEU source"])]
+    bleu, signature = metrics.moses_lc_bleu(hypotheses, texts["BLEU reference"], manifest["tgt_lang"])
+    sources, targets = texts["pairs source"][:pairs], texts["pairs target"][:pairs]
+    scores = translator.score(sources, targets)
+    checks = {
+        "about": "What tests/test_model_of_record.py holds the shipped model to: lc Moses-tok BLEU of a test set "
+                 "(fails more than 0.3 below) and the score signature's log-probabilities of fixed pairs (the "
+                 f"first {pairs} of {os.path.basename(pairs_source)}; fails more than 0.02 away). Measured when "
+                 "the preset was made.",
+        "bleu": {"source": os.path.basename(bleu_source), "reference": os.path.basename(bleu_reference),
+                 "lines": len(hypotheses), "bleu_lc_moses": round(bleu, 2), "signature": signature},
+        "score": [{"source": s, "target": t, "log_prob": round(float(score.log_prob), 4),
+                   "target_length": int(score.target_length)} for s, t, score in zip(sources, targets, scores)],
+    }
+    with open(os.path.join(folder, presets.CHECKS), "w", encoding="utf-8") as f:
+        json.dump(checks, f, indent=1, ensure_ascii=False)
+    log(f"Wrote {os.path.join(folder, presets.CHECKS)}: lc Moses-tok BLEU {bleu:.2f} on "
+        f"{os.path.basename(bleu_source)} ({len(hypotheses):,} lines), log-probabilities of {pairs} pairs")
+    return checks
