@@ -81,7 +81,8 @@ def test_the_page_names_the_served_architecture():
     assert ("RNNsearch with attention (Bahdanau et al. 2015), a conditional GRU decoder (Sennrich et al. 2017), "
             "2 encoder layers · beam search") in about(RNNSearchConfig(decoder="cgru", encoder_layers=2))
     assert "RNNencdec (Cho et al. 2014a), no attention · beam" in about(RNNEncDecConfig())
-    assert "RNNencdec with a grConv encoder (Cho et al. 2014b), no attention" in about(RNNEncDecConfig(encoder="grconv"))
+    grconv = RNNEncDecConfig(encoder="grconv")
+    assert "RNNencdec with a grConv encoder (Cho et al. 2014b), no attention" in about(grconv)
     older = page.index_html("nmt", {"src_lang": "en", "tgt_lang": "fr", "model": "rnnsearch"}, 1).decode()
     assert "· rnnsearch · beam search" in older          # an export made before nmt_tf.json named it
 

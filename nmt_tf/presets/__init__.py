@@ -322,8 +322,9 @@ def files_table(name: str) -> str:
     folder = preset_dir(name)
     rows = ["| SHA-256 | file | bytes |", "|---|---|---|"]
     for n in sorted(os.listdir(folder)):
-        if n != MODEL_CARD and os.path.isfile(os.path.join(folder, n)):
-            rows.append(f"| `{sha256(os.path.join(folder, n))}` | `{n}` | {os.path.getsize(os.path.join(folder, n)):,} |")
+        path = os.path.join(folder, n)
+        if n != MODEL_CARD and os.path.isfile(path):
+            rows.append(f"| `{sha256(path)}` | `{n}` | {os.path.getsize(path):,} |")
     return "\n".join(rows)
 
 

@@ -48,7 +48,8 @@ absl_flags.DEFINE_string("description", "", "With --create: one line saying what
 absl_flags.DEFINE_string("measure_checks", None, "Measure this preset (a name or folder) and write its checks.json.")
 absl_flags.DEFINE_string("bleu_src", None, "With --measure_checks: the source side of the test set to translate.")
 absl_flags.DEFINE_string("bleu_ref", None, "With --measure_checks: its reference translations (raw, line-aligned).")
-absl_flags.DEFINE_string("pairs_src", None, "With --measure_checks: sources of the pairs to score (default --bleu_src).")
+absl_flags.DEFINE_string("pairs_src", None,
+                         "With --measure_checks: sources of the pairs to score (default --bleu_src).")
 absl_flags.DEFINE_string("pairs_tgt", None, "With --measure_checks: their targets (default --bleu_ref).")
 absl_flags.DEFINE_integer("pairs", 12, "With --measure_checks: how many pairs (the files' first lines) to score.")
 

@@ -23,9 +23,9 @@ def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_sourc
     """Measures what the preset `name` must still do and writes it as its
     checks.json (what tests/test_model_of_record.py holds the shipped model
     to): the lc Moses-tok BLEU of its translations of `bleu_source` against
-    `bleu_reference`, through its SavedModel (built as `presets.build` does), and the
-    score signature's log-probabilities of the first `pairs` lines of
-    `pairs_source` / `pairs_target`. Files are named by their base name: the
+    `bleu_reference`, through its SavedModel (built as `presets.build`
+    does), and the score signature's log-probabilities of the first `pairs`
+    lines of `pairs_source` / `pairs_target`. Files are named by their base name: the
     test reads them from the project's data folder. Returns the checks."""
     folder = presets.preset_dir(name)
     manifest = presets.read_manifest(folder)
