@@ -223,6 +223,10 @@ def test_measured_checks_are_what_the_preset_translates_and_scores(tiny_preset, 
         measure.measure_checks(copy, src, short, src, ref, cache_dir=cache, log=lambda *a: None)
     with pytest.raises(presets.PresetError, match="pairs=7: the pairs files have 6 lines"):
         measure.measure_checks(copy, src, ref, src, ref, pairs=7, cache_dir=cache, log=lambda *a: None)
-    with pytest.raises(presets.PresetError, match=r"the pairs target .*missing\.fr cannot be read"):
+    latin1 = tmp_path / "latin1.fr"
+    latin1.write_bytes("".join(r + "\n" for r in references).encode("latin-1", errors="replace") + b"\xe9\n")
+    with pytest.raises(presets.PresetError, match=r"latin1\.fr \(--bleu_ref\) is not UTF-8"):
+        measure.measure_checks(copy, src, str(latin1), src, ref, cache_dir=cache, log=lambda *a: None)
+    with pytest.raises(presets.PresetError, match=r"missing\.fr does not exist \(--pairs_tgt\)"):
         measure.measure_checks(copy, src, ref, src, str(tmp_path / "missing.fr"), cache_dir=cache,
                                log=lambda *a: None)

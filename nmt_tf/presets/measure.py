@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 
 from nmt_tf import metrics, presets
 from nmt_tf.api import Translator
-from nmt_tf.files import read_lines
+from nmt_tf.files import InputError, input_lines
 
 
 def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_source: str, pairs_target: str,
@@ -25,17 +24,24 @@ def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_sourc
     to): the lc Moses-tok BLEU of its translations of `bleu_source` against
     `bleu_reference`, through its SavedModel (built as `presets.build`
     does), and the score signature's log-probabilities of the first `pairs`
-    lines of `pairs_source` / `pairs_target`. Files are named by their base name: the
-    test reads them from the project's data folder. Returns the checks."""
+    lines of `pairs_source` / `pairs_target`. The files are read as a
+    tool's input is (nmt_tf.files.input_lines), errors naming the
+    --measure_checks flag that gives each; checks.json names them by base
+    name, as the test reads them from the project's data folder. Returns
+    the checks."""
     folder = presets.preset_dir(name)
     manifest = presets.read_manifest(folder)
     texts = {}
-    for what, path in (("BLEU source", bleu_source), ("BLEU reference", bleu_reference),
-                       ("pairs source", pairs_source), ("pairs target", pairs_target)):
+    for what, path, flag in (("BLEU source", bleu_source, "bleu_src"),
+                             ("BLEU reference", bleu_reference, "bleu_ref"),
+                             ("pairs source", pairs_source, "pairs_src"),
+                             ("pairs target", pairs_target, "pairs_tgt")):
         try:
-            texts[what] = [line.decode("utf-8") for line in read_lines(path)]
-        except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
-            raise presets.PresetError(f"the {what} {path} cannot be read: {e}") from None
+            texts[what] = [line.decode("utf-8") for line in input_lines(path, flag)]
+        except InputError as e:
+            raise presets.PresetError(str(e)) from None
+        except UnicodeDecodeError as e:
+            raise presets.PresetError(f"{path} (--{flag}) is not UTF-8: {e}") from None
     for a, b in (("BLEU source", "BLEU reference"), ("pairs source", "pairs target")):
         if len(texts[a]) != len(texts[b]):
             raise presets.PresetError(f"the {a} has {len(texts[a]):,} lines but the {b} {len(texts[b]):,}")
