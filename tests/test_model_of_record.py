@@ -12,8 +12,8 @@ from conftest import read_multi30k
 from nmt_tf import metrics, presets
 
 PRESET = "multi30k_en_fr"
-BLEU_TOLERANCE = 0.3           # lc Moses-tok BLEU points below the card's figure that fail the test
-LOG_PROB_TOLERANCE = 0.02      # nats per pair: float32 kernels differ across CPUs (oneDNN, Eigen) by far less
+BLEU_TOLERANCE = presets.CHECK_BLEU_TOLERANCE
+LOG_PROB_TOLERANCE = presets.CHECK_LOG_PROB_TOLERANCE
 
 
 @pytest.fixture(scope="module")

@@ -218,6 +218,11 @@ def test_measured_checks_are_what_the_preset_translates_and_scores(tiny_preset, 
     assert out.stdout.splitlines() == presets.files_table(copy).splitlines() and "checks.json" in out.stdout
     no_ref = run_cli("-m", "nmt_tf.presets", f"--measure_checks={copy}", f"--bleu_src={src}")
     assert no_ref.returncode == 1 and "--measure_checks needs --bleu_src and --bleu_ref" in no_ref.stderr
+    unread = run_cli("-m", "nmt_tf.presets", f"--measure_checks={copy}", f"--bleu_src={src}", f"--bleu_ref={ref}",
+                     "--beam_size=5", "--name=other")      # --create's flags: an error, not silently ignored
+    assert unread.returncode == 1 and ("--measure_checks does not read every flag given: --name, --beam_size only "
+                                       "with --create (a preset's SavedModel searches with the settings it was "
+                                       "created with).") in unread.stderr, unread.stderr
     short = write_lines(tmp_path / "short.fr", references[:5])
     with pytest.raises(presets.PresetError, match="the BLEU source has 6 lines but the BLEU reference 5"):
         measure.measure_checks(copy, src, short, src, ref, cache_dir=cache, log=lambda *a: None)

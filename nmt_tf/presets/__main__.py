@@ -22,7 +22,9 @@ the preset's SavedModel and scores the first --pairs lines of --pairs_src /
 --pairs_tgt, writes what it measured (lc Moses-tok BLEU against --bleu_ref,
 log-probabilities) as the preset's checks.json, the figures
 tests/test_model_of_record.py holds a model of record to, and prints the
-model card's table of files with their SHA-256. Nothing is downloaded.
+model card's table of files with their SHA-256. A flag that only another
+mode reads (a search flag with --measure_checks, say) is an error rather
+than ignored. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -55,6 +57,28 @@ absl_flags.DEFINE_integer("pairs", 12, "With --measure_checks: how many pairs (t
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "max_input_length", *nmt_flags.SEARCH_FLAGS,
                                              *nmt_flags.WEIGHTS_FLAGS))
+# The flags only one mode reads; given with another mode they would be ignored, so they are an error.
+MODE_FLAGS = {
+    "create": ("name", "weights_dtype", "description", "model_dir", "max_input_length", *nmt_flags.SEARCH_FLAGS,
+               *nmt_flags.WEIGHTS_FLAGS),
+    "measure_checks": ("bleu_src", "bleu_ref", "pairs_src", "pairs_tgt", "pairs"),
+}
+
+
+def flags_of_another_mode(mode: str) -> str | None:
+    """One sentence naming the flags given on the command line that only a
+    mode other than `mode` reads (None when there are none)."""
+    FLAGS = absl_flags.FLAGS
+    parts = []
+    for other, names in MODE_FLAGS.items():
+        given = [f"--{name}" for name in names if FLAGS[name].present]
+        if other != mode and given:
+            parts.append(f"{', '.join(given)} only with --{other}")
+    if not parts:
+        return None
+    why = (" (a preset's SavedModel searches with the settings it was created with)"
+           if mode == "measure_checks" and any(FLAGS[n].present for n in nmt_flags.SEARCH_FLAGS) else "")
+    return f"--{mode} does not read every flag given: {'; '.join(parts)}{why}."
 
 
 def main(argv):
@@ -62,6 +86,10 @@ def main(argv):
     FLAGS = absl_flags.FLAGS
     if sum(bool(x) for x in (FLAGS.list, FLAGS.build, FLAGS.create, FLAGS.measure_checks)) != 1:
         return nmt_flags.user_error("give one of --list, --build=NAME, --create=FOLDER and --measure_checks=NAME.")
+    mode = next(name for name in ("list", "build", "create", "measure_checks") if FLAGS[name].value)
+    unread = flags_of_another_mode(mode)
+    if unread:
+        return nmt_flags.user_error(unread)
     try:
         if FLAGS.list:
             for name in presets.available():

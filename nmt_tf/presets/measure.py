@@ -53,10 +53,11 @@ def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_sourc
     sources, targets = texts["pairs source"][:pairs], texts["pairs target"][:pairs]
     scores = translator.score(sources, targets)
     checks = {
-        "about": "What tests/test_model_of_record.py holds the shipped model to: lc Moses-tok BLEU of a test set "
-                 "(fails more than 0.3 below) and the score signature's log-probabilities of fixed pairs (the "
-                 f"first {pairs} of {os.path.basename(pairs_source)}; fails more than 0.02 away). Measured when "
-                 "the preset was made.",
+        "about": "What this preset must go on doing, measured when it was made (tests/test_model_of_record.py "
+                 "holds the shipped model to it): lc Moses-tok BLEU of a test set (a failure more than "
+                 f"{presets.CHECK_BLEU_TOLERANCE:g} below) and the score signature's log-probabilities of fixed "
+                 f"pairs (the first {pairs} of {os.path.basename(pairs_source)}; a failure more than "
+                 f"{presets.CHECK_LOG_PROB_TOLERANCE:g} away).",
         "bleu": {"source": os.path.basename(bleu_source), "reference": os.path.basename(bleu_reference),
                  "lines": len(hypotheses), "bleu_lc_moses": round(bleu, 2), "signature": signature},
         "score": [{"source": s, "target": t, "log_prob": round(float(score.log_prob), 4),
