@@ -55,12 +55,13 @@ absl_flags.DEFINE_string("pairs_src", None,
 absl_flags.DEFINE_string("pairs_tgt", None, "With --measure_checks: their targets (default --bleu_ref).")
 absl_flags.DEFINE_integer("pairs", 12, "With --measure_checks: how many pairs (the files' first lines) to score.")
 
-TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "max_input_length", *nmt_flags.SEARCH_FLAGS,
-                                             *nmt_flags.WEIGHTS_FLAGS))
+MODES = ("list", "build", "create", "measure_checks")
+# nmt_tf.flags' flags that --create reads: the model and what its SavedModel is exported with.
+CREATE_SETTINGS = ("model_dir", "max_input_length", *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS)
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, CREATE_SETTINGS)
 # The flags only one mode reads; given with another mode they would be ignored, so they are an error.
 MODE_FLAGS = {
-    "create": ("name", "weights_dtype", "description", "model_dir", "max_input_length", *nmt_flags.SEARCH_FLAGS,
-               *nmt_flags.WEIGHTS_FLAGS),
+    "create": ("name", "weights_dtype", "description", *CREATE_SETTINGS),
     "measure_checks": ("bleu_src", "bleu_ref", "pairs_src", "pairs_tgt", "pairs"),
 }
 
@@ -71,8 +72,8 @@ def flags_of_another_mode(mode: str) -> str | None:
     FLAGS = absl_flags.FLAGS
     parts = []
     for other, names in MODE_FLAGS.items():
-        given = [f"--{name}" for name in names if FLAGS[name].present]
-        if other != mode and given:
+        given = [f"--{name}" for name in names if other != mode and FLAGS[name].present]
+        if given:
             parts.append(f"{', '.join(given)} only with --{other}")
     if not parts:
         return None
@@ -84,10 +85,10 @@ def flags_of_another_mode(mode: str) -> str | None:
 def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
-    if sum(bool(x) for x in (FLAGS.list, FLAGS.build, FLAGS.create, FLAGS.measure_checks)) != 1:
+    modes = [name for name in MODES if FLAGS[name].value]
+    if len(modes) != 1:
         return nmt_flags.user_error("give one of --list, --build=NAME, --create=FOLDER and --measure_checks=NAME.")
-    mode = next(name for name in ("list", "build", "create", "measure_checks") if FLAGS[name].value)
-    unread = flags_of_another_mode(mode)
+    unread = flags_of_another_mode(modes[0])
     if unread:
         return nmt_flags.user_error(unread)
     try:
