@@ -99,60 +99,57 @@ def assert_same_training(a_dir, b_dir, step, atol=WEIGHTS_ATOL, loss_rtol=LOSS_R
         np.testing.assert_allclose(sa[part]["nll_per_token"], sb[part]["nll_per_token"], rtol=loss_rtol)
 
 
+MIRRORED = ("--distribution=mirrored", "--cpu_devices=2")
+# The runs compared with `one_device` also keep the weights' moving averages,
+# which are updated on every replica as the weights are, and which best/ holds.
+AVERAGED = ("--ema_decay=0.5",)
+
+
 @pytest.fixture(scope="module")
 def one_device(tiny_corpus, tmp_path_factory):
     """The job on one device, in a process of its own like the others."""
     model_dir = str(tmp_path_factory.mktemp("dist") / "one_device")
-    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB))
+    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *AVERAGED))
     assert done.returncode == 0, done.stderr
     return model_dir
 
 
-def test_mirrored_over_two_cpu_devices_trains_what_one_device_trains(tiny_corpus, one_device, tmp_path):
-    model_dir = str(tmp_path / "mirrored")
-    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, "--distribution=mirrored", "--cpu_devices=2"))
-    assert done.returncode == 0, done.stderr
-    assert "Distribution: MirroredStrategy, 2 replica(s)." in done.stdout
-    assert summary(model_dir)["distribution"]["replicas"] == 2
-    assert_same_training(one_device, model_dir, step=10)       # 40 pairs, global batch 8, 2 epochs
-
-
-def test_a_mirrored_run_stopped_and_resumed_trains_what_one_device_trains(tiny_corpus, one_device, tmp_path):
-    model_dir = str(tmp_path / "mirrored_resumed")
-    mirrored = ("--distribution=mirrored", "--cpu_devices=2")
-    first = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *mirrored, "--max_steps=5"))
-    assert first.returncode == 0 and summary(model_dir)["steps"] == 5, first.stderr
-    # (--max_steps=0: a resume takes the flags not given from config.json)
-    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *mirrored, "--max_steps=0"))
-    assert done.returncode == 0, done.stderr
-    assert f"Restored {os.path.join(model_dir, 'checkpoints', 'ckpt-5')}" in done.stdout
-    assert_same_training(one_device, model_dir, step=10)
-
-
-def test_mirrored_with_ema_decay_trains_and_averages_what_one_device_does(tiny_corpus, tmp_path):
-    """The weights' moving averages are updated on every replica, as the weights are."""
-    dirs = {}
-    for name, flags in (("one_device", ()), ("mirrored", ("--distribution=mirrored", "--cpu_devices=2"))):
-        dirs[name] = str(tmp_path / name)
-        done = run_cli(*smoke_train_args(tiny_corpus, dirs[name], *JOB, "--ema_decay=0.5", *flags))
-        assert done.returncode == 0, done.stderr
-    assert_same_training(dirs["one_device"], dirs["mirrored"], step=10)
-    best = {name: tf.train.latest_checkpoint(os.path.join(d, "best")) for name, d in dirs.items()}
-    assert os.path.basename(best["one_device"]) == os.path.basename(best["mirrored"])
-    a, b = checkpoint_weights(best["one_device"]), checkpoint_weights(best["mirrored"])
+def assert_same_averages(a_dir, b_dir):
+    """best/ of the two runs: the same evaluation chose it, and it holds the
+    same moving averages, not the weights trained up to that update."""
+    best = [tf.train.latest_checkpoint(os.path.join(d, "best")) for d in (a_dir, b_dir)]
+    assert os.path.basename(best[0]) == os.path.basename(best[1])
+    a, b = checkpoint_weights(best[0]), checkpoint_weights(best[1])
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=0, atol=WEIGHTS_ATOL, err_msg=k)
-    # best/ holds the averages, not the weights trained up to the same update
-    step = os.path.basename(best["mirrored"]).split("-")[1]
-    trained = checkpoint_weights(os.path.join(dirs["mirrored"], "checkpoints", f"ckpt-{step}"))
+    step = os.path.basename(best[1]).split("-")[1]
+    trained = checkpoint_weights(os.path.join(b_dir, "checkpoints", f"ckpt-{step}"))
     assert any(k in trained and not np.allclose(b[k], trained[k]) for k in b)
+
+
+def test_a_mirrored_run_stopped_and_resumed_trains_and_averages_what_one_device_does(
+        tiny_corpus, one_device, tmp_path):
+    """Over two CPU devices, stopped after update 5 and resumed: the same 10
+    updates, losses, dev losses and moving averages as one device's run."""
+    model_dir = str(tmp_path / "mirrored_resumed")
+    first = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *AVERAGED, *MIRRORED, "--max_steps=5"))
+    assert first.returncode == 0 and summary(model_dir)["steps"] == 5, first.stderr
+    # (--max_steps=0: a resume takes the flags not given from config.json)
+    done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, *AVERAGED, *MIRRORED, "--max_steps=0"))
+    assert done.returncode == 0, done.stderr
+    assert f"Restored {os.path.join(model_dir, 'checkpoints', 'ckpt-5')}" in done.stdout
+    for run in (first, done):
+        assert "Distribution: MirroredStrategy, 2 replica(s)." in run.stdout
+    assert summary(model_dir)["distribution"]["replicas"] == 2
+    assert_same_training(one_device, model_dir, step=10)       # 40 pairs, global batch 8, 2 epochs
+    assert_same_averages(one_device, model_dir)
 
 
 def test_mirrored_with_float16_loss_scaling_trains_what_one_device_trains(tiny_corpus, tmp_path):
     """The GPU setting (mixed_float16: Keras' LossScaleOptimizer around ours), run on CPUs."""
     dirs = [str(tmp_path / "one"), str(tmp_path / "mirrored")]
-    for model_dir, extra in zip(dirs, ((), ("--distribution=mirrored", "--cpu_devices=2"))):
+    for model_dir, extra in zip(dirs, ((), MIRRORED)):
         done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *JOB, "--mixed_precision=mixed_float16", *extra))
         assert done.returncode == 0, done.stderr
     # float16 keeps 11 significant bits: the replicas' other sums round differently
@@ -167,7 +164,7 @@ def test_two_workers_on_localhost_hold_one_model_and_train_what_one_process_trai
     """--worker_input=global_batches: each worker builds every global batch and
     trains on its share, so the updates are the single process's."""
     model_dir = str(tmp_path / "two_workers")
-    (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *JOB,
+    (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *JOB, *AVERAGED,
                                                                 "--worker_input=global_batches"))
     assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
     assert "2 replica(s) on 2 workers; this is worker_0 (chief)" in out0
@@ -180,6 +177,7 @@ def test_two_workers_on_localhost_hold_one_model_and_train_what_one_process_trai
     assert sorted(os.listdir(os.path.join(model_dir, "workers", "worker_1"))) == [
         "corpus_stats.dev.json", "corpus_stats.json", "logs", "train_summary.json"]
     assert_same_training(one_device, model_dir, step=10)
+    assert_same_averages(one_device, model_dir)
 
 
 @pytest.mark.parametrize("source", ["prepared shards", "text lines"])
