@@ -107,7 +107,8 @@ def tiny_config(tiny_corpus):
             learning_rate=0.01, max_epochs=1, checkpoint_every_steps=3, log_every_steps=1,
             patience=0, shuffle_buffer=1000,    # one pool of 40 pairs: 5 batches of 8
             mixed_precision="none",             # float32 on every CPU, as pipelines/smoke.flags
-            attention_examples=0)               # drawing an untrained model's long outputs costs seconds
+            attention_examples=0,               # drawing an untrained model's long outputs costs seconds
+            dev_bleu=False)                     # a greedy search of dev costs ~2 s a run; trained_model_dir has it
         base.update(overrides)
         return TrainingConfig(**base)
     return make
@@ -119,7 +120,7 @@ def trained_model_dir(tiny_config, tmp_path_factory):
     from nmt_tf import training
 
     model_dir = str(tmp_path_factory.mktemp("trained") / "model")
-    summary = training.train(tiny_config(model_dir=model_dir, max_epochs=2, attention_examples=4),
+    summary = training.train(tiny_config(model_dir=model_dir, max_epochs=2, attention_examples=4, dev_bleu=True),
                              log=lambda *a: None)
     return model_dir, summary
 

@@ -114,7 +114,7 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_run_resumes_from_the_newest
 
     model_dir = str(tmp_path / "m")
     config = tiny_config(model_dir=model_dir, max_steps=6, max_epochs=5, checkpoint_every_steps=2,
-                         keep_checkpoints=3, keep_best_checkpoints=2, eval_every_steps=2, dev_bleu=False)
+                         keep_checkpoints=3, keep_best_checkpoints=2, eval_every_steps=2)
     training.train(config, log=lambda *a: None)
     older, newest = _regular(model_dir)[-2:]
     assert checkpoints.damage(newest) is None

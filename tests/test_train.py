@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -159,30 +160,29 @@ def test_epochs_of_data_dependent_length_take_no_phantom_update(tiny_config, tmp
     assert sorted(logged) == list(range(1, summary["steps"] + 1))
 
 
-def test_train_gives_back_the_callers_signal_handlers(tiny_config, tmp_path):
-    """Ctrl-C must work again in the Python session that called train()."""
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    training.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1), **QUIET)
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-
-
-def test_train_gives_back_the_callers_dtype_policy(tiny_config, tmp_path):
-    """--mixed_precision (default auto) sets Keras' global policy for the run
+def test_train_gives_back_the_callers_signal_handlers_and_dtype_policy(tiny_config, tmp_path):
+    """Ctrl-C must work again in the Python session that called train(); and
+    --mixed_precision (default auto) sets Keras' global policy for the run
     only: models built after train() returns are float32 again."""
     import keras
 
     from nmt_tf.data import CorpusError
 
+    def handlers():
+        return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    before = handlers()
     assert TrainingConfig().mixed_precision == "auto"
     lines = []
     training.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1, mixed_precision="auto"),
                 log=lines.append)
     assert any(line.startswith("--mixed_precision=auto: ") for line in lines), lines
     assert keras.mixed_precision.dtype_policy().name == "float32"
+    assert handlers() == before
     with pytest.raises(CorpusError):                # also when it fails after choosing (every pair too long)
         training.train(tiny_config(model_dir=str(tmp_path / "n"), max_len=2, mixed_precision="mixed_bfloat16"),
                     **QUIET)
-    assert keras.mixed_precision.dtype_policy().name == "float32"
+    assert keras.mixed_precision.dtype_policy().name == "float32" and handlers() == before
 
 
 def _trained_weights(model_dir, checkpoint):
@@ -196,9 +196,10 @@ def _trained_weights(model_dir, checkpoint):
 def test_with_ema_decay_dev_and_best_hold_the_averaged_weights_and_a_resume_the_trained_ones(
         tiny_config, tmp_path):
     model_dir = str(tmp_path / "ema")
+    # (with dev BLEU: the greedy search of dev also runs on the averages)
+    averaging = tiny_config(model_dir=model_dir, ema_decay=0.5, checkpoint_every_steps=5, dev_bleu=True)
     lines = []
-    summary = training.train(tiny_config(model_dir=model_dir, ema_decay=0.5, checkpoint_every_steps=5),
-                             log=lines.append)
+    summary = training.train(averaging, log=lines.append)
     assert summary["steps"] == 5
     assert any(line.startswith("Moving average of the weights: decay min(0.5, ") for line in lines)
     last_path = os.path.join(model_dir, "checkpoints", "ckpt-5")
@@ -214,15 +215,15 @@ def test_with_ema_decay_dev_and_best_hold_the_averaged_weights_and_a_resume_the_
     # A resume from best/ (the regular checkpoints lost) trains on from the trained weights.
     os.rename(os.path.join(model_dir, "checkpoints"), str(tmp_path / "lost"))
     lines = []
-    training.train(tiny_config(model_dir=model_dir, ema_decay=0.5, checkpoint_every_steps=5), log=lines.append)
+    training.train(averaging, log=lines.append)
     assert any("best-5 (model and optimizer): step 5" in line for line in lines), lines
     for trained, again in zip(last, _trained_weights(model_dir, last_path)):
         np.testing.assert_array_equal(again, trained)
 
 
-def test_a_resume_cannot_turn_ema_decay_on_or_off_but_may_change_it(tiny_config, tmp_path):
+def test_a_resume_cannot_turn_ema_decay_on_or_off_but_may_change_it(tiny_config, trained_model_dir, tmp_path):
     plain, averaging = str(tmp_path / "plain"), str(tmp_path / "averaging")
-    training.train(tiny_config(model_dir=plain, max_steps=3), **QUIET)
+    shutil.copytree(trained_model_dir[0], plain)        # trained without --ema_decay
     training.train(tiny_config(model_dir=averaging, max_steps=3, ema_decay=0.9), **QUIET)
     for model_dir, decay in ((plain, 0.9), (averaging, 0.0)):
         with pytest.raises(training.TrainingError, match="a resume cannot turn the weights' moving average on or off"):
@@ -238,9 +239,9 @@ def test_ema_decay_needs_a_dev_set_and_a_decay_below_one(tiny_config, tmp_path):
                        **QUIET)
 
 
-def test_resume_rejects_a_different_model(tiny_config, tmp_path):
-    config = tiny_config(model_dir=str(tmp_path / "m"), max_steps=2)
-    training.train(config, **QUIET)
+def test_resume_rejects_a_different_model(tiny_config, trained_model_dir, tmp_path):
+    config = tiny_config(model_dir=str(tmp_path / "m"))
+    shutil.copytree(trained_model_dir[0], config.model_dir)         # hidden_size 16
     with pytest.raises(training.TrainingError, match=r"--hidden_size \(was 16, now 32\)"):
         training.train(config.replace(hidden_size=32), explicit={"hidden_size"}, **QUIET)
 
