@@ -48,7 +48,13 @@ def sentencepiece_export(tiny_config, tmp_path_factory):
                                       log=lambda *a: None)
 
 
-def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentencepiece_export):
+@pytest.fixture(scope="session")
+def sentencepiece_signatures(sentencepiece_export):
+    return tf.saved_model.load(sentencepiece_export[1]).signatures
+
+
+def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentencepiece_export,
+                                                                        sentencepiece_signatures):
     """Multi30k val through the training pipeline and through the exported
     graph: the same pieces (the best segmentation, though the model was
     trained on sampled ones); the SentencePiece model files are assets."""
@@ -67,7 +73,7 @@ def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentence
 
         lines = gzip.decompress(f.read()).decode("utf-8").splitlines()
     assert len(source_ids) == len(lines) == 1014
-    out = tf.saved_model.load(path).signatures["serving_default"](text=tf.constant(lines))
+    out = sentencepiece_signatures["serving_default"](text=tf.constant(lines))
     vocab = {piece: i for i, piece in enumerate(src_tok.vocabulary)}
     exported = [[vocab.get(t.decode(), 1) for t in row if t] for row in out["source_tokens"].numpy()]
     assert not out["truncated"].numpy().any() and exported == source_ids
@@ -136,9 +142,7 @@ def test_translate_constrained_starts_with_the_target_prefix_byte_for_byte(which
     """Every n-best translation starts with its prefix as given (without
     trailing whitespace; double spaces and words outside the vocabulary
     kept); no prefix gives serving_default's outputs exactly."""
-    path = (request.getfixturevalue("exported")[2] if which == "word"
-            else request.getfixturevalue("sentencepiece_export")[1])
-    loaded = tf.saved_model.load(path).signatures
+    loaded = request.getfixturevalue("signatures" if which == "word" else "sentencepiece_signatures")
     text = tf.constant(["A man in a blue shirt.", "Two dogs run.", "Two dogs play in the snow.", "A man."])
     none = tf.constant([""] * 4)
     out = loaded["translate_constrained"](text=text, target_prefix=tf.constant(PREFIXES), required_terms=none)
@@ -161,9 +165,7 @@ TERMS = ["chien", "", "homme\tneige", " chemise bleue \t\t"]
 def test_translate_constrained_translations_hold_every_required_term(which, request):
     """Tab-separated terms, blanks ignored, one or two words each, with or
     without a prefix: every n-best translation contains each term."""
-    path = (request.getfixturevalue("exported")[2] if which == "word"
-            else request.getfixturevalue("sentencepiece_export")[1])
-    loaded = tf.saved_model.load(path).signatures
+    loaded = request.getfixturevalue("signatures" if which == "word" else "sentencepiece_signatures")
     text = tf.constant(["A man in a blue shirt.", "Two dogs run.", "Two dogs play in the snow.", "A man."])
     out = loaded["translate_constrained"](text=text, target_prefix=tf.constant(["", "", "Deux", ""]),
                                           required_terms=tf.constant(TERMS))
@@ -295,37 +297,45 @@ def _op_types(saved_model_dir):
     return ops - functions      # calls of library functions are not ops
 
 
-def _registered(ops, with_text):
+@pytest.fixture(scope="module")
+def unregistered(exported, wordpiece_export, sentencepiece_export):
+    """{"core": ops of the three exports that a process with only TensorFlow
+    imported does not know, "text": those it still does not know after
+    `import tensorflow_text`}: one fresh process for the three exports."""
+    ops = set().union(*(_op_types(p) for p in (exported[2], wordpiece_export, sentencepiece_export[1])))
     code = ("import sys, tensorflow as tf\n"
-            + ("import tensorflow_text\n" if with_text else "")
-            + "from tensorflow.python.framework import op_def_registry\n"
-            "print(' '.join(o for o in sys.argv[1:] if op_def_registry.get(o) is None))\n")
+            "from tensorflow.python.framework import op_def_registry\n"
+            "def unknown(): return ' '.join(o for o in sys.argv[1:] if op_def_registry.get(o) is None)\n"
+            "print(unknown())\n"
+            "import tensorflow_text\n"
+            "print(unknown())\n")
     result = subprocess.run([sys.executable, "-c", code, *sorted(ops)], capture_output=True, text=True,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert result.returncode == 0, result.stderr[-2000:]
-    return set(result.stdout.split())
+    core, text = result.stdout.split("\n")[:2]
+    return {"core": set(core.split()), "text": set(text.split())}
 
 
-def test_word_model_uses_only_core_tensorflow_ops(exported):
+def test_word_model_uses_only_core_tensorflow_ops(exported, unregistered):
     ops = _op_types(exported[2])
     # The graph really holds the in-graph text processing and the search loop.
     assert {"StaticRegexReplace", "RegexReplace"} & ops and {"While", "StatelessWhile"} & ops, ops
-    assert _registered(ops, with_text=False) == set()
+    assert ops & unregistered["core"] == set()
 
 
-def test_wordpiece_model_needs_only_tensorflow_text_ops_that_tf_serving_links(wordpiece_export):
+def test_wordpiece_model_needs_only_tensorflow_text_ops_that_tf_serving_links(wordpiece_export, unregistered):
     ops = _op_types(wordpiece_export)
-    not_core = _registered(ops, with_text=False)
+    not_core = ops & unregistered["core"]
     assert not_core, "the WordPiece export should use tensorflow-text ops"
-    assert _registered(not_core, with_text=True) == set()       # all are tensorflow-text ops
+    assert ops & unregistered["text"] == set()          # all are tensorflow-text ops
     assert not_core <= {"FastWordpieceTokenizeWithOffsets", "FastWordpieceDetokenize"}, not_core
 
 
-def test_sentencepiece_model_needs_only_tensorflow_text_ops_that_tf_serving_links(sentencepiece_export):
+def test_sentencepiece_model_needs_only_tensorflow_text_ops_that_tf_serving_links(sentencepiece_export,
+                                                                                 unregistered):
     ops = _op_types(sentencepiece_export[1])
-    not_core = _registered(ops, with_text=False)
-    assert _registered(not_core, with_text=True) == set()
-    assert not_core == {"SentencepieceOp", "SentencepieceTokenizeOp"}, not_core
+    assert ops & unregistered["text"] == set()
+    assert ops & unregistered["core"] == {"SentencepieceOp", "SentencepieceTokenizeOp"}, ops & unregistered["core"]
 
 
 def test_saved_model_cli_shows_everything_and_runs(exported):
