@@ -306,46 +306,59 @@ def test_a_version_that_fails_to_load_is_reported_once_and_in_the_model_status(e
     assert registry.current.version == 2 and registry.failed == {}
 
 
-def test_translate_cli_through_the_server_and_locally(server, exported, tmp_path):
-    source = tmp_path / "in.en"
+@pytest.fixture(scope="module")
+def cli_source(tmp_path_factory):
+    source = tmp_path_factory.mktemp("cli") / "in.en"
     source.write_bytes(b"A man in a blue shirt.\n\nTwo dogs run.\n")
-    via_server = run_cli("-m", "nmt_tf.translate", f"--server=127.0.0.1:{server['port']}", "--model_name=nmt",
-                         f"--input={source}", "--lines_per_batch=2")
-    assert via_server.returncode == 0, via_server.stderr[-2000:]
-    local = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}")
+    return source
+
+
+@pytest.fixture(scope="module")
+def translated_locally(exported, cli_source):
+    """`nmt_tf.translate --saved_model` of cli_source, without options."""
+    local = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={cli_source}")
     assert local.returncode == 0, local.stderr[-2000:]
+    return local.stdout
+
+
+def test_translate_cli_through_the_server_and_locally(server, cli_source, translated_locally):
+    via_server = run_cli("-m", "nmt_tf.translate", f"--server=127.0.0.1:{server['port']}", "--model_name=nmt",
+                         f"--input={cli_source}", "--lines_per_batch=2")
+    assert via_server.returncode == 0, via_server.stderr[-2000:]
     lines = via_server.stdout.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""        # one line per input line, order kept
-    assert via_server.stdout == local.stdout
+    assert via_server.stdout == translated_locally
 
 
-def test_translate_cli_with_target_prefixes_through_the_server_and_locally(server, exported, tmp_path):
-    source, prefixes = tmp_path / "in.en", tmp_path / "prefixes.fr"
-    source.write_bytes(b"A man in a blue shirt.\n\nTwo dogs run.\n")
+def test_translate_cli_with_target_prefixes_through_the_server_and_locally(server, exported, cli_source,
+                                                                          translated_locally, tmp_path):
+    """Prefixes locally and through the server; required terms, a glossary and
+    the input errors through the server (the same steering code as locally)."""
+    source, prefixes = cli_source, tmp_path / "prefixes.fr"
+    server_address = f"--server=127.0.0.1:{server['port']}"
     prefixes.write_bytes(b"Un homme  en\nVide\n\n")
     runs = [run_cli("-m", "nmt_tf.translate", where, f"--input={source}", f"--target_prefix={prefixes}")
-            for where in (f"--server=127.0.0.1:{server['port']}", f"--saved_model={exported[2]}")]
+            for where in (server_address, f"--saved_model={exported[2]}")]
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     lines = runs[0].stdout.split("\n")
     assert lines[0].startswith("Un homme  en") and lines[1] == "" and len(lines) == 4     # no source: no output
-    free = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}")
-    assert lines[2] == free.stdout.split("\n")[2] and runs[0].stdout == runs[1].stdout
+    assert lines[2] == translated_locally.split("\n")[2] and runs[0].stdout == runs[1].stdout
     terms, glossary = tmp_path / "terms.fr", tmp_path / "glossary.tsv"
     terms.write_bytes(b"chemise\n\n\n")
     glossary.write_text("dogs\tchiens\ndog\tchien\nblue shirt\tchemise bleue\n")
-    steered = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}",
+    steered = run_cli("-m", "nmt_tf.translate", server_address, f"--input={source}",
                       f"--required_terms={terms}", f"--glossary={glossary}", "--with_scores")
     assert steered.returncode == 0, steered.stderr[-2000:]
     records = [json.loads(line) for line in steered.stdout.splitlines()]
     assert "chemise bleue" in records[0]["translation"] and "chiens" in records[2]["translation"]
     assert all(r["terms_met"] for r in records) and records[1]["translation"] == ""
     glossary.write_text("dogs\tchiens\ndogs\tchien\n")
-    repeated = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}",
+    repeated = run_cli("-m", "nmt_tf.translate", server_address, f"--input={source}",
                        f"--glossary={glossary}")
     assert repeated.returncode == 1 and "line 2: 'dogs' has an entry already" in repeated.stderr
     prefixes.write_bytes(b"Un\n")
-    short = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={source}",
+    short = run_cli("-m", "nmt_tf.translate", server_address, f"--input={source}",
                     f"--target_prefix={prefixes}")
     assert short.returncode == 1 and f"{prefixes} (--target_prefix) has 1 lines, fewer than the input" in short.stderr
 
