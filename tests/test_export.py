@@ -297,12 +297,9 @@ def _op_types(saved_model_dir):
     return ops - functions      # calls of library functions are not ops
 
 
-@pytest.fixture(scope="module")
-def unregistered(exported, wordpiece_export, sentencepiece_export):
-    """{"core": ops of the three exports that a process with only TensorFlow
-    imported does not know, "text": those it still does not know after
-    `import tensorflow_text`}: one fresh process for the three exports."""
-    ops = set().union(*(_op_types(p) for p in (exported[2], wordpiece_export, sentencepiece_export[1])))
+def _unregistered(ops) -> dict:
+    """{"core": the ops a fresh process with only TensorFlow imported does not
+    know, "text": those it still does not know after `import tensorflow_text`}."""
     code = ("import sys, tensorflow as tf\n"
             "from tensorflow.python.framework import op_def_registry\n"
             "def unknown(): return ' '.join(o for o in sys.argv[1:] if op_def_registry.get(o) is None)\n"
@@ -314,6 +311,13 @@ def unregistered(exported, wordpiece_export, sentencepiece_export):
     assert result.returncode == 0, result.stderr[-2000:]
     core, text = result.stdout.split("\n")[:2]
     return {"core": set(core.split()), "text": set(text.split())}
+
+
+@pytest.fixture(scope="module")
+def unregistered(exported, wordpiece_export, sentencepiece_export):
+    """`_unregistered` of the three exports' ops: one fresh process for the three."""
+    return _unregistered(set().union(*(_op_types(p) for p in (exported[2], wordpiece_export,
+                                                              sentencepiece_export[1]))))
 
 
 def test_word_model_uses_only_core_tensorflow_ops(exported, unregistered):
