@@ -83,12 +83,17 @@ def loss_curve(model_dir) -> dict:
     return curve
 
 
-def assert_same_training(a_dir, b_dir, step, atol=WEIGHTS_ATOL, loss_rtol=LOSS_RTOL):
-    a = checkpoint_weights(os.path.join(a_dir, "checkpoints", f"ckpt-{step}"))
-    b = checkpoint_weights(os.path.join(b_dir, "checkpoints", f"ckpt-{step}"))
+def assert_same_weights(a_path, b_path, atol=WEIGHTS_ATOL):
+    """The model weights of two checkpoints agree; returns the second's."""
+    a, b = checkpoint_weights(a_path), checkpoint_weights(b_path)
     assert a.keys() == b.keys() and len(a) > 10
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=0, atol=atol, err_msg=k)
+    return b
+
+
+def assert_same_training(a_dir, b_dir, step, atol=WEIGHTS_ATOL, loss_rtol=LOSS_RTOL):
+    assert_same_weights(*(os.path.join(d, "checkpoints", f"ckpt-{step}") for d in (a_dir, b_dir)), atol=atol)
     sa, sb = summary(a_dir), summary(b_dir)
     assert sa["steps"] == sb["steps"] == step
     curve_a, curve_b = loss_curve(a_dir), loss_curve(b_dir)      # the loss of every update
@@ -119,10 +124,7 @@ def assert_same_averages(a_dir, b_dir):
     same moving averages, not the weights trained up to that update."""
     best = [tf.train.latest_checkpoint(os.path.join(d, "best")) for d in (a_dir, b_dir)]
     assert os.path.basename(best[0]) == os.path.basename(best[1])
-    a, b = checkpoint_weights(best[0]), checkpoint_weights(best[1])
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=WEIGHTS_ATOL, err_msg=k)
+    b = assert_same_weights(*best)
     step = os.path.basename(best[1]).split("-")[1]
     trained = checkpoint_weights(os.path.join(b_dir, "checkpoints", f"ckpt-{step}"))
     assert any(k in trained and not np.allclose(b[k], trained[k]) for k in b)
