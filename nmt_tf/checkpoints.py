@@ -333,6 +333,25 @@ def read_weights(model, path: str) -> None:
     status.expect_partial().assert_existing_objects_matched()
 
 
+# The name under which a training checkpoint holds the model's dropout random
+# states (`Seq2SeqModel.dropout_random_states`), a list: <name>/0, <name>/1, ...
+DROPOUT_RANDOM_STATES = "dropout_random_states"
+
+
+def read_dropout_random_states(states: list, path: str) -> int:
+    """Sets `states` (a model's dropout random states) from the training
+    checkpoint `path` when it holds as many; returns how many it holds (0 for
+    a checkpoint written before nmt_tf kept them, 2026-12-02). Otherwise the
+    states keep their values, and the masks drawn from there on are not
+    those an uninterrupted run would draw."""
+    prefix = f"{DROPOUT_RANDOM_STATES}/"
+    saved = sum(1 for name, _ in tf.train.list_variables(path) if name.startswith(prefix))
+    if saved and saved == len(states):
+        tf.train.Checkpoint(**{DROPOUT_RANDOM_STATES: states}).read(path).expect_partial() \
+            .assert_existing_objects_matched()
+    return saved
+
+
 def average_into(model, paths: list[str]) -> None:
     """Sets every weight of `model` (built) to its mean over the checkpoints
     `paths` (each must hold all of the model's weights)."""

@@ -470,7 +470,9 @@ def _restore(run: _Run) -> None:
 
     model, optimizer, n_batches, log = run.model, run.optimizer, run.n_batches, run.log
     state = run.state = cb.TrainingState()
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, state=state)
+    dropout_states = model.dropout_random_states()
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, state=state,
+                                     **{checkpoints.DROPOUT_RANDOM_STATES: dropout_states})
     # Before the manager reads the state file: damaged checkpoints are moved aside.
     if run.worker.is_chief:
         checkpoints.remove_unfinished_saves(run.model_dir, log=log)
@@ -486,6 +488,11 @@ def _restore(run: _Run) -> None:
         tf.train.Checkpoint(model=model, optimizer=optimizer).read(
             restore_from).expect_partial().assert_existing_objects_matched()
         tf.train.Checkpoint(state=state).read(restore_from).expect_partial()
+        saved = checkpoints.read_dropout_random_states(dropout_states, restore_from)
+        if saved != len(dropout_states):
+            log(f"{restore_from} holds the random state of {saved} dropout layers, not of this model's "
+                f"{len(dropout_states)}: the dropout masks from here on differ from an uninterrupted run's "
+                "(checkpoints written before 2026-12-02 hold none).")
         log(f"Restored {restore_from}: step {int(optimizer.iterations.numpy()):,}, "
             f"epoch {int(state.epoch.numpy()) + 1}, batch {int(state.epoch_batches.numpy()):,}"
             f"{f' of {n_batches:,}' if n_batches else ''}.")

@@ -61,9 +61,15 @@ def test_tensorboard_event_files_hold_the_scalars(trained_model_dir):
     assert dev["loss"][-1][1] == pytest.approx(summary["dev"]["nll_per_token"], rel=1e-5)
 
 
+# Every kind of dropout the recipes use, with the decoder of rnnsearch.flags.
+DROPOUT = dict(dropout=0.3, annotation_dropout=0.3, recurrent_dropout=0.2, decoder="cgru")
+
+
 def test_interrupted_run_resumes_to_the_same_weights(tiny_config, tmp_path):
-    """8 updates in one go == 4 updates, stop, resume for 4 more (mid-epoch)."""
-    straight = tiny_config(model_dir=str(tmp_path / "a"), max_steps=8, max_epochs=5, seed=11)
+    """8 updates in one go == 4 updates, stop, resume for 4 more (mid-epoch),
+    with dropout: the checkpoint holds the dropout layers' random states, so
+    the resumed run draws the masks the uninterrupted one drew."""
+    straight = tiny_config(model_dir=str(tmp_path / "a"), max_steps=8, max_epochs=5, seed=11, **DROPOUT)
     training.train(straight, **QUIET)
     split = straight.replace(model_dir=str(tmp_path / "b"), max_steps=4)
     first = training.train(split, **QUIET)
@@ -75,6 +81,22 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny_config, tmp_path):
     assert a.keys() == b.keys() and len(a) > 10
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    states = [name for name, _ in tf.train.list_variables(str(tmp_path / "b" / "checkpoints" / "ckpt-8"))
+              if name.startswith("dropout_random_states/")]
+    assert len(states) == 5     # embeddings, readout, annotations; the encoder's and the decoder's GRUs
+
+
+def test_a_resume_from_a_checkpoint_without_dropout_states_says_its_masks_differ(tiny_config, tmp_path):
+    """Checkpoints written before nmt_tf kept dropout's random state (or by a
+    run without dropout) resume with the states as a new run has them, and
+    the log says that the masks differ from an uninterrupted run's."""
+    config = tiny_config(model_dir=str(tmp_path / "m"), max_steps=4, max_epochs=5, decoder="cgru")
+    training.train(config, **QUIET)
+    lines = []
+    resumed = training.train(config.replace(max_steps=6, **DROPOUT), log=lines.append)   # dropout turned on
+    assert resumed["steps"] == 6
+    said = [line for line in lines if "random state" in line]
+    assert len(said) == 1 and "of 0 dropout layers, not of this model's 5" in said[0], lines
 
 
 def test_an_interrupted_and_resumed_run_evaluates_when_an_uninterrupted_one_does(

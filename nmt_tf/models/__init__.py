@@ -147,6 +147,18 @@ ARCHITECTURES = {
 }
 
 
+# How the path of a Keras seed generator's state variable ends: the random
+# state of a dropout layer, a variable of the model but not a weight.
+RANDOM_STATE_SUFFIX = "/seed_generator_state"
+
+
+def is_random_state(path: str) -> bool:
+    """Whether the model variable at `path` is a dropout layer's random state
+    (its path numbers the generators made before in the same process:
+    seed_generator_16/... after other models)."""
+    return path.endswith(RANDOM_STATE_SUFFIX)
+
+
 def names_of(config_class) -> tuple[str, ...]:
     """The setting names of a configuration class."""
     return tuple(field.name for field in dataclasses.fields(config_class))

@@ -19,6 +19,7 @@ import tensorflow as tf
 from nmt_tf.layers import MaxoutReadout
 from nmt_tf.layers.initializers import weight_init
 from nmt_tf.layers.ops import project
+from nmt_tf.models import is_random_state
 from nmt_tf.models.search_step import SearchStep
 from nmt_tf.models.training_step import TrainingStep
 
@@ -180,6 +181,14 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
                 "target embedding": count_parameters(*self.target_embedding.weights),
                 "maxout readout": count_parameters(*self.readout.weights),
                 "output layer": count_parameters(*output)}
+
+    def dropout_random_states(self) -> list:
+        """The random states of the model's dropout (one [2] int64 variable
+        per dropout layer and per GRU with recurrent dropout, each advanced
+        by every mask it draws), in the model's own order. Training
+        checkpoints hold them, so that a resumed run draws the masks an
+        uninterrupted one would."""
+        return [v for v in self.variables if is_random_state(v.path)]
 
     def get_config(self):
         return {**super().get_config(), "source_vocab_size": self.source_vocab_size,

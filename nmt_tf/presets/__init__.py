@@ -50,7 +50,7 @@ import numpy as np
 from nmt_tf import exporter
 from nmt_tf import config as nmt_config
 from nmt_tf import model_dir as layout
-from nmt_tf.models import build_model
+from nmt_tf.models import build_model, is_random_state
 from nmt_tf.precision import dtype_policy
 from nmt_tf.restore import restore_model
 
@@ -222,10 +222,9 @@ def _export(manifest: dict, model_dir_path: str, export_dir: str) -> str:
 
 def is_weight(path: str) -> bool:
     """Whether the model variable at `path` is a weight: all are but the
-    random state of dropout layers (Keras' seed generators), which
-    translation never reads and whose paths number the generators made
-    before in the same process (seed_generator_16/... after other models)."""
-    return not path.endswith("/seed_generator_state")
+    random state of dropout layers (`is_random_state`), which translation
+    never reads."""
+    return not is_random_state(path)
 
 
 def weight_arrays(model, dtype: str) -> dict:
