@@ -85,7 +85,9 @@ def test_make_train_stops_with_one_clear_error_when_the_cpu_check_fails(tmp_path
 def test_the_float32_recipe_is_the_recipe_with_less_dropout(monkeypatch):
     """rnnsearch_float32.flags takes everything from rnnsearch.flags, the
     conditional GRU decoder included, but the three dropout rates, each 0.1
-    lower (issue 42's choice for the ~6,160-6,700 updates of a float32 CPU)."""
+    lower, and the learning-rate schedule: the plateau one, which
+    rnnsearch.flags had before its hold-then-decay schedule (issue 42's
+    choices for the ~6,160-6,700 updates of a float32 CPU)."""
     from conftest import REPO
     from nmt_tf import flags
 
@@ -99,7 +101,9 @@ def test_the_float32_recipe_is_the_recipe_with_less_dropout(monkeypatch):
     monkeypatch.chdir(REPO)     # the nested --flagfile is relative to the repository, like the corpora
     recipe, float32 = config("rnnsearch.flags"), config("rnnsearch_float32.flags")
     changed = {name: (recipe[name], float32[name]) for name in recipe if recipe[name] != float32[name]}
-    assert changed == {"dropout": (0.4, 0.3), "annotation_dropout": (0.5, 0.4), "recurrent_dropout": (0.2, 0.1)}
+    assert changed == {"dropout": (0.4, 0.3), "annotation_dropout": (0.5, 0.4), "recurrent_dropout": (0.2, 0.1),
+                       "lr_schedule": ("linear", "plateau"), "lr_decay_fraction": (0.2, 1.0),
+                       "decay_factor": (1.0, 0.5), "patience": (0, 8)}
     assert float32["decoder"] == "cgru"
 
 
