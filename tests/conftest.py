@@ -66,6 +66,18 @@ def checkpoint_weights(path) -> dict:
             if k.startswith(("model/", "optimizer/_trainable_variables/")) and "OPTIMIZER_SLOT" not in k}
 
 
+def assert_same_checkpoint_weights(a_path, b_path, rtol=1e-5, atol=1e-6) -> dict:
+    """The model weights of two training checkpoints agree, key for key (more
+    than 10 of them, so an empty read cannot pass); returns the second's."""
+    import numpy as np
+
+    a, b = checkpoint_weights(a_path), checkpoint_weights(b_path)
+    assert a.keys() == b.keys() and len(a) > 10, (sorted(a)[:5], sorted(b)[:5])
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=atol, err_msg=k)
+    return b
+
+
 def read_multi30k(name: str, n: int | None = None) -> list[str]:
     with gzip.open(os.path.join(MULTI30K, name), "rt", encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f]

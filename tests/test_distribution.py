@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import checkpoint_weights, run_cli, smoke_train_args, start_cli
+from conftest import assert_same_checkpoint_weights, checkpoint_weights, run_cli, smoke_train_args, start_cli
 
 from nmt_tf import distribution
 from nmt_tf import config as nmt_config
@@ -85,11 +85,7 @@ def loss_curve(model_dir) -> dict:
 
 def assert_same_weights(a_path, b_path, atol=WEIGHTS_ATOL):
     """The model weights of two checkpoints agree; returns the second's."""
-    a, b = checkpoint_weights(a_path), checkpoint_weights(b_path)
-    assert a.keys() == b.keys() and len(a) > 10
-    for k in a:
-        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=atol, err_msg=k)
-    return b
+    return assert_same_checkpoint_weights(a_path, b_path, rtol=0, atol=atol)
 
 
 def assert_same_training(a_dir, b_dir, step, atol=WEIGHTS_ATOL, loss_rtol=LOSS_RTOL):

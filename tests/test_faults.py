@@ -202,9 +202,7 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval_and_res
     import subprocess
     import time
 
-    import numpy as np
-
-    from conftest import checkpoint_weights
+    from conftest import assert_same_checkpoint_weights
 
     interval, epochs = 3, 6          # 10 batches of 4 per epoch: 60 updates
     flags = ("--batch_size=4", f"--max_epochs={epochs}", f"--checkpoint_every_steps={interval}",
@@ -247,11 +245,8 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval_and_res
 
     straight_dir = str(tmp_path / "straight")
     assert run_cli(*smoke_train_args(tiny_corpus, straight_dir, *flags)).returncode == 0
-    killed = checkpoint_weights(os.path.join(model_dir, "checkpoints", f"ckpt-{epochs * 10}"))
-    straight = checkpoint_weights(os.path.join(straight_dir, "checkpoints", f"ckpt-{epochs * 10}"))
-    assert killed.keys() == straight.keys() and len(killed) > 10
-    for key in killed:
-        np.testing.assert_allclose(killed[key], straight[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    assert_same_checkpoint_weights(*(os.path.join(d, "checkpoints", f"ckpt-{epochs * 10}")
+                                     for d in (model_dir, straight_dir)))
 
 
 @pytest.mark.parametrize("code, remedy", [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, checkpoint_weights, run_cli, smoke_train_args, start_cli
+from conftest import REPO, assert_same_checkpoint_weights, checkpoint_weights, run_cli, smoke_train_args, start_cli
 from nmt_tf import flags, training
 from nmt_tf import config as nmt_config
 from nmt_tf.config import TrainingConfig
@@ -76,11 +76,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny_config, tmp_path):
     assert first["status"] == "max_steps" and first["steps"] == 4
     resumed = training.train(split.replace(max_steps=8), **QUIET)
     assert resumed["steps"] == 8 and resumed["epochs"] == pytest.approx(1.6)
-    a = checkpoint_weights(str(tmp_path / "a" / "checkpoints" / "ckpt-8"))
-    b = checkpoint_weights(str(tmp_path / "b" / "checkpoints" / "ckpt-8"))
-    assert a.keys() == b.keys() and len(a) > 10
-    for k in a:
-        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert_same_checkpoint_weights(*(str(tmp_path / run / "checkpoints" / "ckpt-8") for run in "ab"))
     states = [name for name, _ in tf.train.list_variables(str(tmp_path / "b" / "checkpoints" / "ckpt-8"))
               if name.startswith("dropout_random_states/")]
     assert len(states) == 5     # embeddings, readout, annotations; the encoder's and the decoder's GRUs
