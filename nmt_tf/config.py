@@ -185,7 +185,8 @@ class TrainerConfig:
     max_steps: int = setting('integer', 0,
             "Stop after this many updates in total (0: no limit).", lower=0)
     max_hours: float = setting('float', 0.0,
-            "Stop after this many hours of training, summed over resumed runs (0: no limit).", lower=0.0)
+            "Stop after this many hours of training, summed over resumed runs: the updates' own time, not dev "
+            "evaluations, checkpoints or start-up (0: no limit).", lower=0.0)
     checkpoint_every_steps: int = setting('integer', 500,
             "Save a checkpoint every this many updates (and at the end of every epoch and of the run). A "
             "killed run loses at most this many updates.", lower=1)
