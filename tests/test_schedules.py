@@ -94,3 +94,33 @@ def test_training_with_a_linear_budget_ends_annealed(tiny_config, tmp_path):
     # Update k (from 0) is logged at step k + 1: warm-up 0.005, 0.01; held at 0.01 for the first half of
     # the 6 updates after it; then 0.01 x (1 - (k - 5) / 3).
     np.testing.assert_allclose(rates, [0.005, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01 * 2 / 3, 0.01 / 3], rtol=1e-5)
+
+
+def test_an_hour_budget_decays_to_its_end_in_training(tiny_config, tmp_path, monkeypatch):
+    """--max_hours through the training callback: the updates' time becomes the
+    budget's update count, and the rate reaches ~0 at the last update. The
+    callback's clock is faked to 0.5 s per reading, so every update takes
+    exactly 0.5 s and 0.0025 hours (9 s) buy 18 updates."""
+    import time
+    import types
+
+    from nmt_tf import callbacks
+
+    clock = {"now": 0.0}
+
+    def perf_counter():
+        clock["now"] += 0.5
+        return clock["now"]
+
+    monkeypatch.setattr(callbacks, "time", types.SimpleNamespace(**{**vars(time), "perf_counter": perf_counter}))
+    model_dir = str(tmp_path / "m")
+    lines = []
+    summary = training.train(tiny_config(model_dir=model_dir, max_epochs=5, max_hours=0.0025,
+                                         lr_schedule="linear"), log=lines.append)
+    assert summary["status"] == "max_hours" and summary["steps"] == 18, summary
+    assert any("Learning rate (linear): 0.01, linear decay to 0 of it at 0.0025 training hours" in line
+               for line in lines), lines
+    rates = [v for _, v in sorted(read_scalars(os.path.join(model_dir, "logs", "train"))["learning_rate"])]
+    # The first 6 updates run at the full rate: the first 5 are not timed (they trace the step), so no rate
+    # is known before update 6. From there 9 s at 0.5 s per update end the budget at update 18.
+    np.testing.assert_allclose(rates, [0.01] * 6 + [0.01 * (1 - k / 18) for k in range(6, 18)], rtol=1e-5)
