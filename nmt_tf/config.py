@@ -52,7 +52,8 @@ class DataConfig:
     train_tgt: str | None = setting('string', None,
             "Training target text, line-aligned with --train_src.")
     dev_src: str | None = setting('string', None,
-            "Development (validation) source text, for dev loss and early stopping.")
+            "Development (validation) source text, for dev loss and early stopping; its batches are "
+            "kept in memory after the first dev evaluation.")
     dev_tgt: str | None = setting('string', None,
             "Development target text, line-aligned with --dev_src.")
     src_lang: str = setting('string', 'en',

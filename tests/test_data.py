@@ -262,6 +262,30 @@ def test_subword_sampling_refuses_what_cannot_sample(settings, message):
         text.make_tokenizer(list(text.SPECIAL_TOKENS), "word").sampler(0.1, 64)
 
 
+class TokenCountingNll:
+    """Stands in for a model in DevEvaluator: the "NLL" of a batch is its
+    number of target tokens."""
+
+    def batch_nll(self, x, y, training=False):
+        tokens = tf.reduce_sum(tf.cast(y > 0, tf.float32))
+        return tokens, tokens, tf.cast(tf.shape(y)[0], tf.float32)
+
+
+def test_dev_evaluations_after_the_first_read_the_batches_from_memory(tmp_path, tiny_corpus, tokenizers):
+    from nmt_tf import callbacks
+
+    src_tok, tgt_tok, _ = tokenizers
+    src = write_lines(tmp_path / "dev.en", read_multi30k("val.en.gz", 30))
+    tgt = write_lines(tmp_path / "dev.fr", read_multi30k("val.fr.gz", 30))
+    dev = data.make_dataset(src, tgt, src_tok, tgt_tok, max_len=50, batch_size=8)
+    evaluator = callbacks.DevEvaluator(TokenCountingNll(), dev)
+    first = evaluator()
+    assert first["sentences"] == 30 and first["tokens"] > 30 and first["nll_per_token"] == 1.0
+    os.remove(src)
+    os.remove(tgt)
+    assert evaluator() == first      # the files are gone: the batches came from memory
+
+
 def test_corpus_stats_are_cached_by_file_identity(tmp_path, tiny_corpus, tokenizers):
     src_tok, tgt_tok, _ = tokenizers
     cache = str(tmp_path / "stats.json")
