@@ -460,12 +460,31 @@ def _model_rows(s, t):
     return {"source_ids": with_eos(s), "target_ids": with_bos(t), "labels": with_eos(t)}
 
 
+class PairEncoder:
+    """Batches of (source, target) lines -> the model's id rows of the pairs
+    training uses, as one traced function of its tokenizers, --max_len and
+    subword sampling. `make_dataset` builds one per call; a run builds one
+    and gives it to every epoch's `make_dataset` (`encoder=`), so that an
+    epoch does not trace the tokenizers again."""
+
+    def __init__(self, src_tokenizer, tgt_tokenizer, max_len: int, sampling: tuple[float, int] | None = None):
+        self.settings = (src_tokenizer, tgt_tokenizer, max_len, sampling)
+        encode = _encode_fn(src_tokenizer, tgt_tokenizer, max_len, sampling)
+        lines = tf.TensorSpec([None], tf.string)
+        self._rows = tf.function(lambda a, b: _model_rows(*encode(a, b)), autograph=False,
+                                 input_signature=[lines, lines])
+
+    def __call__(self, src_lines, tgt_lines) -> dict:
+        return self._rows(src_lines, tgt_lines)
+
+
 def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: int,
                  batch_size: int, batch_type: str = "sentences", pool_size: int = 1600,
                  shuffle: bool = False, shuffle_buffer: int = 100_000, seed: int = 0,
                  epoch: int = 0, skip_batches: int = 0,
                  input_context: tf.distribute.InputContext | None = None,
-                 prepared: str | None = None, sampling: tuple[float, int] | None = None) -> tf.data.Dataset:
+                 prepared: str | None = None, sampling: tuple[float, int] | None = None,
+                 encoder: PairEncoder | None = None) -> tf.data.Dataset:
     """Batches of one epoch of a parallel corpus, ready for `model.fit`.
 
     Each element is ``({"source_ids": [B, Tx], "target_ids": [B, Ty]}, labels [B, Ty])``
@@ -500,6 +519,8 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
         segmentation, so an epoch has the same pairs, and with sentence
         batches the same number of batches, as without sampling; a sampled
         segmentation may be longer than max_len. Not with `prepared`.
+      encoder: a `PairEncoder` of these tokenizers, max_len and sampling,
+        traced already (a run's epochs share one); by default a new one.
     """
     epoch_seed = (seed * 1_000_003 + epoch) % (2 ** 31 - 1)
     if input_context is not None:
@@ -514,10 +535,12 @@ def make_dataset(src: str, tgt: str, src_tokenizer, tgt_tokenizer, *, max_len: i
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         if shuffle:
             ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
-        encode = _encode_fn(src_tokenizer, tgt_tokenizer, max_len, sampling)
+        if encoder is None:
+            encoder = PairEncoder(src_tokenizer, tgt_tokenizer, max_len, sampling)
+        elif encoder.settings != (src_tokenizer, tgt_tokenizer, max_len, sampling):
+            raise ValueError("the encoder was built for other tokenizers, max_len or sampling than the dataset's")
         ds = (ds.batch(_TOKENIZE_BATCH)
-              .map(_ops_only(lambda a, b: _model_rows(*encode(a, b))), num_parallel_calls=tf.data.AUTOTUNE,
-                   deterministic=True)
+              .map(_ops_only(encoder), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
               .unbatch())
     ds = (ds.ragged_batch(pool_size)
           .flat_map(_ops_only(lambda pool: _pool_batches(pool, batch_size, batch_type))))

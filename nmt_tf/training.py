@@ -583,6 +583,9 @@ def _fit(run: _Run) -> tuple[int, float]:
     callbacks = [controller]
     if not run.print_lines:
         callbacks.append(cb.TrainingProgbar())
+    sampling = (config.sentencepiece_alpha, config.sentencepiece_nbest_size) if config.sentencepiece_alpha else None
+    # traced once for all epochs (prepared shards hold ids already)
+    encoder = None if run.prepared else data.PairEncoder(run.src_tok, run.tgt_tok, config.max_len, sampling)
     started = time.time()
     start_step = int(run.optimizer.iterations.numpy())
     with controller.signal_handlers():
@@ -595,9 +598,7 @@ def _fit(run: _Run) -> tuple[int, float]:
                 controller.on_epoch_end(epoch)
                 continue
             epoch_data = dict(shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
-                              skip_batches=skip, prepared=run.prepared,
-                              sampling=((config.sentencepiece_alpha, config.sentencepiece_nbest_size)
-                                        if config.sentencepiece_alpha else None))
+                              skip_batches=skip, prepared=run.prepared, sampling=sampling, encoder=encoder)
             if run.own_data:
                 local = data.replicas_per_pipeline(run.context)
                 epoch_data["skip_batches"] = skip * local

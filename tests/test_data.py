@@ -179,6 +179,23 @@ def test_order_depends_only_on_seed_and_epoch_and_skip_resumes_it(tiny_corpus, t
     assert order(0, skip=3) == order(0)[3:]
 
 
+def test_epochs_sharing_one_encoder_get_the_batches_of_their_own(tiny_corpus, tokenizers):
+    src_tok, tgt_tok, _ = tokenizers
+    shared = data.PairEncoder(src_tok, tgt_tok, max_len=50)
+
+    def epoch(number, **kw):
+        ds = data.make_dataset(tiny_corpus["train_src"], tiny_corpus["train_tgt"], src_tok, tgt_tok, max_len=50,
+                               batch_size=4, shuffle=True, shuffle_buffer=10, seed=5, epoch=number, **kw)
+        return [[a.tolist() for a in b] for b in epoch_pairs(ds)[1]]
+
+    for number in (0, 1):
+        assert epoch(number, encoder=shared) == epoch(number)
+    with pytest.raises(ValueError, match="other tokenizers, max_len or sampling"):
+        epoch(0, encoder=data.PairEncoder(src_tok, tgt_tok, max_len=20))
+    with pytest.raises(ValueError, match="other tokenizers, max_len or sampling"):
+        epoch(0, encoder=data.PairEncoder(tgt_tok, src_tok, max_len=50))
+
+
 def test_input_context_shards_are_disjoint_and_complete_and_counted(tiny_corpus, tokenizers):
     """Each of 3 input pipelines reads its own lines; the statistics pass
     counts the pairs each one gets (what sets a worker's steps per epoch)."""

@@ -305,6 +305,22 @@ def test_resume_takes_unspecified_flags_from_the_model_dir(tiny_config, tmp_path
     assert nmt_config.load(model_dir).batch_size == 4
 
 
+def test_the_epochs_of_a_run_share_one_traced_encoder(tiny_config, tmp_path, monkeypatch):
+    from nmt_tf import data
+
+    built = []
+
+    class CountedEncoder(data.PairEncoder):
+        def __init__(self, *args, **kw):
+            built.append(args)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(data, "PairEncoder", CountedEncoder)
+    summary = training.train(tiny_config(model_dir=str(tmp_path / "m"), max_epochs=3, dev_src=None, dev_tgt=None),
+                             **QUIET)
+    assert summary["steps"] == 15 and len(built) == 1    # 3 epochs of 5 batches
+
+
 def test_budget_max_steps_and_early_stopping(tiny_config, tmp_path):
     summary = training.train(tiny_config(model_dir=str(tmp_path / "a"), max_steps=3), **QUIET)
     assert summary["status"] == "max_steps" and summary["steps"] == 3
