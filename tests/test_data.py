@@ -179,7 +179,7 @@ def test_order_depends_only_on_seed_and_epoch_and_skip_resumes_it(tiny_corpus, t
     assert order(0, skip=3) == order(0)[3:]
 
 
-def test_epochs_sharing_one_encoder_get_the_batches_of_their_own(tiny_corpus, tokenizers):
+def test_an_epoch_given_a_shared_encoder_gets_the_batches_it_gets_with_its_own(tiny_corpus, tokenizers):
     src_tok, tgt_tok, _ = tokenizers
     shared = data.PairEncoder(src_tok, tgt_tok, max_len=50)
 
