@@ -152,16 +152,17 @@ class TrainerConfig:
             "none, as in the paper).", lower=0)
     lr_schedule: str = setting('enum', 'plateau',
             "Learning rate after the warm-up. plateau: --learning_rate, multiplied by --decay_factor when"
-            " dev stops improving (paper: constant). linear / cosine: budgeted training (Li et al. 2020),"
-            " the rate falls linearly / along a half cosine to --final_lr_fraction of --learning_rate "
-            "exactly at the end of the budget, --max_steps or --max_hours (hours are turned into updates "
-            "from the measured seconds per update, re-estimated at every update); needs one of them and "
-            "--decay_factor=1.", choices=['plateau', 'linear', 'cosine'])
+            " dev stops improving (paper: constant). linear / cosine / 1-sqrt: budgeted training (Li et al."
+            " 2020), the rate falls linearly / along a half cosine / as 1 - sqrt(progress) (Hägele et al. "
+            "2024) to --final_lr_fraction of --learning_rate exactly at the end of the budget, --max_steps "
+            "or --max_hours (hours are turned into updates from the measured seconds per update, "
+            "re-estimated at every update); needs one of them and --decay_factor=1.",
+            choices=['plateau', 'linear', 'cosine', '1-sqrt'])
     final_lr_fraction: float = setting('float', 0.0,
-            "--lr_schedule=linear / cosine: the fraction of --learning_rate reached at the end of the "
+            "--lr_schedule=linear / cosine / 1-sqrt: the fraction of --learning_rate reached at the end of the "
             "budget.", lower=0.0, upper=1.0)
     lr_decay_fraction: float = setting('float', 1.0,
-            "--lr_schedule=linear / cosine: the share of the budget (after the warm-up) over which the "
+            "--lr_schedule=linear / cosine / 1-sqrt: the share of the budget (after the warm-up) over which the "
             "rate decays; before it the rate stays at --learning_rate (warm-up, stable, decay; e.g. 0.2 "
             "decays over the last fifth). 1: the decay starts right after the warm-up.", above=0.0, upper=1.0)
     adadelta_rho: float = setting('float', 0.95,

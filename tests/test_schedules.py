@@ -1,4 +1,4 @@
-"""Learning-rate schedules (--lr_schedule): plateau, and the budgeted linear / cosine decays."""
+"""Learning-rate schedules (--lr_schedule): plateau, and the budgeted linear / cosine / 1-sqrt decays."""
 
 import math
 import os
@@ -28,6 +28,18 @@ def test_cosine_decay_to_a_final_fraction():
     assert s.rate(1000) == pytest.approx(2e-4)
     rates = [s.rate(k) for k in range(0, 1001, 50)]
     assert all(a >= b for a, b in zip(rates, rates[1:]))
+
+
+def test_one_minus_sqrt_decay_falls_fastest_at_its_start():
+    # Held over the first 80 % of 1,000 updates, then 1 - sqrt(progress) over the last 200 (Hägele et al. 2024).
+    s = schedules.LearningRateSchedule("1-sqrt", 1.0, max_steps=1000, decay_fraction=0.2, final_fraction=0.1)
+    assert s.rate(799) == 1.0 and s.rate(800) == pytest.approx(1.0)
+    assert s.rate(850) == pytest.approx(0.1 + 0.9 * 0.5)          # a quarter of the decay: half of the way down
+    assert s.rate(900) == pytest.approx(0.1 + 0.9 * (1 - math.sqrt(0.5)))
+    assert s.rate(1000) == pytest.approx(0.1)
+    linear = schedules.LearningRateSchedule("linear", 1.0, max_steps=1000, decay_fraction=0.2, final_fraction=0.1)
+    assert all(s.rate(k) < linear.rate(k) for k in range(810, 1000, 10))
+    assert "1-sqrt decay to 0.1 of it at update 1,000" in s.describe()
 
 
 def test_a_decay_fraction_holds_the_rate_until_the_last_part_of_the_budget():
