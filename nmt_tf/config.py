@@ -35,6 +35,7 @@ from typing import Any
 from nmt_tf import model_dir as layout
 from nmt_tf.files import write_atomically
 from nmt_tf.models import ARCHITECTURES, ModelConfig, names_of
+from nmt_tf.schedules import SCHEDULES
 from nmt_tf.settings import ConfigError, check_limits, default, flag_name, setting
 from nmt_tf.tokenizers import TOKENIZERS
 
@@ -157,7 +158,7 @@ class TrainerConfig:
             "2024) to --final_lr_fraction of --learning_rate exactly at the end of the budget, --max_steps "
             "or --max_hours (hours are turned into updates from the measured seconds per update, "
             "re-estimated at every update); needs one of them and --decay_factor=1.",
-            choices=['plateau', 'linear', 'cosine', '1-sqrt'])
+            choices=list(SCHEDULES))
     final_lr_fraction: float = setting('float', 0.0,
             "--lr_schedule=linear / cosine / 1-sqrt: the fraction of --learning_rate reached at the end of the "
             "budget.", lower=0.0, upper=1.0)
