@@ -183,6 +183,15 @@ class TrainerConfig:
             "min(this, (1 + t) / (10 + t)) at update t, so a short run's average forgets its start. Dev "
             "evaluations and best/ (what evaluate, translate, export and --average_checkpoints read) use "
             "the averaged weights; checkpoints/ keep both for resuming. Needs a dev set.", lower=0.0, upper=1.0)
+    early_dropout_epochs: int = setting('integer', 0,
+            "Late dropout (Liu et al. 2023): the first this many epochs train with every dropout rate "
+            "(--dropout, --annotation_dropout, --recurrent_dropout, --source_word_dropout, "
+            "--target_word_dropout) times --early_dropout_scale, the later ones with the full rates: a model "
+            "learns faster with less dropout and overfits later with more. 0: the full rates from the start.",
+            lower=0)
+    early_dropout_scale: float = setting('float', 0.0,
+            "--early_dropout_epochs: the factor on every dropout rate in those epochs (0: none, Liu et al.'s "
+            "late dropout; e.g. 0.75 turns 0.4 into 0.3).", lower=0.0, upper=1.0)
     max_epochs: int = setting('integer', 10,
             "Stop after this many passes over the training data.", lower=1)
     max_steps: int = setting('integer', 0,

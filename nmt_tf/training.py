@@ -61,6 +61,10 @@ class NaNLossError(TrainingError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
+# The rates --early_dropout_epochs scales (Seq2SeqModel.scale_dropout).
+DROPOUT_FLAGS = ("dropout", "annotation_dropout", "recurrent_dropout", "source_word_dropout", "target_word_dropout")
+
+
 def check_config(config) -> None:
     """Flag combinations that cannot work, as one TrainingError before anything runs
     (those that span the configuration's parts; each part checks its own
@@ -94,6 +98,9 @@ def check_config(config) -> None:
     if config.ema_decay and not config.dev_src:
         raise TrainingError("--ema_decay keeps the averaged weights in best/ at dev evaluations: it needs a dev "
                             "set (--dev_src and --dev_tgt).")
+    if config.early_dropout_epochs and not any(getattr(config, name, 0.0) for name in DROPOUT_FLAGS):
+        raise TrainingError(f"--early_dropout_epochs={config.early_dropout_epochs} scales the dropout rates, and "
+                            f"every one is 0 ({', '.join('--' + name for name in DROPOUT_FLAGS)}).")
     try:
         schedules.check(config.lr_schedule, config.warmup_steps, config.max_steps, config.max_hours,
                         config.decay_factor, multi_worker=config.distribution == "multi_worker",
@@ -313,6 +320,7 @@ class _Run:
     best_checkpoints: object = None
     controller: object = None
     print_lines: bool = False
+    dropout_factor: float | None = None     # --early_dropout_epochs: the factor the model's rates have now
 
 
 def _train(config, explicit: set[str] | None, log, run_scope: contextlib.ExitStack) -> dict:
@@ -597,6 +605,7 @@ def _fit(run: _Run) -> tuple[int, float]:
                 # epoch-end one: nothing left to train, only the epoch-end work.
                 controller.on_epoch_end(epoch)
                 continue
+            _set_dropout_phase(run, epoch)
             epoch_data = dict(shuffle=True, shuffle_buffer=config.shuffle_buffer, seed=config.seed, epoch=epoch,
                               skip_batches=skip, prepared=run.prepared, sampling=sampling, encoder=encoder)
             if run.own_data:
@@ -634,6 +643,29 @@ def _fit(run: _Run) -> tuple[int, float]:
             checkpoints.save_checkpoint(run.manager, step)
     controller.flush()
     return step, started
+
+
+def _set_dropout_phase(run: _Run, epoch: int) -> None:
+    """--early_dropout_epochs: before `epoch`'s `fit`, the model's dropout
+    rates for that epoch (scaled in the first epochs, full after), the
+    training function retraced when they change. Decided by the epoch alone,
+    so a resumed run trains each epoch with the rates an uninterrupted one would."""
+    config = run.config
+    if not config.early_dropout_epochs:
+        return
+    factor = config.early_dropout_scale if epoch < config.early_dropout_epochs else 1.0
+    if factor == run.dropout_factor:
+        return
+    run.model.scale_dropout(factor)
+    run.model.make_train_function(force=True)
+    last = config.early_dropout_epochs
+    if factor < 1.0:
+        epochs = f"Epoch {last}" if epoch + 1 == last else f"Epochs {epoch + 1}-{last}"
+        run.log(f"{epochs}: every dropout rate x{factor:g} (--early_dropout_scale), the full rates from epoch "
+                f"{last + 1} on (--early_dropout_epochs={last}).")
+    elif run.dropout_factor is not None:
+        run.log(f"Epoch {epoch + 1}: the full dropout rates from here on.")
+    run.dropout_factor = factor
 
 
 def _finish(run: _Run, step: int, started: float) -> dict:

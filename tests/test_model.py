@@ -320,6 +320,32 @@ def test_word_dropout_zeroes_whole_embeddings_in_training_only(side):
                                   (model.target_embedding if side == "source" else model.source_embedding)(ids))
 
 
+@pytest.mark.parametrize("options", [{"encoder_layers": 2}, {"decoder": "cgru", "layer_norm": True}],
+                         ids=["encoder_layers", "cgru"])
+def test_scale_dropout_reaches_every_dropout_rate(options):
+    """--early_dropout_epochs: scale_dropout(0) leaves no dropout anywhere, so
+    training logits equal inference logits; scale_dropout(f) sets each rate
+    to f times its own, and 1 restores them (get_config keeps them all)."""
+    rates = dict(dropout=0.4, annotation_dropout=0.5, recurrent_dropout=0.2, source_word_dropout=0.1,
+                 target_word_dropout=0.3)
+    model = tiny_model(**rates, **options)
+    x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
+    plain = model(x).numpy()
+    assert np.abs(model(x, training=True).numpy() - plain).max() > 1e-3
+    model.scale_dropout(0.0)
+    np.testing.assert_allclose(model(x, training=True).numpy(), plain, rtol=1e-6, atol=1e-6)
+    model.scale_dropout(0.5)
+    recurrent = lambda: [layer.recurrent_dropout for layer in model._flatten_layers(include_self=False)
+                         if hasattr(layer, "recurrent_dropout")]
+    assert recurrent() == [0.1] * (options.get("encoder_layers", 1) + 1)      # the encoder's and the decoder
+    assert [model.embedding_dropout.rate, model.readout_dropout.rate, model.annotation_dropout.rate,
+            model.source_word_dropout.rate, model.target_word_dropout.rate] == [0.2, 0.2, 0.25, 0.05, 0.15]
+    model.scale_dropout(1.0)
+    assert model.target_word_dropout.rate == 0.3 and recurrent() == [0.2] * (options.get("encoder_layers", 1) + 1)
+    assert {name: model.get_config()[name] for name in rates} == rates
+    assert np.abs(model(x, training=True).numpy() - plain).max() > 1e-3
+
+
 def test_loss_at_real_tokens_equals_the_masked_loss_over_all_positions():
     """batch_nll computes the output layer at real target tokens only; the sum
     and its gradient are those of the per-position losses masked afterwards."""

@@ -95,6 +95,37 @@ def test_a_resume_from_a_checkpoint_without_dropout_states_says_its_masks_differ
     assert len(said) == 1 and "of 0 dropout layers, not of this model's 5" in said[0], lines
 
 
+def test_early_dropout_epochs_train_without_dropout_then_with_it_and_resume_in_the_right_phase(
+        tiny_config, tmp_path):
+    """--early_dropout_epochs=1 --early_dropout_scale=0: the first epoch (5
+    updates) trains without dropout (runs with other rates train it alike),
+    the second with the full rates (the log says both); a run stopped in the
+    second epoch resumes to the uninterrupted run's weights."""
+    lines = []
+    late = tiny_config(model_dir=str(tmp_path / "late"), max_epochs=2, seed=11, early_dropout_epochs=1,
+                       keep_checkpoints=10, **DROPOUT)
+    training.train(late, log=lines.append)
+    assert [line for line in lines if "dropout rate" in line] == [
+        "Epoch 1: every dropout rate x0 (--early_dropout_scale), the full rates from epoch 2 on "
+        "(--early_dropout_epochs=1).", "Epoch 2: the full dropout rates from here on."], lines
+    # Other rates, the same layers (so the same initial weights): the same first epoch.
+    other_rates = late.replace(model_dir=str(tmp_path / "other"), max_epochs=1, dropout=0.6, annotation_dropout=0.1,
+                               recurrent_dropout=0.5)
+    training.train(other_rates, **QUIET)
+    assert_same_checkpoint_weights(*(str(tmp_path / run / "checkpoints" / "ckpt-5") for run in ("late", "other")))
+    # Stopped in the second epoch, the resumed run traces its training with the full rates
+    # from the start: the same weights only if the uninterrupted run retraced at the switch.
+    split = late.replace(model_dir=str(tmp_path / "split"), max_steps=7)
+    assert training.train(split, **QUIET)["steps"] == 7
+    assert training.train(split.replace(max_steps=0), **QUIET)["steps"] == 10
+    assert_same_checkpoint_weights(*(str(tmp_path / run / "checkpoints" / "ckpt-10") for run in ("late", "split")))
+
+
+def test_early_dropout_epochs_need_a_dropout_rate(tiny_config, tmp_path):
+    with pytest.raises(training.TrainingError, match="--early_dropout_epochs=2 scales the dropout rates"):
+        training.train(tiny_config(model_dir=str(tmp_path / "m"), early_dropout_epochs=2), **QUIET)
+
+
 def test_an_interrupted_and_resumed_run_evaluates_when_an_uninterrupted_one_does(
         tiny_config, tmp_path, monkeypatch):
     """A signal stops with a checkpoint but no dev evaluation: the resumed run evaluates

@@ -109,6 +109,7 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
         self.readout_dropout = keras.layers.Dropout(dropout, name="readout_dropout")
         self.annotation_dropout = keras.layers.Dropout(annotation_dropout, name="annotation_dropout")
         # Whole words: one draw per token, the same for all m values of its embedding.
+        self.source_word_dropout_rate, self.target_word_dropout_rate = source_word_dropout, target_word_dropout
         self.source_word_dropout = keras.layers.Dropout(source_word_dropout, noise_shape=(None, None, 1),
                                                         name="source_word_dropout")
         self.target_word_dropout = keras.layers.Dropout(target_word_dropout, noise_shape=(None, None, 1),
@@ -190,12 +191,28 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
         uninterrupted one would."""
         return [v for v in self.variables if is_random_state(v.path)]
 
+    def scale_dropout(self, factor: float) -> None:
+        """Sets every dropout rate of the model to its configured rate times
+        `factor` (1 restores them): the Dropout layers' and the recurrent
+        dropout of every GRU and decoder. Traced functions keep the rates
+        they were traced with, so the caller retraces the training function
+        (training.py, --early_dropout_epochs)."""
+        configured = [(self.embedding_dropout, self.dropout), (self.readout_dropout, self.dropout),
+                      (self.annotation_dropout, self.annotation_dropout_rate),
+                      (self.source_word_dropout, self.source_word_dropout_rate),
+                      (self.target_word_dropout, self.target_word_dropout_rate)]
+        for layer, rate in configured:
+            layer.rate = rate * factor
+        for layer in self._flatten_layers(include_self=False):
+            if hasattr(layer, "recurrent_dropout"):
+                layer.recurrent_dropout = self.recurrent_dropout * factor
+
     def get_config(self):
         return {**super().get_config(), "source_vocab_size": self.source_vocab_size,
                 "target_vocab_size": self.target_vocab_size, "embedding_size": self.embedding_size,
                 "hidden_size": self.hidden_size, "maxout_size": self.maxout_size, "dropout": self.dropout,
                 "annotation_dropout": self.annotation_dropout_rate, "recurrent_dropout": self.recurrent_dropout,
-                "source_word_dropout": self.source_word_dropout.rate,
-                "target_word_dropout": self.target_word_dropout.rate,
+                "source_word_dropout": self.source_word_dropout_rate,
+                "target_word_dropout": self.target_word_dropout_rate,
                 "layer_norm": self.layer_norm, "tied_embeddings": self.tied_embeddings,
                 "label_smoothing": self.label_smoothing}
