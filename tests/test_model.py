@@ -337,7 +337,7 @@ def test_scale_dropout_reaches_every_dropout_rate(options):
     model.scale_dropout(0.5)
     recurrent = lambda: [layer.recurrent_dropout for layer in model._flatten_layers(include_self=False)
                          if hasattr(layer, "recurrent_dropout")]
-    assert recurrent() == [0.1] * (options.get("encoder_layers", 1) + 1)      # the encoder's and the decoder
+    assert recurrent() == [0.1] * (options.get("encoder_layers", 1) + 1)      # each encoder layer's, the decoder's
     assert [model.embedding_dropout.rate, model.readout_dropout.rate, model.annotation_dropout.rate,
             model.source_word_dropout.rate, model.target_word_dropout.rate] == [0.2, 0.2, 0.25, 0.05, 0.15]
     model.scale_dropout(1.0)

@@ -108,8 +108,8 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
         self.embedding_dropout = keras.layers.Dropout(dropout, name="embedding_dropout")
         self.readout_dropout = keras.layers.Dropout(dropout, name="readout_dropout")
         self.annotation_dropout = keras.layers.Dropout(annotation_dropout, name="annotation_dropout")
-        # Whole words: one draw per token, the same for all m values of its embedding.
         self.source_word_dropout_rate, self.target_word_dropout_rate = source_word_dropout, target_word_dropout
+        # Whole words: one draw per token, the same for all m values of its embedding.
         self.source_word_dropout = keras.layers.Dropout(source_word_dropout, noise_shape=(None, None, 1),
                                                         name="source_word_dropout")
         self.target_word_dropout = keras.layers.Dropout(target_word_dropout, noise_shape=(None, None, 1),
