@@ -255,6 +255,11 @@ class TrainerConfig:
             "--distribution=multi_worker: seconds a gradient all-reduce may wait for the other workers "
             "before the job stops with an error (0: no limit; a worker that died is also detected by "
             "TensorFlow's coordination service).", lower=0)
+    heartbeat_timeout: int = setting('integer', 30,
+            "--distribution=multi_worker: seconds TensorFlow's coordination service waits for a "
+            "worker's heartbeat before it stops the job as one that lost a worker (TensorFlow's own "
+            "default, 10, once stopped a sound job on a busy 2-core machine; a dead worker is found "
+            "after about this long).", lower=1)
     worker_input: str = setting('enum', 'auto',
             "--distribution=multi_worker: what each worker reads. own_data: only its own part of the data"
             " (its prepared shards, or every N-th line of the text) and its replicas' batches of it; "
@@ -528,7 +533,7 @@ FROZEN = (
     "layer_norm", "tied_embeddings", "optimizer",
 )
 # Where a run runs, not what it trains: not stored in config.json.
-NOT_STORED = ("dry_run", "distribution", "cpu_devices", "collective_timeout", "worker_input")
+NOT_STORED = ("dry_run", "distribution", "cpu_devices", "collective_timeout", "heartbeat_timeout", "worker_input")
 
 DEFAULT_LEARNING_RATES = {"adadelta": 1.0, "adam": 1e-3, "rmsprop": 1e-3, "sgd": 0.1}
 

@@ -94,7 +94,8 @@ def _tf_config() -> dict:
     return tf_config
 
 
-def make_strategy(distribution: str, cpu_devices: int = 0, collective_timeout: float = 0.0):
+def make_strategy(distribution: str, cpu_devices: int = 0, collective_timeout: float = 0.0,
+                  heartbeat_timeout: float = 30.0):
     """The `tf.distribute.Strategy` of --distribution and this process's
     `Worker`. Call it before anything else touches TensorFlow: a multi-worker
     strategy and the logical CPU devices configure the runtime as it starts.
@@ -102,6 +103,8 @@ def make_strategy(distribution: str, cpu_devices: int = 0, collective_timeout: f
     collective_timeout: seconds an all-reduce may wait for the other workers
       (0: no limit) under multi_worker; a worker that died is also found by
       TensorFlow's coordination service, which stops the others.
+    heartbeat_timeout: seconds that service waits for a worker's heartbeat
+      (`configure_coordination`).
     """
     import tensorflow as tf
 
@@ -119,6 +122,7 @@ def make_strategy(distribution: str, cpu_devices: int = 0, collective_timeout: f
         devices = [d.name for d in gpus] if gpus else [d.name for d in tf.config.list_logical_devices("CPU")]
         return tf.distribute.MirroredStrategy(devices), Worker()
     tf_config = _tf_config()
+    configure_coordination(tf_config["cluster"], heartbeat_timeout)
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout or None)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     task_type, task_id = tf_config["task"]["type"], int(tf_config["task"]["index"])
@@ -126,6 +130,35 @@ def make_strategy(distribution: str, cpu_devices: int = 0, collective_timeout: f
     is_chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
     workers = sum(len(v) for k, v in tf_config["cluster"].items() if k in ("chief", "worker"))
     return strategy, Worker(task_type, task_id, is_chief, workers)
+
+
+def configure_coordination(cluster: dict, heartbeat_timeout: float) -> None:
+    """Configures TensorFlow's coordination service as MultiWorkerMirroredStrategy
+    does (the same leader, the chief and worker jobs), but with a heartbeat
+    timeout of `heartbeat_timeout` seconds instead of TensorFlow's 10; the
+    strategy keeps a service configured before it is made. On a busy 2-core
+    machine a sound two-worker job was once stopped after 10 s as one that had
+    lost a worker: the leader answers heartbeats on the process's inter-op
+    threads, here 2 (BUILD_NOTES.md, "Training under tf.distribute"). No public
+    API sets the timeout; this uses TensorFlow's private one, as the strategy
+    itself does."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(cluster[job]))
+            for job in ("chief", "worker") if job in cluster]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=round(heartbeat_timeout * 1000))
+
+
+def coordination_heartbeat_timeout() -> float:
+    """Seconds of heartbeat timeout in the configuration this process's
+    TensorFlow runtime starts with (0: no coordination service configured)."""
+    from tensorflow.python.eager import context
+
+    return context.context().config.experimental.coordination_config.heartbeat_timeout_in_ms / 1000
 
 
 def barrier(strategy) -> None:
@@ -151,7 +184,8 @@ def describe(strategy, worker: Worker) -> str:
     if worker.task_type is None:
         return f"Distribution: {name}, {strategy.num_replicas_in_sync} replica(s)."
     return (f"Distribution: {name}, {strategy.num_replicas_in_sync} replica(s) on {worker.workers} workers; "
-            f"this is {worker.name}{' (chief)' if worker.is_chief else ''}.")
+            f"this is {worker.name}{' (chief)' if worker.is_chief else ''}; a worker without a heartbeat "
+            f"for {coordination_heartbeat_timeout():g} s stops the job.")
 
 
 def lost_worker(error: BaseException) -> bool:

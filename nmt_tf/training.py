@@ -367,7 +367,7 @@ def _start(run: _Run, run_scope: contextlib.ExitStack) -> None:
     config = run.config
     try:
         run.strategy, run.worker = distribution.make_strategy(config.distribution, config.cpu_devices,
-                                                              config.collective_timeout)
+                                                              config.collective_timeout, config.heartbeat_timeout)
     except distribution.DistributionError as e:
         raise TrainingError(str(e)) from None
     distribution.barrier(run.strategy)      # every worker has seen whether this is a resume

@@ -214,10 +214,10 @@ def test_workers_read_their_own_data(tiny_corpus, tmp_path, source):
     assert summary(model_dir)["weights_sha256"] == summary(model_dir, "worker_1")["weights_sha256"]
 
 
-def two_workers_past_step_10(corpus, model_dir):
+def two_workers_past_step_10(corpus, model_dir, *flags):
     """Two workers of a long job, once the chief has checkpointed step 10:
     (their Popens, the checkpoint folder)."""
-    job = ("--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu")
+    job = ("--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu", *flags)
     procs = start_workers(corpus, model_dir, *job)
     ckpt_dir = os.path.join(model_dir, "checkpoints")
     deadline = time.time() + 180
@@ -231,10 +231,12 @@ def two_workers_past_step_10(corpus, model_dir):
 
 def test_a_killed_worker_stops_the_job_with_a_clear_error_and_a_rerun_resumes(tiny_corpus, tmp_path):
     model_dir = str(tmp_path / "killed")
-    procs, ckpt_dir = two_workers_past_step_10(tiny_corpus, model_dir)
+    # TensorFlow's own 10 s heartbeat timeout here, for a quick end; the rerun has the default 30 s.
+    procs, ckpt_dir = two_workers_past_step_10(tiny_corpus, model_dir, "--heartbeat_timeout=10")
     procs[1].send_signal(signal.SIGKILL)
-    (rc0, _, err0), _ = finish(procs)
+    (rc0, out0, err0), _ = finish(procs)
     assert rc0 == 6, err0[-3000:]
+    assert "a worker without a heartbeat for 10 s stops the job" in out0
     assert "error: the multi-worker job lost a worker" in err0
     assert "Start every worker again with the same command" in err0
     assert "Traceback" not in err0
@@ -243,6 +245,7 @@ def test_a_killed_worker_stops_the_job_with_a_clear_error_and_a_rerun_resumes(ti
     job = ("--batch_size=4", "--max_epochs=4", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu")
     (rc0, out0, err0), (rc1, out1, err1) = finish(start_workers(tiny_corpus, model_dir, *job))
     assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
+    assert "a worker without a heartbeat for 30 s stops the job" in out1
     restored = f"Restored {os.path.join(ckpt_dir, f'ckpt-{last}')}"
     assert restored in out0 and restored in out1
     assert summary(model_dir)["steps"] == 40                   # 10 batches of 4 per epoch
@@ -306,4 +309,4 @@ def test_the_distribution_flags_describe_where_a_run_runs_and_are_not_stored(tin
     config = tiny_config(model_dir=str(tmp_path), distribution="mirrored", cpu_devices=2)
     nmt_config.save(config, str(tmp_path))
     stored = json.load(open(nmt_config.path(str(tmp_path))))
-    assert not {"distribution", "cpu_devices", "collective_timeout", "worker_input"} & set(stored)
+    assert not {"distribution", "cpu_devices", "collective_timeout", "heartbeat_timeout", "worker_input"} & set(stored)
