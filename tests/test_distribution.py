@@ -166,7 +166,7 @@ def test_two_workers_on_localhost_hold_one_model_and_train_what_one_process_trai
                                                                 "--worker_input=global_batches"))
     assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
     assert "2 replica(s) on 2 workers; this is worker_0 (chief)" in out0
-    assert "this is worker_1." in out1
+    assert "this is worker_1;" in out1
     chief, other = summary(model_dir), summary(model_dir, "worker_1")
     assert chief["weights_sha256"] == other["weights_sha256"]            # bit for bit
     assert chief["distribution"]["chief"] and not other["distribution"]["chief"]
