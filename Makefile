@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # make train's recipe, chosen by the CPU like --mixed_precision=auto (issue 42): with
 # bfloat16 instructions its 1.8 hours buy about 10,700-14,800 updates, and rnnsearch.flags
 # (the conditional GRU decoder, the rate decayed over the last 20 % of the budget) is best;
-# without them, about 6,160 float32 updates, where rnnsearch_float32.flags (the same with
+# without them, about 5,600-6,160 float32 updates (5,600 measured on an AVX2-only CPU),
+# where rnnsearch_float32.flags (the same with
 # less dropout and the plateau schedule) is
 # (pipelines/multi30k_en_fr/README.md). FLAGFILE=... chooses yourself
 # (on a GPU machine: pipelines/multi30k_en_fr/rnnsearch.flags).
