@@ -64,18 +64,24 @@ def add_norm_weights(layer, name: str, width: int):
     return gain, bias
 
 
-def add_gru_weights(layer, input_dim: int):
+def add_gru_weights(layer, input_dim: int, context_dim: int | None = None):
     """One GRU's weights as attributes of `layer` (with its `units` n and
     `layer_norm`): with layer_norm the x- and h-terms' (gain, bias), then
     kernel W [input_dim, 3n], recurrent_kernel U [n, 3n] (block-orthogonal)
-    and bias b [3n]."""
+    and bias b [3n]. With `context_dim` (the conditional GRU) also C
+    [context_dim, 3n] ("context_kernel", before b) and, with layer_norm, the
+    C c terms' (gain, bias) ("context_norm", after the h-terms'). The order
+    is the order of creation, which decides the initial values a seed gives."""
     n = layer.units
     if layer.layer_norm:
-        for term in ("input", "recurrent"):
+        for term in ("input", "recurrent") + (("context",) if context_dim else ()):
             add_norm_weights(layer, f"{term}_norm", 3 * n)
     layer.kernel = layer.add_weight(name="kernel", shape=(input_dim, 3 * n), initializer=weight_init())
     layer.recurrent_kernel = layer.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
                                               initializer=BlockOrthogonal())
+    if context_dim:
+        layer.context_kernel = layer.add_weight(name="context_kernel", shape=(context_dim, 3 * n),
+                                                initializer=weight_init())
     layer.bias = layer.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
 
 
@@ -469,18 +475,7 @@ class ConditionalGRUCell(GRUCell):
         self.context_dim = context_dim
 
     def build(self, input_shape):
-        n = self.units
-        if self.layer_norm:
-            for term in ("input", "recurrent", "context"):
-                add_norm_weights(self, f"{term}_norm", 3 * n)
-        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], 3 * n),
-                                      initializer=weight_init())
-        self.recurrent_kernel = self.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
-                                                initializer=BlockOrthogonal())
-        self.context_kernel = self.add_weight(name="context_kernel",
-                                              shape=(self.context_dim, 3 * n),
-                                              initializer=weight_init())
-        self.bias = self.add_weight(name="bias", shape=(3 * n,), initializer="zeros")
+        add_gru_weights(self, input_shape[-1], self.context_dim)
 
     def normalize_context(self, context_proj, kernels=None):
         """C c [..., 3n] as the gates add it: layer-normalised with layer_norm."""
