@@ -137,6 +137,34 @@ def trained_model_dir(tiny_config, tmp_path_factory):
     return model_dir, summary
 
 
+def _files(directory) -> dict:
+    """Every file under `directory`: relative path -> (size, modification time in ns)."""
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            st = os.stat(os.path.join(root, name))
+            out[os.path.relpath(os.path.join(root, name), directory)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _trained_model_dir_stays_as_trained(request):
+    """trained_model_dir is shared by every test of a process that asks for it
+    (directly or through `exported`), so a test that writes into it changes
+    what the later ones read: an `averaged/` left there once made --init_from
+    start from the averaged weights instead of the best. Such a test fails
+    here, naming the files; it should work on a copy."""
+    if "trained_model_dir" not in request.fixturenames:
+        yield
+        return
+    model_dir = request.getfixturevalue("trained_model_dir")[0]
+    before = _files(model_dir)
+    yield
+    after = _files(model_dir)
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    assert not changed, f"the test changed the shared trained_model_dir {model_dir}: {changed[:10]}"
+
+
 def _cli_env(env=None):
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, **(env or {})}
 

@@ -1,6 +1,7 @@
 """The best checkpoints kept by dev score, checkpoint averaging, and ensembles of model directories."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -58,7 +59,8 @@ def test_averaging_identical_checkpoints_changes_nothing_and_averaging_n_gives_t
 
 
 def test_average_cli_writes_a_checkpoint_that_export_uses(trained_model_dir, tmp_path):
-    model_dir, _ = trained_model_dir
+    model_dir = str(tmp_path / "model")                        # averaged/ is written into the model directory
+    shutil.copytree(trained_model_dir[0], model_dir)
     result = run_cli("-m", "nmt_tf.average", f"--model_dir={model_dir}", "--average_checkpoints=2",
                      "--average_from=last")
     assert result.returncode == 0, result.stderr[-2000:]
