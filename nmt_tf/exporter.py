@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 
+from nmt_tf import custom_gradients
 from nmt_tf.config import DecodingConfig, ExportConfig
 from nmt_tf.files import WriteFailed
 from nmt_tf.lexicon import for_search
@@ -125,7 +126,14 @@ def export(model_dir, export_dir: str, config: ExportConfig | None = None, versi
     dtype policy the SavedModel computes in ("mixed_bfloat16": bfloat16
     arithmetic, and its frozen step matrices stored in bfloat16), and
     whether a search step's matrices are frozen (`freeze_step_weights`,
-    `freeze_token_products`: see `Seq2SeqModel.freeze_step_weights`)."""
+    `freeze_token_products`: see `Seq2SeqModel.freeze_step_weights`).
+    The graphs traced for it are let go of when it returns
+    (`nmt_tf.custom_gradients`)."""
+    with custom_gradients.released():
+        return _export(model_dir, export_dir, config, version, log)
+
+
+def _export(model_dir, export_dir: str, config: ExportConfig | None, version: int, log) -> str:
     import tensorflow as tf
 
     config = ExportConfig() if config is None else config

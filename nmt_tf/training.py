@@ -38,6 +38,7 @@ import time
 import warnings
 
 from nmt_tf import config as nmt_config
+from nmt_tf import custom_gradients
 from nmt_tf import distribution
 from nmt_tf import model_dir as layout
 from nmt_tf import fine_tune, models, schedules
@@ -283,8 +284,11 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
     run only (`nmt_tf.precision.dtype_policy`, entered in `run_scope`): the
     caller's policy is back in place when this returns or raises, so models
     built afterwards in the same process are not bfloat16 by accident.
+    Its traced graphs are let go of when it ends (`nmt_tf.custom_gradients`),
+    so runs one after another in a process do not pile them up.
     """
     with contextlib.ExitStack() as run_scope:
+        run_scope.enter_context(custom_gradients.released())
         return _train(config, explicit, log, run_scope)
 
 

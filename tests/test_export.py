@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, UNICODE_SEPARATORS, padded, run_cli, smoke_train_args
-from nmt_tf import exporter, search, training
+from nmt_tf import custom_gradients, exporter, search, training
 from nmt_tf.config import ExportConfig
 from nmt_tf.text import with_eos
 from nmt_tf.restore import restore_model
@@ -93,8 +93,10 @@ def test_versions_are_numbered_and_written_atomically(exported, tmp_path):
     stale, running = f".tmp-5-{int(gone.stdout)}", f".tmp-6-{os.getpid()}"
     for name in (stale, running):
         os.makedirs(os.path.join(copy, name, "variables"))
+    registered = custom_gradients.registered()
     second = exporter.export(model_dir, copy, ExportConfig(OPTIONS), log=lambda *a: None)
     assert second == os.path.join(copy, "2")
+    assert custom_gradients.registered() == registered       # its traced graphs can go (nmt_tf.custom_gradients)
     assert sorted(os.listdir(copy)) == [running, "1", "2"]   # no temporary folder of its own left behind
     with pytest.raises(FileExistsError):      # refused before the model is loaded
         exporter.export(str(tmp_path / "no-such-model"), copy, ExportConfig(OPTIONS), version=2, log=lambda *a: None)

@@ -212,26 +212,29 @@ def test_epochs_of_data_dependent_length_take_no_phantom_update(tiny_config, tmp
 def test_train_gives_back_the_callers_signal_handlers_and_dtype_policy(tiny_config, tmp_path):
     """Ctrl-C must work again in the Python session that called train(); and
     --mixed_precision (default auto) sets Keras' global policy for the run
-    only: models built after train() returns are float32 again."""
+    only: models built after train() returns are float32 again. The custom
+    gradients its graphs registered are released (they would keep every
+    run's graphs alive), also when it fails."""
     import keras
 
+    from nmt_tf import custom_gradients
     from nmt_tf.data import CorpusError
 
-    def handlers():
-        return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    def process_state():
+        return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), custom_gradients.registered()
 
-    before = handlers()
+    before = process_state()
     assert TrainingConfig().mixed_precision == "auto"
     lines = []
     training.train(tiny_config(model_dir=str(tmp_path / "m"), max_steps=1, mixed_precision="auto"),
                 log=lines.append)
     assert any(line.startswith("--mixed_precision=auto: ") for line in lines), lines
     assert keras.mixed_precision.dtype_policy().name == "float32"
-    assert handlers() == before
+    assert process_state() == before
     with pytest.raises(CorpusError):                # also when it fails after choosing (every pair too long)
         training.train(tiny_config(model_dir=str(tmp_path / "n"), max_len=2, mixed_precision="mixed_bfloat16"),
                     **QUIET)
-    assert keras.mixed_precision.dtype_policy().name == "float32" and handlers() == before
+    assert keras.mixed_precision.dtype_policy().name == "float32" and process_state() == before
 
 
 def _trained_weights(model_dir, checkpoint):
