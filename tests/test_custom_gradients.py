@@ -3,6 +3,7 @@
 import gc
 import weakref
 
+import pytest
 import tensorflow as tf
 
 from nmt_tf import custom_gradients
@@ -33,10 +34,7 @@ def test_a_block_releases_the_custom_gradients_traced_in_it_and_their_graphs_go(
 
 def test_an_exception_in_the_block_releases_them_too():
     kept = custom_gradients.registered()
-    try:
-        with custom_gradients.released():
-            _traced_layer_norm()
-            raise KeyError("stop")
-    except KeyError:
-        pass
+    with pytest.raises(KeyError), custom_gradients.released():
+        _traced_layer_norm()
+        raise KeyError("stop")
     assert custom_gradients.registered() == kept
