@@ -86,6 +86,21 @@ def write_atomically(path: str, content: str | bytes) -> None:
         raise WriteFailed(path, e) from e
 
 
+def files_stamp(path: str) -> tuple:
+    """(name, size, mtime) of every file under the folder `path`, sorted: it
+    changes when a file is added, removed or written again (a SavedModel
+    version re-copied, a model directory a test must not touch)."""
+    stamp = []
+    for root, _, files in os.walk(path):
+        for name in sorted(files):
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            stamp.append((os.path.relpath(os.path.join(root, name), path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(stamp))
+
+
 def count_lines(path: str) -> int:
     """Number of lines of a plain or gzip file (a last line without a newline
     counts), read in chunks; OSError / EOFError / zlib.error for a file that

@@ -25,6 +25,7 @@ from absl import logging
 from google.protobuf import any_pb2
 
 from nmt_tf import batching, protos
+from nmt_tf.files import files_stamp
 from nmt_tf.saved_models import load_session, read_metadata
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -169,19 +170,6 @@ def _alignment_bound(path: str) -> tuple[int, int] | None:
     except (FileNotFoundError, KeyError, TypeError, ValueError):
         return None
     return max(output, 1), source
-
-
-def _files_stamp(path: str) -> tuple:
-    """(name, size, mtime) of every file of a SavedModel folder: changes when a version is re-copied."""
-    stamp = []
-    for root, _, files in os.walk(path):
-        for name in sorted(files):
-            try:
-                st = os.stat(os.path.join(root, name))
-            except OSError:
-                continue
-            stamp.append((os.path.relpath(os.path.join(root, name), path), st.st_size, st.st_mtime_ns))
-    return tuple(sorted(stamp))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,7 +326,7 @@ class ModelRegistry:
             if version in loaded:
                 continue
             path = os.path.join(self.base_path, str(version))
-            stamp = _files_stamp(path)
+            stamp = files_stamp(path)
             with self._lock:
                 if version in self._failed and self._failed[version][0] == stamp:
                     continue        # reported once; tried again when its files change

@@ -10,6 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 from nmt_tf.config import TrainingConfig
+from nmt_tf.files import files_stamp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(REPO, "data", "multi30k")
@@ -137,16 +138,6 @@ def trained_model_dir(tiny_config, tmp_path_factory):
     return model_dir, summary
 
 
-def _files(directory) -> dict:
-    """Every file under `directory`: relative path -> (size, modification time in ns)."""
-    out = {}
-    for root, _, names in os.walk(directory):
-        for name in names:
-            st = os.stat(os.path.join(root, name))
-            out[os.path.relpath(os.path.join(root, name), directory)] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
 @pytest.fixture(autouse=True)
 def _trained_model_dir_stays_as_trained(request):
     """trained_model_dir is shared by every test of a process that asks for it
@@ -158,10 +149,9 @@ def _trained_model_dir_stays_as_trained(request):
         yield
         return
     model_dir = request.getfixturevalue("trained_model_dir")[0]
-    before = _files(model_dir)
+    before = files_stamp(model_dir)
     yield
-    after = _files(model_dir)
-    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    changed = sorted({name for name, *_ in set(before) ^ set(files_stamp(model_dir))})
     assert not changed, f"the test changed the shared trained_model_dir {model_dir}: {changed[:10]}"
 
 
