@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import weakref
 
 import numpy as np
 
-from nmt_tf import exporter, presets, startup
+from nmt_tf import custom_gradients, exporter, presets, startup
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.config import DecodingConfig, SearchOptions
 from nmt_tf.lexicon import for_search
@@ -75,7 +76,13 @@ class Translator:
     """Translates and scores with one nmt_tf model; make one with a `from_*` class method."""
 
     def __init__(self, translate_fn, score_fn, n_best: int, description: str, metadata: dict | None = None,
-                 constrained_fn=None):
+                 constrained_fn=None, gradients: custom_gradients.Registrations | None = None):
+        if gradients is not None:
+            # The custom gradients that loading the model registered, and those its functions register when
+            # first traced, pin its graphs in TensorFlow's registry: they are let go with this Translator.
+            translate_fn, score_fn, constrained_fn = (fn and gradients.recorded(fn)
+                                                      for fn in (translate_fn, score_fn, constrained_fn))
+            weakref.finalize(self, gradients.release)
         self._translate, self._score = translate_fn, score_fn
         self._constrained = constrained_fn    # (texts, prefixes, terms) -> outputs, or None: the model has none
         self.n_best = n_best                  # n-best size the model returns at most
@@ -100,7 +107,9 @@ class Translator:
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         import tensorflow as tf
 
-        signatures = load_saved_model(path).signatures
+        gradients = custom_gradients.Registrations()
+        with gradients.recording():
+            signatures = load_saved_model(path).signatures
         translate, score = signatures["serving_default"], signatures["score"]
         constrained = signatures.get("translate_constrained")
         n_best = translate.structured_outputs["nbest_scores"].shape[1]
@@ -109,7 +118,8 @@ class Translator:
                    lambda source, target: _numpy(score(source=strings(source), target=strings(target))),
                    n_best, _description or f"SavedModel {path}", read_metadata(path),
                    constrained and (lambda text, prefix, terms: _numpy(constrained(
-                       text=strings(text), target_prefix=strings(prefix), required_terms=strings(terms)))))
+                       text=strings(text), target_prefix=strings(prefix), required_terms=strings(terms)))),
+                   gradients)
 
     @classmethod
     def from_model_dir(cls, model_dir: str, checkpoint: str = "best", average_checkpoints: int = 1,
@@ -128,10 +138,13 @@ class Translator:
         options = SearchOptions(**{"n_best": min(5, search.get("beam_size", 10)), **search})
         decoding = DecodingConfig(options, WeightsChoice(checkpoint, average_checkpoints, average_from), precision,
                                   max_input_length)
-        restored = restore_model(model_dir, decoding.weights, log=log or (lambda *a: None),
-                                 precision=decoding.precision)
-        graph = TranslationGraph(restored.model, restored.source_tokenizer, restored.target_tokenizer, options,
-                                 decoding.max_input_length, shortlist=for_search(model_dir, restored.model, options))
+        gradients = custom_gradients.Registrations()
+        with gradients.recording():
+            restored = restore_model(model_dir, decoding.weights, log=log or (lambda *a: None),
+                                     precision=decoding.precision)
+            graph = TranslationGraph(restored.model, restored.source_tokenizer, restored.target_tokenizer, options,
+                                     decoding.max_input_length,
+                                     shortlist=for_search(model_dir, restored.model, options))
         functions = graph.functions()
         translate, score, constrained = (functions[name] for name in ("translate", "score", "translate_constrained"))
         metadata = exporter.metadata(restored.config, decoding, restored.checkpoint)
@@ -139,7 +152,8 @@ class Translator:
         return cls(lambda text: _numpy(translate(strings(text))),
                    lambda source, target: _numpy(score(strings(source), strings(target))),
                    options.n_best, f"{model_dir}, {restored.checkpoint}", metadata,
-                   lambda text, prefix, terms: _numpy(constrained(strings(text), strings(prefix), strings(terms))))
+                   lambda text, prefix, terms: _numpy(constrained(strings(text), strings(prefix), strings(terms))),
+                   gradients)
 
     @classmethod
     def from_server(cls, address: str, model_name: str = "nmt", version: int = 0,

@@ -38,3 +38,15 @@ def test_an_exception_in_the_block_releases_them_too():
         _traced_layer_norm()
         raise KeyError("stop")
     assert custom_gradients.registered() == kept
+
+
+def test_registrations_hold_what_their_recorded_calls_registered_until_released():
+    owned = custom_gradients.Registrations()
+    outside = _traced_layer_norm()
+    kept = custom_gradients.registered()
+    inside = owned.recorded(_traced_layer_norm)()
+    assert owned.names and owned.names == custom_gradients.registered() - kept
+    owned.release()
+    assert custom_gradients.registered() == kept and not owned.names
+    gc.collect()
+    assert inside() is None and outside() is not None

@@ -169,6 +169,33 @@ def test_the_translator_of_a_model_dir_or_a_preset_translates_alike(tiny_preset,
         from_dir.translate(SENTENCES[0], required_terms=["chien"] * 17)
 
 
+def test_a_dropped_translator_lets_go_of_its_graphs_and_a_live_one_keeps_translating(tiny_preset, exported):
+    """Loading a SavedModel and tracing a model's search register custom
+    gradients that TensorFlow keeps, with their graphs, for the process's
+    life (nmt_tf.custom_gradients): a Translator forgets its own when it is
+    collected, and not those of another that is still in use."""
+    import gc
+
+    import nmt_tf
+    from nmt_tf import custom_gradients
+
+    kept = custom_gradients.registered()
+    live = nmt_tf.Translator.from_saved_model(tiny_preset[2])
+    expected = live.translate(SENTENCES[0]).text
+    with_live = custom_gradients.registered()
+    assert with_live > kept                        # the premise: the load registered some
+    for make in (lambda: nmt_tf.Translator.from_saved_model(tiny_preset[2]),
+                 lambda: nmt_tf.Translator.from_model_dir(exported[0], beam_size=3, n_best=2, max_input_length=20)):
+        translator = make()
+        translator.translate(SENTENCES)            # from_model_dir's functions are traced at their first call
+        translator.score(SENTENCES[:1], ["Un homme court."])
+        assert custom_gradients.registered() > with_live
+        del translator
+        gc.collect()
+        assert custom_gradients.registered() == with_live
+    assert live.translate(SENTENCES[0]).text == expected
+
+
 def test_translate_and_presets_cli_with_a_preset(tiny_preset, tmp_path):
     folder, cache, saved_model = tiny_preset
     source = tmp_path / "in.en"
