@@ -82,7 +82,7 @@ class Translator:
             # first traced, pin its graphs in TensorFlow's registry: they are let go with this Translator.
             translate_fn, score_fn, constrained_fn = (fn and gradients.recorded(fn)
                                                       for fn in (translate_fn, score_fn, constrained_fn))
-            weakref.finalize(self, gradients.release)
+            weakref.finalize(self, gradients.release).atexit = False     # nothing to let go of at exit
         self._translate, self._score = translate_fn, score_fn
         self._constrained = constrained_fn    # (texts, prefixes, terms) -> outputs, or None: the model has none
         self.n_best = n_best                  # n-best size the model returns at most

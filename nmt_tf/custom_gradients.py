@@ -23,8 +23,10 @@ afterwards: a training run or an export, not a model a caller goes on
 training. `Registrations` does the same for an object's lifetime:
 `nmt_tf.Translator` records what loading or tracing its model registers
 and forgets it when the Translator is collected (each load of the shipped
-model's SavedModel registered 69 and kept about 94,000 objects). The registry is private to TensorFlow; if it is not where this
-looks for it, nothing is forgotten (and nothing breaks).
+model's SavedModel registered 69 and kept about 94,000 objects).
+
+The registry is private to TensorFlow; if it is not where this looks for
+it, nothing is forgotten (and nothing breaks).
 """
 
 from __future__ import annotations
