@@ -92,7 +92,7 @@ def files_stamp(path: str) -> tuple:
     version re-copied, a model directory a test must not touch)."""
     stamp = []
     for root, _, files in os.walk(path):
-        for name in sorted(files):
+        for name in files:
             try:
                 st = os.stat(os.path.join(root, name))
             except OSError:
