@@ -30,6 +30,10 @@ and later) and the nmt_tf flags given.
 Reports, per side: the tree, its git commit ("+changes" for uncommitted
 edits), env, flags, CPU kernels, dtype policy, each round's tokens/s, their
 median and peak memory; and the per-round ratios B / A and their median.
+Also updates/s per round and the median of their ratios B / A
+(updates_ratio_b_to_a): when the sides tokenize differently (e.g. another
+--src_vocab_size), their first batches hold different numbers of tokens,
+and an equal training time in updates follows this ratio, not the tokens'.
 A worker's log (TensorFlow's messages) goes to a temporary file whose last
 lines are shown if it fails.
 """
@@ -213,7 +217,8 @@ def parent() -> None:
         for name in ("a", "b"):
             tree, commit = resolve_tree(FLAGS[name].value, scratch, name)
             sides[name] = {"tree": tree, "commit": commit, "env": parse_env(FLAGS[f"{name}_env"].value),
-                           "flags": shlex.split(FLAGS[f"{name}_flags"].value), "rounds": []}
+                           "flags": shlex.split(FLAGS[f"{name}_flags"].value), "rounds": [],
+                           "round_updates_per_sec": []}
         workers = {}
         try:
             for name, side in sides.items():     # one at a time: start-up is heavy, and not timed
@@ -224,6 +229,9 @@ def parent() -> None:
                 for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
                     done = workers[name].ask("round")
                     sides[name]["rounds"].append(round(done["tokens"] / done["seconds"], 1))
+                    # A round's clock starts at the end of its first update.
+                    updates = FLAGS.round_steps - 1
+                    sides[name]["round_updates_per_sec"].append(round(updates / done["seconds"], 3))
             for name, w in workers.items():
                 sides[name]["peak_rss_mb"] = w.ask("quit")["peak_rss_mb"]
         finally:
@@ -231,7 +239,11 @@ def parent() -> None:
                 w.close()
     for side in sides.values():
         side["target_tokens_per_sec"] = round(statistics.median(side["rounds"]), 1)
-    result = {**summarize(sides["a"]["rounds"], sides["b"]["rounds"]), "a": sides["a"], "b": sides["b"],
+        side["updates_per_sec"] = round(statistics.median(side["round_updates_per_sec"]), 3)
+    per_update = summarize(sides["a"]["round_updates_per_sec"], sides["b"]["round_updates_per_sec"])
+    result = {**summarize(sides["a"]["rounds"], sides["b"]["rounds"]),
+              "updates_ratio_b_to_a": per_update["ratio_b_to_a"], "updates_ratios": per_update["ratios"],
+              "a": sides["a"], "b": sides["b"],
               "rounds": FLAGS.rounds, "round_steps": FLAGS.round_steps, "order": "a b, b a, a b, ...",
               "common_args": args, "started": started,
               "finished": datetime.datetime.now().isoformat(timespec="seconds"),

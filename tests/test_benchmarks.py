@@ -37,7 +37,10 @@ def test_train_ab_runs_a_revision_and_a_directory_in_turns(tiny_corpus):
     for side in (a, b):
         assert len(side["rounds"]) == 2 and all(rate > 0 for rate in side["rounds"])
         assert side["target_tokens_per_sec"] == pytest.approx(sum(side["rounds"]) / 2, abs=0.1)
+        assert len(side["round_updates_per_sec"]) == 2 and all(rate > 0 for rate in side["round_updates_per_sec"])
     assert result["ratios"] == [round(rb / ra, 3) for ra, rb in zip(a["rounds"], b["rounds"])]
+    assert result["updates_ratios"] == [round(rb / ra, 3) for ra, rb in
+                                        zip(a["round_updates_per_sec"], b["round_updates_per_sec"])]
     # The script's own flags are not passed on to the workers.
     own = {"a", "b", "a_env", "b_env", "a_flags", "b_flags"}
     assert "." not in result["common_args"], result["common_args"]
