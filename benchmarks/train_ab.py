@@ -225,13 +225,13 @@ def parent() -> None:
                 workers[name] = Worker(name, side["tree"], side["env"], side["flags"], args, scratch)
                 ready = workers[name].receive()
                 side.update({k: ready[k] for k in ("cpu_kernels", "dtype_policy", "tensorflow", "parameters")})
+            # A round's clock starts at the end of its first update (`round_rate`).
+            timed_updates = FLAGS.round_steps - 1
             for r in range(FLAGS.rounds):
                 for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
                     done = workers[name].ask("round")
                     sides[name]["rounds"].append(round(done["tokens"] / done["seconds"], 1))
-                    # A round's clock starts at the end of its first update.
-                    updates = FLAGS.round_steps - 1
-                    sides[name]["round_updates_per_sec"].append(round(updates / done["seconds"], 3))
+                    sides[name]["round_updates_per_sec"].append(round(timed_updates / done["seconds"], 3))
             for name, w in workers.items():
                 sides[name]["peak_rss_mb"] = w.ask("quit")["peak_rss_mb"]
         finally:
