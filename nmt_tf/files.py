@@ -93,11 +93,12 @@ def files_stamp(path: str) -> tuple:
     stamp = []
     for root, _, files in os.walk(path):
         for name in files:
+            file = os.path.join(root, name)
             try:
-                st = os.stat(os.path.join(root, name))
+                st = os.stat(file)
             except OSError:
                 continue
-            stamp.append((os.path.relpath(os.path.join(root, name), path), st.st_size, st.st_mtime_ns))
+            stamp.append((os.path.relpath(file, path), st.st_size, st.st_mtime_ns))
     return tuple(sorted(stamp))
 
 
