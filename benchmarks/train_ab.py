@@ -41,6 +41,7 @@ lines are shown if it fails.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import resource
@@ -133,7 +134,18 @@ def worker() -> None:
 
     def one_round() -> tuple[float, float]:
         marks.clear()
-        model.fit(batches, epochs=1, verbose=0, callbacks=[Timer()], shuffle=False)
+        # Off the clock, as timeit does: the garbage of earlier rounds is
+        # collected before a round, and the collector is off during it. With
+        # it on, one collection in the third round or so took 4-15 s (a
+        # tenth of the round's updates' time or more) in most runs; the
+        # updates of one long `model.fit` do not show it (BUILD_NOTES.md,
+        # "The third round's stall").
+        gc.collect()
+        gc.disable()
+        try:
+            model.fit(batches, epochs=1, verbose=0, callbacks=[Timer()], shuffle=False)
+        finally:
+            gc.enable()
         if len(marks) < 2:
             raise SystemExit(f"the pipeline gave {len(marks)} batch(es); a round needs at least 2 "
                              "(a larger training corpus, or a smaller --round_steps)")
