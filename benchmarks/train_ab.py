@@ -137,8 +137,8 @@ def worker() -> None:
         # Off the clock, as timeit does: the garbage of earlier rounds is
         # collected before a round, and the collector is off during it. With
         # it on, one collection in the third round took 4-15 s in most runs
-        # (the round's 20 updates of rnnsearch.flags take about 10); the
-        # updates of one long `model.fit` do not show it (BUILD_NOTES.md,
+        # (the round's 20 updates of rnnsearch.flags take about 10); one long
+        # `model.fit` in nmt_tf.train showed no stall that long (BUILD_NOTES.md,
         # "The third round's stall").
         gc.collect()
         gc.disable()
