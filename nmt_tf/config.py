@@ -529,8 +529,8 @@ class ServerConfig:
 FROZEN = (
     "tokenizer", "sentencepiece_type", "joint_vocabulary", "sentencepiece_character_coverage",
     "sentencepiece_sample_size", "src_lang", "tgt_lang", "src_vocab_size", "tgt_vocab_size", "model", "encoder",
-    "encoder_layers", "decoder", "grconv_size", "embedding_size", "hidden_size", "attention_size", "maxout_size",
-    "layer_norm", "tied_embeddings", "optimizer",
+    "encoder_layers", "decoder", "decoder_transition_depth", "grconv_size", "embedding_size", "hidden_size",
+    "attention_size", "maxout_size", "layer_norm", "tied_embeddings", "optimizer",
 )
 # Where a run runs, not what it trains: not stored in config.json.
 NOT_STORED = ("dry_run", "distribution", "cpu_devices", "collective_timeout", "heartbeat_timeout", "worker_input")

@@ -155,7 +155,7 @@ def dry_run(config, log=log_line) -> int:
     model.summary(print_fn=lambda line, *a, **k: log(line))
     log("Parameters by part of the model:")
     for name, count in model.parameter_groups().items():
-        log(f"  {name:<28} {count:>14,}")
+        log(f"  {name:<32} {count:>14,}")
     total = model.count_params()
     log(f"Total parameters: {total:,} ({total / 1e6:.2f} million)")
     return total

@@ -43,6 +43,23 @@ def gru_step(x, h, W, U, b, C=None, c=None, m=None, norms=None):
     return (1.0 - z) * h + z * h_tilde
 
 
+def transition_gru_step(h, U, b, m=None, norms=None):
+    """A GRU without input (a deep transition's step after its first):
+    gru_step with no x-term, the bias b in its place. norms: {"recurrent":
+    (gain, bias)} or None."""
+    n = h.shape[-1]
+    hd = h if m is None else h * m
+
+    def norm(v, part):
+        return v if norms is None else layer_norm(v, norms["recurrent"][0][part], norms["recurrent"][1][part])
+
+    rz, cand = slice(0, 2 * n), slice(2 * n, 3 * n)
+    gates = sigmoid(b[rz] + norm(hd @ U[:, rz], rz))
+    r, z = gates[:n], gates[n:]
+    h_tilde = np.tanh(b[cand] + norm((r * hd) @ U[:, cand], cand))
+    return (1.0 - z) * h + z * h_tilde
+
+
 def bidirectional_gru(xs, fw, bw, fw_norms=None, bw_norms=None):
     """xs [T, d] of ONE sentence (no padding); fw / bw = (W, U, b); *_norms: see
     gru_step. Returns [T, 2n]."""
@@ -94,6 +111,8 @@ def rnnsearch_forward(w, source, target_in):
             s_mid = gru_step(e_y, s, *w["transition"])
             c, alpha = attention(s_mid, H, *w["att"])
             s = gru_step(c, s_mid, *w["dec"])
+            for deep in w["deep"]:              # a deep transition: GRU_3 .. GRU_d, no input
+                s = transition_gru_step(s, *deep)
         else:
             c, alpha = attention(s, H, *w["att"])
             s = gru_step(e_y, s, *w["dec"], c=c)
@@ -123,6 +142,8 @@ def rnnsearch_weights(model):
                 *([] if cgru else [g(dec.cell.context_kernel)])),
         **({"transition": (g(dec.transition.kernel), g(dec.transition.recurrent_kernel), g(dec.transition.bias))}
            if cgru else {}),
+        "deep": [(g(cell.recurrent_kernel), g(cell.bias)) for cell in
+                 (getattr(dec, name) for name in dec._deep_names())] if cgru else [],
         "readout": (g(ro.state_kernel), g(ro.embedding_kernel), g(ro.context_kernel), g(ro.bias)),
         # Tied embeddings: W_o is E_y^T.
         "Wo": g(model.output_weights()[0]), "bo": g(model.output_weights()[1]),

@@ -90,6 +90,14 @@ def test_the_parts_of_a_configuration():
     with pytest.raises(ConfigError, match="--decoder goes with --model=rnnsearch"):
         TrainingConfig(model="rnnencdec", decoder="cgru")
     assert TrainingConfig(decoder="cgru").model_config() == RNNSearchConfig(decoder="cgru")
+    with pytest.raises(ConfigError, match="--decoder_transition_depth=3 needs --decoder=cgru"):
+        TrainingConfig(decoder_transition_depth=3)
+    with pytest.raises(ConfigError, match="--decoder_transition_depth goes with --model=rnnsearch --decoder=cgru"):
+        TrainingConfig(model="rnnencdec", decoder_transition_depth=3)
+    with pytest.raises(ConfigError, match="--decoder_transition_depth=1"):
+        TrainingConfig(decoder="cgru", decoder_transition_depth=1)
+    deep = TrainingConfig(decoder="cgru", decoder_transition_depth=3).model_config()
+    assert deep == RNNSearchConfig(decoder="cgru", decoder_transition_depth=3)
     with pytest.raises(ConfigError, match="--decoder='gru': choose one of bahdanau, cgru"):
         TrainingConfig(decoder="gru")
     with pytest.raises(ConfigError, match="--tied_embeddings=target needs --maxout_size equal to --embedding_size"):

@@ -211,16 +211,17 @@ def test_mixed_bfloat16_export_computes_in_bfloat16_and_equals_the_python_search
 
 
 def test_a_cgru_model_exports_and_its_signatures_equal_the_python_search_and_forced_decoding(tiny_config, tmp_path):
-    """--decoder=cgru (with layer_norm, so that every weight it adds is frozen):
-    the frozen step matrices and token products hold the transition GRU's, and
-    both signatures give what the restored model gives in Python."""
+    """--decoder=cgru with a deep transition (and layer_norm, so that every
+    weight they add is frozen): the frozen step matrices and token products
+    hold the transition GRUs', and both signatures give what the restored
+    model gives in Python."""
     model_dir = str(tmp_path / "model")
-    training.train(tiny_config(model_dir=model_dir, decoder="cgru", layer_norm=True, max_steps=3),
-                   log=lambda *a: None)
+    training.train(tiny_config(model_dir=model_dir, decoder="cgru", decoder_transition_depth=3, layer_norm=True,
+                               max_steps=3), log=lambda *a: None)
     loaded = tf.saved_model.load(exporter.export(model_dir, str(tmp_path / "export"),
                                                  ExportConfig(OPTIONS, max_input_length=20), log=lambda *a: None))
     model, src_tok, tgt_tok = restore_model(model_dir, log=lambda *a: None)[:3]
-    assert model.decoder.transition.built
+    assert model.decoder.transition.built and model.decoder.gru_3.built
     text = tf.constant(["A man in a blue shirt.", "Two dogs run ."])
     ids = with_eos(src_tok.encode(text)).to_tensor()
     want = search.search(model, ids, OPTIONS)

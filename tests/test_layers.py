@@ -1,12 +1,14 @@
 """Layers against NumPy implementations of the equations of docs/SPEC.md, and masking."""
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import reference as ref
 from nmt_tf.layers import (AdditiveAttention, AttentionDecoder, BidirectionalGRU, BlockOrthogonal, CGRUDecoder,
-                           ConditionalGRUCell, GRUCell, MaxoutReadout, gru_update, score_bias)
+                           ConditionalGRUCell, GRUCell, MaxoutReadout, TransitionGRUCell, gru_update, score_bias)
 from nmt_tf.layers.ops import layer_norm, sigmoid, tanh
 
 RNG = np.random.default_rng(7)
@@ -178,7 +180,11 @@ def test_maxout_search_step_equals_the_layer():
     np.testing.assert_allclose(got.numpy(), layer(s, e, c).numpy(), **TOL)
 
 
-@pytest.mark.parametrize("decoder_class", [AttentionDecoder, CGRUDecoder])
+DECODERS = [AttentionDecoder, CGRUDecoder, functools.partial(CGRUDecoder, transition_depth=3)]
+DECODER_IDS = ["bahdanau", "cgru", "cgru_depth_3"]
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS, ids=DECODER_IDS)
 def test_decoder_step_equals_teacher_forced_loop(decoder_class):
     """The search's single step and the training loop compute the same states."""
     n, m, k, units = 4, 3, 6, 5
@@ -199,12 +205,12 @@ def test_decoder_step_equals_teacher_forced_loop(decoder_class):
         np.testing.assert_allclose(c.numpy(), contexts[:, i], **TOL)
         np.testing.assert_allclose(a.numpy()[:, 0], alphas[:, i], **TOL)
         # The search state is [s_i ; W_a s_i ; U_rz s_i]; the cGRU's [s_i ; U_1rz s_i].
-        kernel = (weights["transition"]["recurrent_rz"] if decoder_class is CGRUDecoder else weights["state"])
+        kernel = (weights["transition"]["recurrent_rz"] if isinstance(dec, CGRUDecoder) else weights["state"])
         np.testing.assert_allclose(search_state.numpy(), np.concatenate([s, s @ kernel.numpy()], -1), **TOL)
         assert search_state.shape[-1] == dec.search_state_size
 
 
-@pytest.mark.parametrize("decoder_class", [AttentionDecoder, CGRUDecoder])
+@pytest.mark.parametrize("decoder_class", DECODERS, ids=DECODER_IDS)
 def test_decoder_step_with_a_beam_of_hypotheses_per_sentence(decoder_class):
     """Rows grouped by sentence (beam 3) read their own sentence's annotations
     and equal the one-hypothesis step row by row."""
@@ -247,7 +253,8 @@ def every_layer_and_initializer():
     return [BidirectionalGRU(3, recurrent_dropout=0.2, layer_norm=True), GRU(4, recurrent_dropout=0.1, layer_norm=True),
             GRUCell(3, layer_norm=True), ConditionalGRUCell(3, 4, layer_norm=True), AdditiveAttention(5),
             MaxoutReadout(2), AttentionDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True),
-            CGRUDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True),
+            CGRUDecoder(3, 4, 6, recurrent_dropout=0.3, layer_norm=True, transition_depth=3),
+            TransitionGRUCell(3, layer_norm=True),
             ContextDecoder(3, 5, recurrent_dropout=0.2, layer_norm=True), GatedRecursiveConvolution(7),
             BlockOrthogonal(seed=3), ScaledOrthogonal(gain=0.3, seed=5)]
 
@@ -312,20 +319,21 @@ def test_recurrent_dropout_acts_only_in_training_and_draws_one_mask_per_sequence
     assert np.abs(decoder(*args, training=True)[0].numpy() - decoder(*args)[0].numpy()).max() > 1e-3
 
 
-@pytest.mark.parametrize("layer_norm", [False, True])
-def test_cgru_decoder_matches_the_reference_with_its_two_dropout_masks(layer_norm):
+@pytest.mark.parametrize("layer_norm,depth", [(False, 2), (True, 2), (True, 4)])
+def test_cgru_decoder_matches_the_reference_with_its_dropout_masks(layer_norm, depth):
     """Training's loop of the cGRU: s'_i = GRU_1(s_{i-1}, E y_{i-1}) with mask
     m_1 on s_{i-1}, the attention from m_2 * s'_i, s_i = GRU_2(s'_i, c_i) with
-    m_2 on s'_i (the same masks at every step), layer-normalised or not."""
+    m_2 on s'_i (the same masks at every step), layer-normalised or not; at
+    depth 4 then GRU_3 and GRU_4 (no input) with masks m_3 and m_4 of their own."""
     n, m, k, units = 4, 3, 6, 5
-    dec = CGRUDecoder(n, units, k, recurrent_dropout=0.5, layer_norm=layer_norm)
+    dec = CGRUDecoder(n, units, k, recurrent_dropout=0.5, layer_norm=layer_norm, transition_depth=depth)
     lengths = [3, 5]
     _, H, mask = _padded(lengths, k)
     emb = RNG.normal(size=(2, 4, m)).astype("float32")
     dec.build(emb.shape)
     randomize(dec)
     s0 = RNG.normal(size=(2, n)).astype("float32")
-    masks = [((RNG.random((2, n)) > 0.5) / 0.5).astype("float32") for _ in range(2)]
+    masks = [((RNG.random((2, n)) > 0.5) / 0.5).astype("float32") for _ in range(depth)]
     dec._state_mask = lambda batch, dtype, training: tuple(tf.constant(mk) for mk in masks) if training else None
     states, contexts, alphas = (t.numpy() for t in dec(emb, s0, H, mask, training=True))
     g = lambda v: v.numpy().astype(np.float64)
@@ -339,6 +347,10 @@ def test_cgru_decoder_matches_the_reference_with_its_two_dropout_masks(layer_nor
             s_mid = ref.gru_step(emb[b, i], s, *gru(dec.transition), m=masks[0][b], norms=norms(dec.transition))
             c, alpha = ref.attention(s_mid * masks[1][b], H[b, :length], *att)
             s = ref.gru_step(c, s_mid, *gru(dec.cell), m=masks[1][b], norms=norms(dec.cell))
+            for j, name in enumerate(dec._deep_names(), start=2):
+                cell = getattr(dec, name)
+                s = ref.transition_gru_step(s, g(cell.recurrent_kernel), g(cell.bias), m=masks[j][b],
+                                            norms=_norms(cell, "", ("recurrent",)) if layer_norm else None)
             np.testing.assert_allclose(states[b, i], s, **TOL)
             np.testing.assert_allclose(contexts[b, i], c, **TOL)
             np.testing.assert_allclose(alphas[b, i, :length], alpha, **TOL)

@@ -28,11 +28,13 @@ SOURCES = [[5, 6, 7, 3], [8, 3], [4, 9, 10, 11, 12, 3]]
 TARGETS = [[2, 5, 6], [2, 7, 8, 9, 10], [2, 4]]
 
 
-@pytest.mark.parametrize("encoder_layers,decoder", [(1, "bahdanau"), (3, "bahdanau"), (1, "cgru")])
-def test_rnnsearch_matches_numpy_reference_per_sentence(encoder_layers, decoder):
+@pytest.mark.parametrize("encoder_layers,decoder,depth", [(1, "bahdanau", 2), (3, "bahdanau", 2), (1, "cgru", 2),
+                                                          (1, "cgru", 4)])
+def test_rnnsearch_matches_numpy_reference_per_sentence(encoder_layers, decoder, depth):
     """3 encoder layers: h^(k) = h^(k-1) + BiGRU_k(h^(k-1)) above the first;
-    cgru: s'_i = GRU_1(s_{i-1}, E y_{i-1}), attention from s'_i, s_i = GRU_2(s'_i, c_i)."""
-    model = tiny_model(encoder_layers=encoder_layers, decoder=decoder)
+    cgru: s'_i = GRU_1(s_{i-1}, E y_{i-1}), attention from s'_i, s_i = GRU_2(s'_i, c_i);
+    depth 4: s_i = GRU_4(GRU_3(GRU_2(s'_i, c_i))), GRUs without input."""
+    model = tiny_model(encoder_layers=encoder_layers, decoder=decoder, decoder_transition_depth=depth)
     logits, alignment = model({"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)},
                               return_alignment=True)
     w = ref.rnnsearch_weights(model)
@@ -68,8 +70,9 @@ def test_loss_ignores_padding_labels():
     np.testing.assert_allclose(nll, total, rtol=1e-5)
 
 
-@pytest.mark.parametrize("options", [{}, {"encoder_layers": 2}, {"decoder": "cgru", "layer_norm": True}],
-                         ids=["paper", "encoder_layers", "cgru"])
+@pytest.mark.parametrize("options", [{}, {"encoder_layers": 2}, {"decoder": "cgru", "layer_norm": True},
+                                     {"decoder": "cgru", "decoder_transition_depth": 3, "layer_norm": True}],
+                         ids=["paper", "encoder_layers", "cgru", "deep_transition"])
 def test_weights_only_checkpoint_holds_every_weight(tmp_path, options):
     """Export and the best-checkpoint copy save the model alone: nothing may be left out."""
     model = tiny_model(**options)
@@ -108,6 +111,21 @@ def test_the_cgru_decoder_adds_a_transition_gru_to_the_parameters(layer_norm):
     assert "decoder GRU" not in groups and sum(groups.values()) == cgru.count_params()
     assert groups["decoder GRU 2 (context)"] == 2 * n * 3 * n + n * 3 * n + 3 * n + layer_norm * 4 * 3 * n
     assert cgru.search_state_size == 3 * n and paper.search_state_size == 3 * n + 6
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_a_deep_transition_adds_gru_without_input_to_the_parameters(layer_norm):
+    """Each GRU_k, k > 2, has U_k [n, 3n] and b_k (with layer_norm the h-terms'
+    gain and bias; no W, no x-terms' norm); --dry_run lists each; the search
+    state stays [s ; U_1rz s]."""
+    cgru, deep = (tiny_model(decoder="cgru", decoder_transition_depth=d, layer_norm=layer_norm) for d in (2, 4))
+    n = 4
+    one = n * 3 * n + 3 * n + layer_norm * 2 * 3 * n
+    assert deep.count_params() - cgru.count_params() == 2 * one
+    groups = deep.parameter_groups()
+    assert groups["decoder GRU 3 (deep transition)"] == groups["decoder GRU 4 (deep transition)"] == one
+    assert sum(groups.values()) == deep.count_params()
+    assert deep.search_state_size == cgru.search_state_size == 3 * n
 
 
 def test_initialisation_follows_appendix_b1():

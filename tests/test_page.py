@@ -80,6 +80,8 @@ def test_the_page_names_the_served_architecture():
     assert "RNNsearch with attention (Bahdanau et al. 2015) · beam search" in about(RNNSearchConfig())
     assert ("RNNsearch with attention (Bahdanau et al. 2015), a conditional GRU decoder (Sennrich et al. 2017), "
             "2 encoder layers · beam search") in about(RNNSearchConfig(decoder="cgru", encoder_layers=2))
+    assert ("a conditional GRU decoder (Sennrich et al. 2017) with a deep transition of 3 GRUs · beam"
+            in about(RNNSearchConfig(decoder="cgru", decoder_transition_depth=3)))
     assert "RNNencdec (Cho et al. 2014a), no attention · beam" in about(RNNEncDecConfig())
     grconv = RNNEncDecConfig(encoder="grconv")
     assert "RNNencdec with a grConv encoder (Cho et al. 2014b), no attention" in about(grconv)

@@ -76,8 +76,9 @@ def test_wide_beam_finds_the_exhaustive_best(suppress_unk):
 
 
 @pytest.mark.parametrize("options", [{}, {"layer_norm": True}, {"tied_embeddings": "target"},
-                                     {"encoder_layers": 2}, {"decoder": "cgru", "layer_norm": True}],
-                         ids=["paper", "layer_norm", "tied", "encoder_layers", "cgru"])
+                                     {"encoder_layers": 2}, {"decoder": "cgru", "layer_norm": True},
+                                     {"decoder": "cgru", "decoder_transition_depth": 3, "layer_norm": True}],
+                         ids=["paper", "layer_norm", "tied", "encoder_layers", "cgru", "deep_transition"])
 def test_paper_beam_of_10_scores_match_forced_decoding_and_are_sorted(options):
     """Search's own step (fused, sliced, projected matrices) computes the
     teacher-forced model's probabilities, also with the recipe options."""
@@ -366,8 +367,10 @@ def test_frozen_step_weights_give_the_same_search(token_products):
     (`freeze_step_weights`), and the previous word's products per word
     (`token_products`): the same hypotheses, scores and alignments, also for
     a layer-normalised GRU (whose input term is normalised in the table), for
-    every layer of a deeper encoder and for the cGRU decoder."""
-    for options in ({}, {"layer_norm": True}, {"encoder_layers": 2}, {"decoder": "cgru", "layer_norm": True}):
+    every layer of a deeper encoder and for the cGRU decoder with a deep
+    transition."""
+    for options in ({}, {"layer_norm": True}, {"encoder_layers": 2},
+                    {"decoder": "cgru", "decoder_transition_depth": 3, "layer_norm": True}):
         model = model_with_random_weights(**options)
         search_options = SearchOptions(beam_size=4, n_best=2)
         before = beam_search(model, SOURCES, search_options)

@@ -25,7 +25,8 @@ readout, output layer and top-k of step i run, instead of after them.
 
 `CGRUDecoder` is Nematus' conditional GRU (not in the paper), a subclass
 that shares this loop: a first GRU reads E y_{i-1}, the attention reads its
-state, and a second GRU reads c_i.
+state, and a second GRU reads c_i (then, with a deep transition, GRUs
+without input).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import tensorflow as tf
 
 from nmt_tf import hardware
 from nmt_tf.layers.attention import AdditiveAttention, score_bias
-from nmt_tf.layers.gru import ConditionalGRUCell, GRUCell, gru_update, recurrent_dropout_mask
+from nmt_tf.layers.gru import ConditionalGRUCell, GRUCell, TransitionGRUCell, gru_update, recurrent_dropout_mask
 from nmt_tf.layers.ops import AfterLoopGradient, project, step_kernel, step_matmul
 
 
@@ -96,6 +97,10 @@ class AttentionDecoder(keras.layers.Layer):
     # Key paths in `step_weights()` of the matrices that multiply a state in
     # the teacher-forcing loop (`step_loop_weights`).
     LOOP_STATE_KERNELS = (("state",), ("cell", "recurrent_candidate"))
+
+    def loop_state_kernels(self) -> tuple:
+        """`LOOP_STATE_KERNELS`, and those of layers a subclass adds."""
+        return self.LOOP_STATE_KERNELS
 
     def _make_cell(self):
         """The GRU that reads the context: s_i = GRU(s_{i-1}, E y_{i-1}, c_i)."""
@@ -248,7 +253,7 @@ class AttentionDecoder(keras.layers.Layer):
         if keys is None:
             keys = self.precompute(annotations)
         bias = score_bias(mask)
-        weights = step_loop_weights(self.step_weights(), self.LOOP_STATE_KERNELS, training)
+        weights = step_loop_weights(self.step_weights(), self.loop_state_kernels(), training)
         # C c_i = sum_j alpha_ij (C h_j), as in search: the annotations are
         # multiplied by C once, as one large product, instead of every step's
         # context by C (same products, the loop's share done in bulk; its
@@ -296,29 +301,60 @@ class CGRUDecoder(AttentionDecoder):
         c_i  = sum_j alpha_ij h_j
         s_i  = GRU_2(s'_i, c_i)                      (c_i is GRU_2's input x)
 
+    With `transition_depth` d > 2 (Nematus' dec_base_recurrence_transition_depth,
+    a deep transition: Miceli Barone et al. 2017), GRUs without input follow
+    GRU_2 within the step, and the last one's state is s_i:
+
+        s_i = GRU_d(... GRU_3(GRU_2(s'_i, c_i)))        (`TransitionGRUCell`)
+
     The attention reads s'_i, which has seen y_{i-1}, where RNNsearch's reads
     s_{i-1}, which has not. The readout and the output layer read s_i, c_i
     and E y_{i-1} as before. GRU_1 has W_1 [m, 3n], U_1 [n, 3n], b_1; GRU_2
     has W_2 [context_dim, 3n], U_2 [n, 3n], b_2: n·3n + 3n more weights than
     the paper's one GRU (U_1, b_1), and one more [n, 3n] product per step.
 
-    Same arguments, call and outputs as `AttentionDecoder`, whose time loop
-    it shares. Per step that is U_1 [r, z] s_{i-1} and U_1 (r * s_{i-1}),
-    then one product of s'_i by [W_a | U_2r | U_2z] (fused), the attention
+    Same arguments (and `transition_depth`, d >= 2), call and outputs as
+    `AttentionDecoder`, whose time loop it shares. Per step that is
+    U_1 [r, z] s_{i-1} and U_1 (r * s_{i-1}), then one product of s'_i by [W_a | U_2r | U_2z] (fused), the attention
     over the precomputed keys (and W_2 c_i = sum_j alpha_ij (W_2 h_j), with
-    h_j W_2 taken once per sentence), and U_2 (r * s'_i). Recurrent dropout
-    draws one mask per sentence for s_{i-1} and another for s'_i. Search's
-    state is [s_i ; U_1rz s_i] (`search_state`).
+    h_j W_2 taken once per sentence), and U_2 (r * s'_i); each GRU_k, k > 2,
+    adds U_krz and U_k products of its own. Recurrent dropout draws one mask
+    per sentence for the state each GRU reads: s_{i-1}, s'_i, and GRU_k's.
+    Search's state is [s_i ; U_1rz s_i] (`search_state`) at any depth.
     """
 
     LOOP_STATE_KERNELS = AttentionDecoder.LOOP_STATE_KERNELS + (("transition", "recurrent_rz"),
                                                                 ("transition", "recurrent_candidate"))
 
     def __init__(self, units: int, attention_units: int, context_dim: int, recurrent_dropout: float = 0.0,
-                 layer_norm: bool = False, **kwargs):
+                 layer_norm: bool = False, transition_depth: int = 2, **kwargs):
+        if transition_depth < 2:
+            raise ValueError(f"transition_depth must be at least 2 (GRU_1 and GRU_2), got {transition_depth}")
         super().__init__(units, attention_units, context_dim, recurrent_dropout=recurrent_dropout,
                          layer_norm=layer_norm, **kwargs)
+        self.transition_depth = transition_depth
         self.transition = GRUCell(units, layer_norm=layer_norm, name="transition")
+        # Plain attributes gru_3, ... (a checkpoint follows attributes), so a
+        # depth-2 decoder's checkpoints are what they were before deep transitions.
+        for name in self._deep_names():
+            setattr(self, name, TransitionGRUCell(units, layer_norm=layer_norm, name=name))
+
+    def _deep_names(self) -> list:
+        """The attributes (and `step_weights()` keys) of GRU_3 .. GRU_d."""
+        return [f"gru_{k}" for k in range(3, self.transition_depth + 1)]
+
+    def loop_state_kernels(self) -> tuple:
+        return self.LOOP_STATE_KERNELS + tuple((name, part) for name in self._deep_names()
+                                               for part in ("recurrent_rz", "recurrent_candidate"))
+
+    def _deep_transition(self, state, weights, masks=None):
+        """s_i from GRU_2's state: GRU_3 .. GRU_d in turn (none at depth 2);
+        `masks`: their recurrent dropout masks (training) or None."""
+        for k, name in enumerate(self._deep_names()):
+            mask = None if masks is None else masks[k]
+            state = getattr(self, name).step(state, kernels=weights[name],
+                                             state_dropped=None if mask is None else state * mask)
+        return state
 
     def _make_cell(self):
         """GRU_2, whose input x is the context: s_i = GRU_2(s'_i, c_i)."""
@@ -327,11 +363,15 @@ class CGRUDecoder(AttentionDecoder):
     def build(self, target_embeddings_shape, *args, **kwargs):
         self.transition.build((None, target_embeddings_shape[-1]))
         self.cell.build((None, self.context_dim))
+        for name in self._deep_names():
+            getattr(self, name).build()
         self.attention.build_for(self.units, self.context_dim)
         self.built = True
 
     def gru_cells(self) -> dict:
-        return {"decoder GRU 1 (transition)": self.transition, "decoder GRU 2 (context)": self.cell}
+        return {"decoder GRU 1 (transition)": self.transition, "decoder GRU 2 (context)": self.cell,
+                **{f"decoder GRU {k} (deep transition)": getattr(self, name)
+                   for k, name in enumerate(self._deep_names(), start=3)}}
 
     @property
     def search_state_size(self) -> int:
@@ -342,21 +382,24 @@ class CGRUDecoder(AttentionDecoder):
         return weights["cell"]["input"]
 
     def _state_mask(self, batch, dtype, training):
-        """(mask of s_{i-1}, mask of s'_i), or None outside training."""
-        masks = recurrent_dropout_mask(tf.stack([2, batch, self.units]), self.recurrent_dropout,
-                                       self.seed_generator, dtype, training)
+        """(mask of s_{i-1}, mask of s'_i, masks of GRU_3 .. GRU_d's states),
+        or None outside training."""
+        masks = recurrent_dropout_mask(tf.stack([self.transition_depth, batch, self.units]),
+                                       self.recurrent_dropout, self.seed_generator, dtype, training)
         return None if masks is None else tuple(tf.unstack(masks))
 
     def step_weights(self) -> dict:
         """`AttentionDecoder.step_weights()` ("state": [W_a | U_2rz], what
-        multiplies s'_i before the reset gate; "cell": GRU_2's but its U_rz)
-        and "transition": GRU_1's `step_weights()`."""
-        return {**super().step_weights(), "transition": self.transition.step_weights()}
+        multiplies s'_i before the reset gate; "cell": GRU_2's but its U_rz),
+        "transition": GRU_1's `step_weights()` and "gru_3" .. "gru_d": the
+        deep transition's."""
+        return {**super().step_weights(), "transition": self.transition.step_weights(),
+                **{name: getattr(self, name).step_weights() for name in self._deep_names()}}
 
     def _step(self, x_proj, state, weights, keys, projected_annotations, bias, state_mask=None, tap=None):
         """Teacher forcing's step (`AttentionDecoder._step`); x_proj is GRU_1's
         input term, state_mask the pair of `_state_mask`."""
-        mask_1, mask_2 = (None, None) if state_mask is None else state_mask
+        mask_1, mask_2 = (None, None) if state_mask is None else state_mask[:2]
         intermediate = self.transition.step(x_proj, state, kernels=weights["transition"],
                                             state_dropped=None if mask_1 is None else state * mask_1)
         dropped = intermediate if mask_2 is None else intermediate * mask_2
@@ -366,7 +409,7 @@ class CGRUDecoder(AttentionDecoder):
         new_state = self.cell.step(self.cell.input_term(context_proj, weights["cell"]), intermediate,
                                    state_rz=state_rz, kernels=weights["cell"],
                                    state_dropped=None if mask_2 is None else dropped)
-        return new_state, alpha
+        return self._deep_transition(new_state, weights, None if state_mask is None else state_mask[2:]), alpha
 
     def search_state(self, state, weights=None):
         """s [N, n] -> search's state [N, 3n]: [s ; U_1rz s], the product the
@@ -393,9 +436,13 @@ class CGRUDecoder(AttentionDecoder):
         query_proj, state_rz = tf.split(tf.matmul(intermediate, weights["state"]), [units, 2 * n], axis=1)
         context_proj, readout_context, alpha = self._search_attend(query_proj, keys, projected_annotations, bias,
                                                                    beam)
-        new_state = self.cell.step(self.cell.input_term(context_proj, weights["cell"]), intermediate,
-                                   state_rz=state_rz, kernels=weights["cell"])
+        new_state = self._deep_transition(self.cell.step(self.cell.input_term(context_proj, weights["cell"]),
+                                                         intermediate, state_rz=state_rz, kernels=weights["cell"]),
+                                          weights)
         return new_state, self.search_state(new_state, weights), readout_context, alpha
+
+    def get_config(self):
+        return {**super().get_config(), "transition_depth": self.transition_depth}
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")

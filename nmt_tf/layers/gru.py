@@ -64,19 +64,23 @@ def add_norm_weights(layer, name: str, width: int):
     return gain, bias
 
 
-def add_gru_weights(layer, input_dim: int, context_dim: int | None = None):
+def add_gru_weights(layer, input_dim: int | None, context_dim: int | None = None):
     """One GRU's weights as attributes of `layer` (with its `units` n and
     `layer_norm`): with layer_norm the x- and h-terms' (gain, bias), then
     kernel W [input_dim, 3n], recurrent_kernel U [n, 3n] (block-orthogonal)
     and bias b [3n]. With `context_dim` (the conditional GRU) also C
     [context_dim, 3n] ("context_kernel", before b) and, with layer_norm, the
-    C c terms' (gain, bias) ("context_norm", after the h-terms'). The order
-    is the order of creation, which decides the initial values a seed gives."""
+    C c terms' (gain, bias) ("context_norm", after the h-terms'). With
+    `input_dim` None (a GRU without input, `TransitionGRUCell`) no W and no
+    x-terms' (gain, bias). The order is the order of creation, which decides
+    the initial values a seed gives."""
     n = layer.units
     if layer.layer_norm:
-        for term in ("input", "recurrent") + (("context",) if context_dim else ()):
+        terms = (("input",) if input_dim is not None else ()) + ("recurrent",) + (("context",) if context_dim else ())
+        for term in terms:
             add_norm_weights(layer, f"{term}_norm", 3 * n)
-    layer.kernel = layer.add_weight(name="kernel", shape=(input_dim, 3 * n), initializer=weight_init())
+    if input_dim is not None:
+        layer.kernel = layer.add_weight(name="kernel", shape=(input_dim, 3 * n), initializer=weight_init())
     layer.recurrent_kernel = layer.add_weight(name="recurrent_kernel", shape=(n, 3 * n),
                                               initializer=BlockOrthogonal())
     if context_dim:
@@ -390,6 +394,9 @@ class GRUCell(keras.layers.Layer):
       [batch, n] h_t.
     """
 
+    # Whether the GRU has an input x_t (and W); `TransitionGRUCell` has none.
+    TAKES_INPUT = True
+
     def __init__(self, units: int, layer_norm: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
@@ -424,10 +431,11 @@ class GRUCell(keras.layers.Layer):
         """
         dtype = self.compute_dtype
         u_rz, u_candidate = split_recurrent_kernel(tf.cast(self.recurrent_kernel, dtype))
-        kernels = {"input": tf.cast(self.kernel, dtype), "bias": tf.cast(self.bias, dtype),
-                   "recurrent_rz": u_rz, "recurrent_candidate": u_candidate}
+        kernels = {"bias": tf.cast(self.bias, dtype), "recurrent_rz": u_rz, "recurrent_candidate": u_candidate}
+        if self.TAKES_INPUT:
+            kernels["input"] = tf.cast(self.kernel, dtype)
         if self.layer_norm:
-            for term in ("input", "recurrent"):
+            for term in ("input", "recurrent") if self.TAKES_INPUT else ("recurrent",):
                 kernels[f"{term}_norm"] = norm_weights(self, f"{term}_norm", dtype)
         return kernels
 
@@ -451,6 +459,41 @@ class GRUCell(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "units": self.units, "layer_norm": self.layer_norm}
+
+
+@keras.saving.register_keras_serializable(package="nmt_tf")
+class TransitionGRUCell(GRUCell):
+    """A GRU without input: a deep transition's step after its first
+    (Pascanu et al. 2014; Nematus' deep transition, Miceli Barone et al.
+    2017), as the cGRU decoder's GRU_3 .. GRU_d (`CGRUDecoder`) use it:
+
+        r = sigmoid(U_r h + b_r),  z = sigmoid(U_z h + b_z)
+        h~ = tanh(U (r * h) + b),   h' = (1 - z) * h + z * h~
+
+    Holds U [n, 3n] (block-orthogonal) and b [3n]; with layer_norm the
+    h-terms' (gain, bias), the bias b then standing where a GRU's
+    normalised x-terms would.
+
+    Call arguments (one step):
+      state: [batch, n] h.
+
+    Returns:
+      [batch, n] h'.
+    """
+
+    TAKES_INPUT = False
+
+    def build(self, input_shape=None):
+        add_gru_weights(self, None)
+
+    def step(self, state, state_rz=None, kernels=None, state_dropped=None):
+        """One step of the state alone; `state_rz`, `kernels` and
+        `state_dropped` as `GRUCell.step` takes them."""
+        kernels = kernels or self.step_weights()
+        return super().step(kernels["bias"], state, state_rz=state_rz, kernels=kernels, state_dropped=state_dropped)
+
+    def call(self, state):
+        return self.step(tf.cast(state, self.compute_dtype))
 
 
 @keras.saving.register_keras_serializable(package="nmt_tf")

@@ -94,11 +94,24 @@ class RNNSearchConfig(ModelConfig):
             " and c_i) or cgru (Nematus' conditional GRU, Sennrich et al. 2017: a first GRU reads E y_{i-1}, "
             "the attention reads its state, a second GRU reads c_i; n x 3n more weights and one more "
             "[n, 3n] product per step).", choices=['bahdanau', 'cgru'])
+    decoder_transition_depth: int = setting('integer', 2,
+            "GRUs per step of the cgru decoder (Nematus' dec_base_recurrence_transition_depth): 2 is the "
+            "conditional GRU's two; each one more adds a GRU without input after the second, a deep transition "
+            "(Miceli Barone et al. 2017) of n x 3n + 3n weights and two state products per step.",
+            lower=2, upper=8)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.decoder_transition_depth != 2 and self.decoder != "cgru":
+            raise ConfigError(f"--decoder_transition_depth={self.decoder_transition_depth} needs --decoder=cgru: "
+                              "the paper's decoder has one GRU per step.")
 
     def describe(self) -> str:
         parts = ["RNNsearch with attention (Bahdanau et al. 2015)"]
         if self.decoder == "cgru":
-            parts.append("a conditional GRU decoder (Sennrich et al. 2017)")
+            deep = f" with a deep transition of {self.decoder_transition_depth} GRUs" * (
+                self.decoder_transition_depth > 2)
+            parts.append(f"a conditional GRU decoder (Sennrich et al. 2017){deep}")
         if self.encoder_layers > 1:
             parts.append(f"{self.encoder_layers} encoder layers")
         return ", ".join(parts)
@@ -132,6 +145,9 @@ class RNNEncDecConfig(ModelConfig):
         if given.get("decoder", "bahdanau") != "bahdanau":
             raise ConfigError("--decoder goes with --model=rnnsearch; RNNencdec's decoder reads one fixed "
                               "summary c of the source and has no attention.")
+        if given.get("decoder_transition_depth", 2) != 2:
+            raise ConfigError("--decoder_transition_depth goes with --model=rnnsearch --decoder=cgru; "
+                              "RNNencdec's decoder is one GRU.")
 
 
 class Architecture(NamedTuple):

@@ -53,6 +53,8 @@ class RNNSearch(Seq2SeqModel):
         layers above the first are residual (module docstring).
       decoder: "bahdanau" (the paper's, `AttentionDecoder`) or "cgru"
         (Nematus' conditional GRU, `CGRUDecoder`).
+      decoder_transition_depth: GRUs per step of the cgru decoder (2, or
+        more for a deep transition; `CGRUDecoder`'s transition_depth).
       **kwargs: annotation_dropout (on h_j), recurrent_dropout, layer_norm,
         tied_embeddings, label_smoothing (see `Seq2SeqModel`) and Keras' own.
 
@@ -64,13 +66,17 @@ class RNNSearch(Seq2SeqModel):
 
     def __init__(self, source_vocab_size: int, target_vocab_size: int, embedding_size: int = 620,
                  hidden_size: int = 1000, attention_size: int = 1000, maxout_size: int = 500,
-                 dropout: float = 0.0, encoder_layers: int = 1, decoder: str = "bahdanau", **kwargs):
+                 dropout: float = 0.0, encoder_layers: int = 1, decoder: str = "bahdanau",
+                 decoder_transition_depth: int = 2, **kwargs):
         super().__init__(source_vocab_size, target_vocab_size, embedding_size, hidden_size, maxout_size,
                          dropout, **kwargs)
         if encoder_layers < 1:
             raise ValueError(f"encoder_layers must be at least 1, got {encoder_layers}")
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+        if decoder_transition_depth != 2 and decoder != "cgru":
+            raise ValueError(f"decoder_transition_depth={decoder_transition_depth} needs the cgru decoder")
+        self.decoder_transition_depth = decoder_transition_depth
         self.decoder_type = decoder
         self.attention_size = attention_size
         self.encoder_layers = encoder_layers
@@ -84,9 +90,10 @@ class RNNSearch(Seq2SeqModel):
                 name=f"encoder_{k}"))
         self.initial_state = keras.layers.Dense(
             hidden_size, activation="tanh", kernel_initializer=weight_init(), name="initial_state")
+        depth = {"transition_depth": decoder_transition_depth} if decoder == "cgru" else {}
         self.decoder = DECODERS[decoder](hidden_size, attention_size, 2 * hidden_size,
                                          recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
-                                         name="decoder")
+                                         name="decoder", **depth)
 
     @classmethod
     def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int):
@@ -209,4 +216,5 @@ class RNNSearch(Seq2SeqModel):
 
     def get_config(self):
         return {**super().get_config(), "attention_size": self.attention_size,
-                "encoder_layers": self.encoder_layers, "decoder": self.decoder_type}
+                "encoder_layers": self.encoder_layers, "decoder": self.decoder_type,
+                "decoder_transition_depth": self.decoder_transition_depth}
