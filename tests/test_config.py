@@ -98,6 +98,9 @@ def test_the_parts_of_a_configuration():
         TrainingConfig(decoder="cgru", decoder_transition_depth=1)
     deep = TrainingConfig(decoder="cgru", decoder_transition_depth=3).model_config()
     assert deep == RNNSearchConfig(decoder="cgru", decoder_transition_depth=3)
+    with pytest.raises(ConfigError, match="--rdrop_alpha=5.0 needs dropout"):
+        TrainingConfig(rdrop_alpha=5.0)
+    assert TrainingConfig(rdrop_alpha=5.0, recurrent_dropout=0.2).model_config().rdrop_alpha == 5.0
     with pytest.raises(ConfigError, match="--decoder='gru': choose one of bahdanau, cgru"):
         TrainingConfig(decoder="gru")
     with pytest.raises(ConfigError, match="--tied_embeddings=target needs --maxout_size equal to --embedding_size"):

@@ -59,9 +59,20 @@ class ModelConfig:
     label_smoothing: float = setting('float', 0.0,
             "Label smoothing eps of the training loss: (1 - eps) NLL + eps x cross-entropy with the "
             "uniform distribution (paper: 0). Reported losses and perplexities stay the plain NLL.", lower=0.0, upper=0.5)
+    rdrop_alpha: float = setting('float', 0.0,
+            "R-drop (Liang et al. 2021; paper: none): with alpha > 0 every update runs its batch twice in one "
+            "pass, each copy with its own dropout masks, and trains on the mean of the two copies' losses plus "
+            "alpha / 4 x (KL(p1||p2) + KL(p2||p1)) of their word distributions, per target token: the R-drop "
+            "paper's objective halved, so alpha is its alpha (5 in its translation runs). Twice the "
+            "computation per update; needs dropout. 0: off.", lower=0.0, upper=100.0)
 
     def __post_init__(self):
         check_limits(self)
+        if self.rdrop_alpha and not any((self.dropout, self.annotation_dropout, self.recurrent_dropout,
+                                         self.source_word_dropout, self.target_word_dropout)):
+            raise ConfigError(f"--rdrop_alpha={self.rdrop_alpha} needs dropout (--dropout, --annotation_dropout, "
+                              "--recurrent_dropout or word dropout): without it the two copies of a batch give "
+                              "the same distributions, and R-drop would only double each update's work.")
         if self.tied_embeddings != "none" and self.maxout_size != self.embedding_size:
             raise ConfigError(f"--tied_embeddings={self.tied_embeddings} needs --maxout_size equal to "
                               f"--embedding_size (now {self.maxout_size} and {self.embedding_size}): the "

@@ -42,7 +42,8 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
     `annotation_dropout` on the encoder's outputs and `recurrent_dropout`,
     variational dropout of the GRU states, which subclasses apply),
     layer-normalised GRUs (`layer_norm`, also applied by subclasses;
-    nmt_tf.layers.gru), tied embeddings and label smoothing.
+    nmt_tf.layers.gru), tied embeddings, label smoothing and R-drop
+    (`rdrop_alpha`, nmt_tf.models.training_step).
 
     `tied_embeddings` (Press & Wolf 2017): "none" (the papers: an output
     matrix W_o of its own); "target": W_o = E_y^T, the target embeddings
@@ -76,7 +77,7 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
                  hidden_size: int, maxout_size: int, dropout: float = 0.0, annotation_dropout: float = 0.0,
                  recurrent_dropout: float = 0.0, source_word_dropout: float = 0.0,
                  target_word_dropout: float = 0.0, layer_norm: bool = False, tied_embeddings: str = "none",
-                 label_smoothing: float = 0.0, **kwargs):
+                 label_smoothing: float = 0.0, rdrop_alpha: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         if tied_embeddings not in TIED_EMBEDDINGS:
             raise ValueError(f"tied_embeddings must be one of {', '.join(TIED_EMBEDDINGS)}, got {tied_embeddings!r}")
@@ -97,6 +98,7 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
         self.layer_norm = layer_norm
         self.tied_embeddings = tied_embeddings
         self.label_smoothing = label_smoothing
+        self.rdrop_alpha = rdrop_alpha
         self.target_embedding = keras.layers.Embedding(
             target_vocab_size, embedding_size, embeddings_initializer=weight_init(), name="target_embedding")
         self.source_embedding = self.target_embedding if tied_embeddings == "all" else keras.layers.Embedding(
@@ -215,4 +217,4 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
                 "source_word_dropout": self.source_word_dropout_rate,
                 "target_word_dropout": self.target_word_dropout_rate,
                 "layer_norm": self.layer_norm, "tied_embeddings": self.tied_embeddings,
-                "label_smoothing": self.label_smoothing}
+                "label_smoothing": self.label_smoothing, "rdrop_alpha": self.rdrop_alpha}

@@ -9,7 +9,14 @@ batch (paper 000 §4 trains on the NLL, docs/SPEC.md §5; the papers report it p
 and `train_summary.json` has both); with `label_smoothing` = eps > 0 training
 minimises (1 - eps) NLL + eps x (cross-entropy with the uniform distribution)
 per token instead (Szegedy et al. 2016), while every reported loss and
-perplexity stays the plain NLL.
+perplexity stays the plain NLL. With R-drop (`rdrop_alpha` = alpha > 0;
+Liang et al. 2021) an update runs its batch twice in one pass, each copy with
+dropout masks of its own, and minimises the mean of the two copies' losses
+plus alpha / 4 x (KL(p1 || p2) + KL(p2 || p1)) per target token: the R-drop
+paper's L = L1 + L2 + alpha / 2 (KL + KL), halved, so that the loss and its
+gradient stay on the scale of one copy's (what --clip_norm was set for) and
+alpha means the paper's. The batch's token and sentence counts, and its NLL
+(the two copies' mean), count each pair once.
 
 `TrainingStep` is a part of `nmt_tf.models.base.Seq2SeqModel`: Keras'
 `train_step` and `test_step` (under `tf.distribute` too), the batch NLL and
@@ -130,6 +137,15 @@ def token_nll(labels, logits):
     return token_losses(labels, logits) * weights, weights
 
 
+def symmetric_kl(logits_a, logits_b):
+    """KL(p || q) + KL(q || p) = sum over the vocabulary of (p - q)(log p - log q),
+    with p = softmax(logits_a) and q = softmax(logits_b): [N, vocab] -> [N]
+    float32 (R-drop's consistency term, differentiable in both)."""
+    log_p = tf.nn.log_softmax(tf.cast(logits_a, tf.float32))
+    log_q = tf.nn.log_softmax(tf.cast(logits_b, tf.float32))
+    return tf.reduce_sum((tf.exp(log_p) - tf.exp(log_q)) * (log_p - log_q), axis=-1)
+
+
 def _across_workers(strategy) -> bool:
     """A MultiWorkerMirroredStrategy with more than one worker (the condition
     under which Keras' TensorFlow trainer reduces step outputs across workers)."""
@@ -146,20 +162,31 @@ class TrainingStep:
     def batch_nll(self, x, y, training=False, return_loss=False):
         """(sum of token NLL, number of target tokens, number of sentences) of a
         batch; with `return_loss`, also the sum of the training loss per token
-        (the NLL itself unless label smoothing is on), from the same logits.
-        The readout, output layer and loss run at the real target tokens only
-        (`logits`' positions)."""
+        (the NLL itself unless label smoothing or R-drop is on), from the same
+        logits. The readout, output layer and loss run at the real target
+        tokens only (`logits`' positions). With R-drop, in training with
+        `return_loss`, the batch runs twice (see the module's docstring)."""
         labels = tf.cast(y, tf.int32)
-        positions = tf.where(tf.not_equal(labels, PAD_ID))
+        twice = bool(training and return_loss and self.rdrop_alpha)
+        if twice:       # one pass over both copies; each row draws its own dropout masks
+            x = tf.nest.map_structure(lambda t: tf.concat([t, t], axis=0), x)
+            labels = tf.concat([labels, labels], axis=0)
+        positions = tf.where(tf.not_equal(labels, PAD_ID))      # row-major: the first copy's tokens first
         logits = self(x, training=training, positions=positions)
         labels = tf.gather_nd(labels, positions)
         if return_loss and self.label_smoothing:
             nll, loss = token_losses(labels, logits, self.label_smoothing)
         else:
             nll = loss = token_losses(labels, logits)
-        out = (tf.reduce_sum(nll), tf.cast(tf.shape(labels)[0], tf.float32), tf.cast(tf.shape(y)[0], tf.float32))
+        tokens = tf.shape(labels)[0]
+        nll_sum, loss_sum = tf.reduce_sum(nll), tf.reduce_sum(loss)
+        if twice:
+            tokens //= 2
+            consistency = symmetric_kl(logits[:tokens], logits[tokens:])
+            nll_sum, loss_sum = nll_sum / 2, loss_sum / 2 + self.rdrop_alpha / 4 * tf.reduce_sum(consistency)
+        out = (nll_sum, tf.cast(tokens, tf.float32), tf.cast(tf.shape(y)[0], tf.float32))
         if return_loss:
-            out += (tf.reduce_sum(loss),)
+            out += (loss_sum,)
         return out
 
     def target_log_probs(self, x, y):
