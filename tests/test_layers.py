@@ -356,6 +356,17 @@ def test_cgru_decoder_matches_the_reference_with_its_dropout_masks(layer_norm, d
             np.testing.assert_allclose(alphas[b, i, :length], alpha, **TOL)
 
 
+def test_a_transition_gru_has_no_input_terms():
+    """GRUCell's x-term methods, inherited by the GRU without input, say so
+    clearly instead of failing on a missing kernel."""
+    cell = TransitionGRUCell(3)
+    cell.build()
+    for method, arg in (("project_inputs", tf.zeros((2, 3))), ("input_term", tf.zeros((2, 9)))):
+        with pytest.raises(TypeError, match=f"{method}: a TransitionGRUCell has no input"):
+            getattr(cell, method)(arg)
+    assert cell(tf.ones((2, 3))).shape == (2, 3)
+
+
 def _norms(layer, prefix, terms):
     return {term: tuple(getattr(layer, f"{prefix}{term}_norm_{part}").numpy() for part in ("gain", "bias"))
             for term in terms}

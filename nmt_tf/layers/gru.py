@@ -495,6 +495,18 @@ class TransitionGRUCell(GRUCell):
     def call(self, state):
         return self.step(tf.cast(state, self.compute_dtype))
 
+    def project_inputs(self, inputs, kernels=None):
+        raise self._no_input("project_inputs")
+
+    def input_term(self, product, kernels=None):
+        raise self._no_input("input_term")
+
+    def _no_input(self, method: str) -> TypeError:
+        """GRUCell's x-term methods have nothing to work with here (no W, no
+        "input" kernel): a clear error instead of a KeyError."""
+        return TypeError(f"{self.name}.{method}: a TransitionGRUCell has no input, so no W x term; "
+                         "its step reads the state alone.")
+
 
 @keras.saving.register_keras_serializable(package="nmt_tf")
 class ConditionalGRUCell(GRUCell):
