@@ -62,10 +62,6 @@ class NaNLossError(TrainingError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
-# The rates --early_dropout_epochs scales (Seq2SeqModel.scale_dropout).
-DROPOUT_FLAGS = ("dropout", "annotation_dropout", "recurrent_dropout", "source_word_dropout", "target_word_dropout")
-
-
 def check_config(config) -> None:
     """Flag combinations that cannot work, as one TrainingError before anything runs
     (those that span the configuration's parts; each part checks its own
@@ -99,9 +95,9 @@ def check_config(config) -> None:
     if config.ema_decay and not config.dev_src:
         raise TrainingError("--ema_decay keeps the averaged weights in best/ at dev evaluations: it needs a dev "
                             "set (--dev_src and --dev_tgt).")
-    if config.early_dropout_epochs and not any(getattr(config, name, 0.0) for name in DROPOUT_FLAGS):
+    if config.early_dropout_epochs and not models.has_dropout(config):
         raise TrainingError(f"--early_dropout_epochs={config.early_dropout_epochs} scales the dropout rates, and "
-                            f"every one is 0 ({', '.join('--' + name for name in DROPOUT_FLAGS)}).")
+                            f"every one is 0 ({', '.join('--' + name for name in models.DROPOUT_RATES)}).")
     try:
         schedules.check(config.lr_schedule, config.warmup_steps, config.max_steps, config.max_hours,
                         config.decay_factor, multi_worker=config.distribution == "multi_worker",

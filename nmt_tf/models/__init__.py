@@ -19,6 +19,17 @@ from typing import NamedTuple
 from nmt_tf.settings import ConfigError, check_limits, setting
 
 
+# Every dropout rate of ModelConfig: what --early_dropout_epochs scales
+# (Seq2SeqModel.scale_dropout), and what R-drop needs one of.
+DROPOUT_RATES = ("dropout", "annotation_dropout", "recurrent_dropout", "source_word_dropout", "target_word_dropout")
+
+
+def has_dropout(config) -> bool:
+    """Whether any of `config`'s DROPOUT_RATES is above 0 (a ModelConfig or
+    a whole nmt_tf.config.TrainingConfig)."""
+    return any(getattr(config, name, 0.0) for name in DROPOUT_RATES)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The settings every architecture takes (their flags are nmt_tf.train's);
@@ -68,11 +79,11 @@ class ModelConfig:
 
     def __post_init__(self):
         check_limits(self)
-        if self.rdrop_alpha and not any((self.dropout, self.annotation_dropout, self.recurrent_dropout,
-                                         self.source_word_dropout, self.target_word_dropout)):
-            raise ConfigError(f"--rdrop_alpha={self.rdrop_alpha} needs dropout (--dropout, --annotation_dropout, "
-                              "--recurrent_dropout or word dropout): without it the two copies of a batch give "
-                              "the same distributions, and R-drop would only double each update's work.")
+        if self.rdrop_alpha and not has_dropout(self):
+            raise ConfigError(f"--rdrop_alpha={self.rdrop_alpha} needs dropout, and every rate is 0 "
+                              f"({', '.join('--' + name for name in DROPOUT_RATES)}): without it the two copies "
+                              "of a batch give the same distributions, and R-drop would only double each "
+                              "update's work.")
         if self.tied_embeddings != "none" and self.maxout_size != self.embedding_size:
             raise ConfigError(f"--tied_embeddings={self.tied_embeddings} needs --maxout_size equal to "
                               f"--embedding_size (now {self.maxout_size} and {self.embedding_size}): the "
