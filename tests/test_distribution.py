@@ -220,12 +220,19 @@ def two_workers_past_step_10(corpus, model_dir, *flags):
     job = ("--batch_size=4", "--max_epochs=40", "--checkpoint_every_steps=5", "--seed=5", "--nodev_bleu", *flags)
     procs = start_workers(corpus, model_dir, *job)
     ckpt_dir = os.path.join(model_dir, "checkpoints")
-    deadline = time.time() + 180
-    while time.time() < deadline and procs[0].poll() is None:
+    # The wait ends at the checkpoint; its bound only matters on a machine too
+    # busy for the job (seen: 180 s were not enough beside a training run).
+    deadline, step = time.time() + 600, 0
+    while time.time() < deadline and procs[0].poll() is None and step < 10:
         latest = tf.train.latest_checkpoint(ckpt_dir)
-        if latest and int(latest.rsplit("-", 1)[1]) >= 10:
-            break
+        step = int(latest.rsplit("-", 1)[1]) if latest else 0
         time.sleep(0.2)
+    if step < 10:
+        ended = f"the chief exited with {procs[0].returncode}" if procs[0].poll() is not None else "600 s passed"
+        for p in procs:
+            p.kill()
+        (_, out0, err0), _ = finish(procs)
+        pytest.fail(f"{ended} before the chief checkpointed step 10 (last: step {step}):\n{out0[-1500:]}{err0[-1500:]}")
     return procs, ckpt_dir
 
 
