@@ -222,13 +222,14 @@ def two_workers_past_step_10(corpus, model_dir, *flags):
     ckpt_dir = os.path.join(model_dir, "checkpoints")
     # The wait ends at the checkpoint; its bound only matters on a machine too
     # busy for the job (seen: 180 s were not enough beside a training run).
-    deadline, step = time.time() + 600, 0
+    wait = 600
+    deadline, step = time.time() + wait, 0
     while time.time() < deadline and procs[0].poll() is None and step < 10:
         latest = tf.train.latest_checkpoint(ckpt_dir)
         step = int(latest.rsplit("-", 1)[1]) if latest else 0
         time.sleep(0.2)
     if step < 10:
-        ended = f"the chief exited with {procs[0].returncode}" if procs[0].poll() is not None else "600 s passed"
+        ended = f"the chief exited with {procs[0].returncode}" if procs[0].poll() is not None else f"{wait} s passed"
         for p in procs:
             p.kill()
         (_, out0, err0), _ = finish(procs)

@@ -26,8 +26,8 @@ DROPOUT_RATES = ("dropout", "annotation_dropout", "recurrent_dropout", "source_w
 
 def has_dropout(config) -> bool:
     """Whether any of `config`'s DROPOUT_RATES is above 0 (a ModelConfig or
-    a whole nmt_tf.config.TrainingConfig)."""
-    return any(getattr(config, name, 0.0) for name in DROPOUT_RATES)
+    a whole nmt_tf.config.TrainingConfig; both have every rate)."""
+    return any(getattr(config, name) for name in DROPOUT_RATES)
 
 
 @dataclasses.dataclass(frozen=True)
