@@ -4,6 +4,7 @@ import gzip
 import os
 import subprocess
 import sys
+import time
 import unicodedata
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -169,6 +170,18 @@ def start_cli(*args, env=None, **popen_kw):
     """Starts `python -m ...` in a fresh process, as run_cli runs it; returns the Popen
     (for tests that signal or kill it, or run several at once)."""
     return subprocess.Popen([sys.executable, *args], cwd=REPO, env=_cli_env(env), **popen_kw)
+
+
+def wait_until(condition, seconds: float, interval: float = 0.1) -> bool:
+    """Calls `condition()` every `interval` seconds until it is true or `seconds` have
+    passed; returns its last value's truth. The bound only matters on a machine too busy
+    for the test: the wait ends as soon as the condition holds."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
 def smoke_train_args(corpus, model_dir, *flags):

@@ -9,12 +9,12 @@ import os
 import signal
 import socket
 import subprocess
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_same_checkpoint_weights, checkpoint_weights, run_cli, smoke_train_args, start_cli
+from conftest import (assert_same_checkpoint_weights, checkpoint_weights, run_cli, smoke_train_args, start_cli,
+                      wait_until)
 
 from nmt_tf import distribution
 from nmt_tf import config as nmt_config
@@ -223,11 +223,13 @@ def two_workers_past_step_10(corpus, model_dir, *flags):
     # The wait ends at the checkpoint; its bound only matters on a machine too
     # busy for the job (seen: 180 s were not enough beside a training run).
     wait = 600
-    deadline, step = time.time() + wait, 0
-    while time.time() < deadline and procs[0].poll() is None and step < 10:
+
+    def chief_step():
         latest = tf.train.latest_checkpoint(ckpt_dir)
-        step = int(latest.rsplit("-", 1)[1]) if latest else 0
-        time.sleep(0.2)
+        return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+    wait_until(lambda: procs[0].poll() is not None or chief_step() >= 10, wait, interval=0.2)
+    step = chief_step()
     if step < 10:
         ended = f"the chief exited with {procs[0].returncode}" if procs[0].poll() is not None else f"{wait} s passed"
         for p in procs:

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cli, smoke_train_args, start_cli
+from conftest import REPO, run_cli, smoke_train_args, start_cli, wait_until
 from nmt_tf import checkpoints, exporter, files, saved_models, search, train, training
 from nmt_tf.config import DecodingConfig, ExportConfig
 
@@ -170,16 +170,13 @@ def test_a_damaged_best_checkpoint_is_one_clear_error_for_the_tools(trained_mode
 def test_an_export_killed_while_writing_leaves_no_version_a_server_would_load(trained_model_dir, tmp_path):
     import signal
     import subprocess
-    import time
 
     from nmt_tf import server as nmt_server
 
     base = str(tmp_path / "nmt")
     proc = start_cli("-m", "nmt_tf.export", f"--model_dir={trained_model_dir[0]}", f"--export_dir={base}",
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and not tf.io.gfile.glob(os.path.join(base, ".tmp-1-*", "*")):
-        time.sleep(0.05)
+    wait_until(lambda: tf.io.gfile.glob(os.path.join(base, ".tmp-1-*", "*")), 120, interval=0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     leftovers = [n for n in os.listdir(base) if n.startswith(".tmp-")]
@@ -215,9 +212,7 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval_and_res
         with open(log, "w") as out:
             proc = start_cli(*smoke_train_args(tiny_corpus, model_dir, *flags), stdout=out,
                              stderr=subprocess.STDOUT, text=True)
-            deadline = time.time() + 120
-            while time.time() < deadline and " | epoch " not in log.read_text():
-                time.sleep(0.05)                      # until this run has made an update
+            wait_until(lambda: " | epoch " in log.read_text(), 120, interval=0.05)  # until an update
             time.sleep(rng.uniform(0.0, 1.5))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=60)

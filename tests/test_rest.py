@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
                                      prediction_service_pb2_grpc)
 
-from conftest import run_cli
+from conftest import run_cli, wait_until
 from nmt_tf import rest as rest_api
 from nmt_tf import server as nmt_server, serving
 from test_serve import request as grpc_request
@@ -426,11 +426,10 @@ def test_slow_and_idle_clients_hold_no_worker_and_meet_a_deadline(exported, tmp_
         code, body = rest({"rest_port": rest_server.port}, "/v1/models/nmt:predict", TEXT)
         assert code == 200 and "predictions" in body
         assert time.monotonic() - start < 2.0
-        while rest_server.open_connections > 24:          # the answered one is closed just after its reply
-            time.sleep(0.01)
+        # The answered one is closed just after its reply.
+        assert wait_until(lambda: rest_server.open_connections <= 24, 3, interval=0.01), rest_server.open_connections
         extra = [socket.create_connection(address, timeout=10) for _ in range(2)]       # 26 open: the cap
-        while rest_server.open_connections < 26:
-            time.sleep(0.01)
+        assert wait_until(lambda: rest_server.open_connections >= 26, 3, interval=0.01), rest_server.open_connections
         over = socket.create_connection(address, timeout=10)
         assert over.recv(4096).startswith(b"HTTP/1.1 503 Service Unavailable")
         over.close()

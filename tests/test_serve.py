@@ -16,7 +16,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, wait_until
 from nmt_tf import server as nmt_server, translation
 from nmt_tf.client import ClientError, SignatureClient
 
@@ -272,10 +272,7 @@ def test_a_new_version_is_picked_up(server, exported):
     shutil.copytree(exported[2], os.path.join(server["base"], "2"))
     # Loading a SavedModel takes a few seconds alone and over 30 s on a saturated
     # 2-core machine; the loop ends as soon as version 2 is served.
-    deadline = time.time() + 120
-    while time.time() < deadline and server["registry"].current.version != 2:
-        time.sleep(0.1)
-    assert server["registry"].current.version == 2, "version 2 was not loaded within 120 s"
+    assert wait_until(lambda: server["registry"].current.version == 2, 120), "version 2 was not loaded within 120 s"
     response = server["predict"].Predict(request(), timeout=60)
     assert response.model_spec.version.value == 2
 

@@ -6,13 +6,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, assert_same_checkpoint_weights, checkpoint_weights, run_cli, smoke_train_args, start_cli
+from conftest import (REPO, assert_same_checkpoint_weights, checkpoint_weights, run_cli, smoke_train_args, start_cli,
+                      wait_until)
 from nmt_tf import flags, training
 from nmt_tf import config as nmt_config
 from nmt_tf.config import TrainingConfig
@@ -159,9 +159,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_with_128_plus_the_signal(tiny_corp
                                        "--checkpoint_every_steps=2", "--nodev_bleu"),
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ckpt_dir = os.path.join(model_dir, "checkpoints")
-    deadline = time.time() + 120
-    while time.time() < deadline and not tf.train.latest_checkpoint(ckpt_dir):
-        time.sleep(0.2)
+    wait_until(lambda: tf.train.latest_checkpoint(ckpt_dir), 120, interval=0.2)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM == 143, output[-3000:]
