@@ -427,9 +427,9 @@ def test_slow_and_idle_clients_hold_no_worker_and_meet_a_deadline(exported, tmp_
         assert code == 200 and "predictions" in body
         assert time.monotonic() - start < 2.0
         # The answered one is closed just after its reply.
-        assert wait_until(lambda: rest_server.open_connections <= 24, 3, interval=0.01), rest_server.open_connections
+        assert wait_until(lambda: rest_server.open_connections <= 24, 30, interval=0.01), rest_server.open_connections
         extra = [socket.create_connection(address, timeout=10) for _ in range(2)]       # 26 open: the cap
-        assert wait_until(lambda: rest_server.open_connections >= 26, 3, interval=0.01), rest_server.open_connections
+        assert wait_until(lambda: rest_server.open_connections >= 26, 30, interval=0.01), rest_server.open_connections
         over = socket.create_connection(address, timeout=10)
         assert over.recv(4096).startswith(b"HTTP/1.1 503 Service Unavailable")
         over.close()
