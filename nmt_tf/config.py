@@ -503,6 +503,14 @@ class ServerConfig:
     max_message_mb: float = setting('float', 32.0,
             "Largest request or response message (gRPC) and largest REST request body, in MiB.", lower=0.01)
     max_batch_size: int = setting('integer', 1024, "Most sentences one request may carry.", lower=1)
+    max_search_work: int = setting('integer', 64 * 10 * 256,
+            "Most hypothesis-steps one translation request's search may take: its sentences x the beam size x "
+            "the longest output the search may reach for them (min(max_length, max_length_ratio x source "
+            "tokens), the export's limits; the source tokens counted before the search, the export's way). "
+            "A request over it is refused with INVALID_ARGUMENT before any work. The default, 64 x 10 x 256, "
+            "lets through the 64-line batches nmt_tf.translate --server sends at beam 10 however long the "
+            "lines; a step of a large batch takes ~0.17 ms on the 2-core reference machine (BUILD_NOTES.md, "
+            "'Bounded work').", lower=1)
     onednn: bool = setting('boolean', False,
             "Use TensorFlow's oneDNN CPU kernels (sets TF_ENABLE_ONEDNN_OPTS for this process). Off by "
             "default: on the 2-core reference machine one-sentence requests are faster with TensorFlow's Eigen "

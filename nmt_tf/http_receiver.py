@@ -49,7 +49,7 @@ class _Pending:
 
 @dataclass
 class Prefetched:
-    data: bytes                         # what the receiver read of the request
+    data: bytearray                     # what the receiver read of the request (not copied)
     continued: bool                     # it answered "Expect: 100-continue"
 
 
@@ -236,7 +236,8 @@ class Receiver:
         self._selector.unregister(item.sock)
         del pending[item.sock.fileno()]
         item.sock.setblocking(True)
-        self.deliver(item.sock, item.address, Prefetched(bytes(item.data), item.continued))
+        data, item.data = item.data, bytearray()
+        self.deliver(item.sock, item.address, Prefetched(data, item.continued))
 
     def _close(self, item: _Pending, pending: dict, reply: bytes | None = None) -> None:
         self._selector.unregister(item.sock)
@@ -247,7 +248,7 @@ class Receiver:
 class PrefetchedReader(io.RawIOBase):
     """What the receiver read, then the socket's own reader (for a handler's rfile)."""
 
-    def __init__(self, data: bytes, rest):
+    def __init__(self, data: bytearray, rest):
         self._data, self._rest = memoryview(data), rest
 
     def readable(self):

@@ -48,7 +48,7 @@ from tensorflow_serving.apis import model_pb2
 from nmt_tf.http_receiver import PrefetchedReader, Receiver, error_reply
 from nmt_tf.page import PAGE_HEADERS, page_file
 from nmt_tf.serving import (DEFAULT_SIGNATURE, ModelRegistry, ServingError, _dtype_name, check_batch_size,
-                            model_metadata, model_status, run_predict)
+                            check_rank, model_metadata, model_status, run_predict)
 
 # TF Serving's HTTP status for each gRPC status (model_servers/http_server.cc, ToHTTPStatusCode).
 HTTP_STATUS = {"OK": 200, "CANCELLED": 499, "UNKNOWN": 500, "INVALID_ARGUMENT": 400, "DEADLINE_EXCEEDED": 504,
@@ -61,6 +61,12 @@ _PREDICT_PATH = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:
 _STATUS_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(?:/(metadata))?",
                           re.I | re.A)
 _JSON_TYPES = ((type(None), "Null"), (dict, "Object"), (list, "Array"), (str, "String"))
+
+
+# Error messages show at most this many characters of the input they name.
+_ERROR_ECHO_CHARS = 1000
+# A body that is no JSON object is parsed (for TF Serving's exact message) only up to this size.
+_PARSED_NON_OBJECT_BYTES = 1 << 16
 
 
 def _invalid(message: str) -> ServingError:
@@ -84,13 +90,71 @@ def _decimal(value: float, single: bool) -> str:
     return text if "." in text or "e" in text else text + ".0"
 
 
-def _json_text(value, limit: int = 1000) -> str:
-    """A JSON value as TF Serving's error messages show it, cut at `limit` characters."""
+def _json_text(value, limit: int = _ERROR_ECHO_CHARS) -> str:
+    """A JSON value as TF Serving's error messages show it, cut at `limit`
+    characters: json.dumps(value, indent=4)'s text, of which only the first
+    `limit` characters are ever written, so a bad document of millions of
+    values costs no more than a small one (issue 95: the whole text of a
+    deeply nested 2.86 MB body took 12.4 s and 2.3 GB)."""
     if isinstance(value, float):
         text = _decimal(value, single=not abs(value) > 3.4028234e38)
-    else:
-        text = json.dumps(value, indent=4, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit] + "..."
+        return text if len(text) <= limit else text[:limit] + "..."
+    pieces, size = [], 0
+    for piece in _pretty_json_pieces(value):
+        pieces.append(piece)
+        size += len(piece)
+        if size > limit:
+            return "".join(pieces)[:limit] + "..."
+    return "".join(pieces)
+
+
+_SCALAR_JSON = {None: "null", True: "true", False: "false"}
+
+
+def _scalar_json(value) -> str:
+    if isinstance(value, (bool, type(None))):
+        return _SCALAR_JSON[value]
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value) if isinstance(value, float) else str(value)
+
+
+def _pretty_json_pieces(value, indent: str = "    "):
+    """The pieces of json.dumps(value, indent=4, ensure_ascii=False), made one
+    at a time with a stack of iterators rather than recursion, so that a
+    caller can stop after the first few at any depth."""
+    stack = []
+
+    def opening(item, depth):
+        """The text that starts `item`, pushing the iterator of its members."""
+        if isinstance(item, dict) and item:
+            stack.append((iter(item.items()), depth + 1, True, "}"))
+            return "{"
+        if isinstance(item, list) and item:
+            stack.append((iter(item), depth + 1, False, "]"))
+            return "["
+        if isinstance(item, (dict, list)):
+            return "{}" if isinstance(item, dict) else "[]"
+        return _scalar_json(item)
+
+    yield opening(value, 0)
+    first = True
+    while stack:
+        members, depth, is_object, closing = stack[-1]
+        member = next(members, members)
+        if member is members:
+            stack.pop()
+            yield "\n" + indent * (depth - 1) + closing
+            first = False
+            continue
+        yield ("\n" if first else ",\n") + indent * depth
+        if is_object:
+            yield json.dumps(str(member[0]), ensure_ascii=False) + ": "
+            member = member[1]
+        first = True
+        text = opening(member, depth)
+        first = text in ("{", "[")
+        yield text
 
 
 def _json_type(value) -> str:
@@ -242,6 +306,10 @@ def _inputs_from_instances(instances: list, infos, tensors) -> None:
             raise _invalid(f"Expecting shape {text(shapes[name])} but got: {text(shape)}")
 
     for i, item in enumerate(instances):
+        if i == 0:       # the first item's rank, checked before any value is converted; the rest must match it
+            for name, value in (item.items() if objects and is_object(item) else [(names[0], item)]):
+                if name in infos:
+                    check_rank(name, [len(instances)] + _dense_shape(value), infos[name])
         if objects:
             if not is_object(item):
                 raise _invalid(f"Expecting object but got list at item {i} of input list")
@@ -287,6 +355,7 @@ def _inputs_from_columns(inputs, infos, tensors, max_batch_size: int) -> None:
         if isinstance(value, list):         # refused before converting a batch that run_predict would refuse
             check_batch_size(name, len(value), max_batch_size)
         shape = _dense_shape(value)
+        check_rank(name, shape, infos[name])        # before any value is converted
         tensors[name].dtype = infos[name].dtype
         for size in shape:
             tensors[name].tensor_shape.dim.add(size=size)
@@ -296,8 +365,15 @@ def _inputs_from_columns(inputs, infos, tensors, max_batch_size: int) -> None:
 def _parse_json_object(body: bytes) -> dict:
     """The request body as a JSON object, or TF Serving's parse error. NaN,
     Infinity and -Infinity are numbers, as there."""
-    if not body.strip():
+    start = re.match(rb"[ \t\n\r]*", body).end()      # (body.strip() would copy the body)
+    if start == len(body):
         raise _invalid("JSON Parse error: The document is empty")
+    if body[start:start + 1] != b"{" and len(body) > _PARSED_NON_OBJECT_BYTES:
+        # No object can follow: refused from its first bytes, unparsed (parsing a 32 MB array of
+        # empty strings alone takes 0.4 s and 128 MB).
+        head = body[start:start + _ERROR_ECHO_CHARS].decode("utf-8", "replace")
+        raise _invalid(f"JSON Value: {head}... Is not object (a body of {len(body):,} bytes that does not start "
+                       "with '{' is not parsed further)")
     text = body.decode("utf-8", "surrogateescape")
     try:
         doc = json.loads(text)
@@ -558,23 +634,24 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
             return False
         return self._continued or super().handle_expect_100()
 
-    def _read_body(self, length: int) -> bytes | None:
-        """The body; None if the client closed the connection or took longer
-        than body_seconds (answered with 408)."""
+    def _read_body(self, length: int) -> bytearray | None:
+        """The body, read into one buffer of its length (no chunks joined);
+        None if the client closed the connection or took longer than
+        body_seconds (answered with 408)."""
         deadline = time.monotonic() + self.body_seconds
-        chunks, remaining = [], length
-        while remaining:
+        body = bytearray(length)
+        view, done = memoryview(body), 0
+        while done < length:
             if time.monotonic() > deadline:
-                self._to_drain = remaining
+                self._to_drain = length - done
                 self._reply(408, error_json(f"Request Timeout: the body took more than {self.body_seconds:g} s"))
                 return None
-            chunk = self.rfile.read1(min(remaining, 1 << 20))
-            if not chunk:
+            got = self.rfile.readinto1(view[done:done + (1 << 20)])
+            if not got:
                 self.close_connection = True
                 return None
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
+            done += got
+        return body
 
     def _handle(self):
         length = self._declared_length()

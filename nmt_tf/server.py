@@ -32,7 +32,7 @@ from nmt_tf.config import ConfigError, ServerConfig
 from nmt_tf.hardware import set_onednn
 from nmt_tf.tls import TlsConfig, read_ssl_config
 from nmt_tf.rest import start_rest_server
-from nmt_tf.serving import (ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
+from nmt_tf.serving import (MAX_SEARCH_WORK, ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
                             read_model_config, run_predict)
 
 
@@ -76,12 +76,16 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
 def start_server(model_name: str, model_base_path: str, port: int, host: str = "0.0.0.0",
                  threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
                  poll_seconds: float = 2.0, log=logging.info, batcher: Batcher | None = None,
-                 policy: VersionPolicy | None = None, labels: dict | None = None, tls: TlsConfig | None = None):
+                 policy: VersionPolicy | None = None, labels: dict | None = None, tls: TlsConfig | None = None,
+                 max_search_work: int = MAX_SEARCH_WORK):
     """Starts serving; returns (grpc server, registry, bound port). `threads`
-    is the gRPC worker count (see batching.request_threads for batching)."""
+    is the gRPC worker count (see batching.request_threads for batching);
+    `max_search_work` bounds each translation request's search, over gRPC
+    and REST alike (serving.SearchCost)."""
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-    registry = ModelRegistry(model_name, model_base_path, log=log, policy=policy, labels=labels)
+    registry = ModelRegistry(model_name, model_base_path, log=log, policy=policy, labels=labels,
+                             max_search_work=max_search_work)
     registry.poll()
     if registry.current is None:
         found = registry.available_versions()
@@ -196,7 +200,8 @@ def start(config: ServerConfig, log=print) -> RunningServer:
         base_path = os.path.dirname(presets.build(config.preset))
     grpc_server, registry, port = start_server(
         model_name, base_path, config.port, config.host, threads, config.max_message_mb, config.max_batch_size,
-        config.poll_seconds, log=log, batcher=batcher, policy=policy, labels=labels, tls=tls)
+        config.poll_seconds, log=log, batcher=batcher, policy=policy, labels=labels, tls=tls,
+        max_search_work=config.max_search_work)
     rest = None
     if config.rest_api_port:
         try:

@@ -26,6 +26,7 @@ from google.protobuf import any_pb2
 
 from nmt_tf import batching, protos
 from nmt_tf.files import files_stamp
+from nmt_tf.host_text import source_counter
 from nmt_tf.saved_models import load_session, read_metadata
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -79,6 +80,7 @@ class LoadedVersion:
         self._retired = self.closed = False
         try:
             self.alignment_shape = _alignment_bound(path)
+            self.search_cost = SearchCost.of(path)
             self.warmed_up = self._warm_up()
         except BaseException:
             self._session.close()
@@ -170,6 +172,62 @@ def _alignment_bound(path: str) -> tuple[int, int] | None:
     except (FileNotFoundError, KeyError, TypeError, ValueError):
         return None
     return max(output, 1), source
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchCost:
+    """What one request's search can cost on an nmt_tf export, known before
+    it runs: every sentence of a batch is searched with `beam_size`
+    hypotheses (by each of `models` models) until the batch's longest
+    output limit, min(max_length, ceil(max_length_ratio x source tokens
+    with [EOS])), and a source is cut to `max_input_length` tokens. The
+    source tokens are counted here the export's way (nmt_tf.host_text)."""
+
+    beam_size: int
+    max_length: int
+    max_length_ratio: float
+    max_input_length: int
+    models: int
+    counter: object
+
+    @classmethod
+    def of(cls, path: str) -> "SearchCost | None":
+        """From the export's nmt_tf.json; None for a SavedModel that is not an nmt_tf export."""
+        try:
+            meta = read_metadata(path)
+            search = meta["search"]
+            return cls(int(search["beam_size"]), int(search["max_length"]), float(search["max_length_ratio"]),
+                       int(meta["max_input_length"]), max(1, len(meta.get("model_dirs") or [None])),
+                       source_counter(path, meta.get("tokenizer", "")))
+        except (FileNotFoundError, KeyError, TypeError, ValueError):
+            return None
+
+    def output_limit(self, source: bytes) -> int:
+        tokens = self.counter.count(source, self.max_input_length) + 1
+        return min(self.max_length, max(1, math.ceil(self.max_length_ratio * tokens)))
+
+    def check(self, rows: int, sources, prefixed: bool, limit: int) -> None:
+        """Refuses a search of `rows` sentences (whose distinct texts are
+        `sources`; `prefixed`: some have a target prefix, which may lengthen
+        the output to max_length) that could take more than `limit`
+        hypothesis-steps."""
+        longest = self.max_length if prefixed else max(map(self.output_limit, set(sources)), default=1)
+        work = rows * self.beam_size * longest * self.models
+        if work <= limit:
+            return
+        models = f" x {self.models} models" if self.models > 1 else ""
+        fits = limit // (self.beam_size * longest * self.models)
+        raise ServingError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"this request's search could take {work:,} hypothesis-steps ({rows} sentences x beam "
+            f"{self.beam_size} x up to {longest} output tokens{models}), more than this server's limit of "
+            f"{limit:,} per request (--max_search_work): send at most {fits} such sentences per request, or "
+            "shorter ones")
+
+
+# Default of --max_search_work: what `nmt_tf.translate --server` sends at most (64 lines a request) at
+# beam 10 when every line may reach the 256-token output limit.
+MAX_SEARCH_WORK = 64 * 10 * 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,8 +340,9 @@ class ModelRegistry:
     ({label: version}, as in TF Serving's model config)."""
 
     def __init__(self, name: str, base_path: str, log=logging.info, policy: VersionPolicy | None = None,
-                 labels: dict[str, int] | None = None):
+                 labels: dict[str, int] | None = None, max_search_work: int = MAX_SEARCH_WORK):
         self.name, self.base_path, self.log = name, base_path, log
+        self.max_search_work = max_search_work      # hypothesis-steps one request's search may take (SearchCost)
         self.policy = policy or VersionPolicy()
         self.labels = dict(labels or {})
         self._loaded: dict[int, LoadedVersion] = {}
@@ -494,6 +553,22 @@ _DT_STRING = 7
 MAX_STRING_BYTES = 1 << 16
 
 
+def shape_text(dims: list[int]) -> str:
+    """A shape for an error message: in full up to 16 dimensions, else its
+    first 8 and its rank (a request can declare thousands)."""
+    if len(dims) <= 16:
+        return str(list(dims))
+    return "[" + ", ".join(map(str, dims[:8])) + f", ...] (rank {len(dims)})"
+
+
+def check_rank(alias: str, dims: list[int], info) -> None:
+    """Refuses an input whose rank is not the signature's."""
+    rank = len(info.tensor_shape.dim)
+    if not info.tensor_shape.unknown_rank and len(dims) != rank:
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"input {alias} must have rank {rank}, got shape {shape_text(dims)}")
+
+
 def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes: int | None) -> None:
     """Refuses an input by what its TensorProto declares, before any tensor is
     built from it: an unknown rank, a negative dimension, a rank other than
@@ -507,10 +582,9 @@ def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"input {alias} has an unknown rank")
     dims = [d.size for d in shape.dim]
     if any(d < 0 for d in dims):
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"input {alias} has a negative dimension: {dims}")
-    rank = len(info.tensor_shape.dim)
-    if not info.tensor_shape.unknown_rank and len(dims) != rank:
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"input {alias} must have rank {rank}, got shape {dims}")
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"input {alias} has a negative dimension: {shape_text(dims)}")
+    check_rank(alias, dims, info)
     if dims:
         check_batch_size(alias, dims[0], max_batch_size)
     elements = math.prod(dims)
@@ -518,7 +592,7 @@ def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes:
         values = proto.string_val
         if len(values) > elements:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"input {alias} has {len(values)} values for shape {dims} ({elements} elements)")
+                               f"input {alias} has {len(values)} values for shape {shape_text(dims)} ({elements} elements)")
         longest = max(range(len(values)), key=lambda i: len(values[i]), default=None)
         if longest is not None and len(values[longest]) > MAX_STRING_BYTES:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -529,8 +603,24 @@ def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes:
         size = elements * _DTYPE_BYTES.get(proto.dtype, 16)
     if max_bytes is not None and size > max_bytes:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"input {alias} of shape {dims} would take {size:,} bytes, more than this server's "
+                           f"input {alias} of shape {shape_text(dims)} would take {size:,} bytes, more than this server's "
                            f"message limit of {max_bytes:,}")
+
+
+def check_search_work(loaded: LoadedVersion, inputs, limit: int) -> None:
+    """Refuses, before any tensor is built, a translation request whose
+    search could take more than `limit` hypothesis-steps (SearchCost), from
+    its declared rows and the distinct texts it holds. Other signatures
+    (score) and SavedModels that are not nmt_tf exports are not bounded here."""
+    cost = loaded.search_cost
+    if cost is None or "text" not in inputs or _DT_STRING != inputs["text"].dtype:
+        return
+    dims = [d.size for d in inputs["text"].tensor_shape.dim]
+    if not dims or not dims[0]:
+        return
+    prefix = inputs["target_prefix"] if "target_prefix" in inputs else None
+    prefixed = prefix is not None and any(value.strip() for value in prefix.string_val)
+    cost.check(dims[0], inputs["text"].string_val, prefixed, limit)
 
 
 # Longest a request waits for its merged batch when its client set no shorter deadline.
@@ -577,7 +667,6 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
         dup = next(a for a in outputs if outputs.count(a) > 1)
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"duplicate output tensor alias: {dup}")
 
-    feeds = {}
     for i, alias in enumerate(sorted(expected)):
         info, proto = signature_def.inputs[alias], request.inputs[alias]
         if proto.dtype != info.dtype:
@@ -585,6 +674,10 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
                                f"Expects arg[{i}] to be {_dtype_name(info.dtype)} but "
                                f"{_dtype_name(proto.dtype) if proto.dtype else 'invalid'} is provided")
         check_declared_size(alias, proto, info, max_batch_size, max_message_bytes)
+    check_search_work(loaded, request.inputs, registry.max_search_work)
+    feeds = {}
+    for alias in sorted(expected):
+        proto = request.inputs[alias]
         try:
             value = tf.make_ndarray(proto)
         except Exception as e:

@@ -1,5 +1,6 @@
 """The exported SavedModel: versions, signatures, stock-TF-Serving compatibility, bad input."""
 
+import gzip
 import os
 import shutil
 import subprocess
@@ -78,6 +79,29 @@ def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentence
     exported = [[vocab.get(t.decode(), 1) for t in row if t] for row in out["source_tokens"].numpy()]
     assert not out["truncated"].numpy().any() and exported == source_ids
     assert sum(len(r) for r in exported) > 1.2 * sum(len(l.split()) + 1 for l in lines)   # pieces, not words
+
+
+def test_the_host_tokenizer_gives_the_exports_pieces_without_tensorflow(sentencepiece_export,
+                                                                     sentencepiece_signatures):
+    """nmt_tf.host_text cleans and cuts a line as the exported graph does, with
+    SentencePiece's own library on the export's model file: the same pieces for
+    Multi30k val and for lines of control characters, Unicode spaces and
+    invalid UTF-8; the server's work limit counts them (serving.SearchCost)."""
+    from nmt_tf import host_text, serving
+
+    path = sentencepiece_export[1]
+    with gzip.open(os.path.join(REPO, "data", "multi30k", "val.en.gz"), "rb") as f:
+        lines = f.read().splitlines()
+    lines += [b"  two\xc2\xa0dogs\xe2\x80\xa8run\x07  fast ", b"caf\xe9 au lait", b"zero\xe2\x80\x8bwidth", b"\xef\xbb\xbfA dog",
+              b"tab\tand\r\nnew line", b"", b"   ", "日本語のテキスト 🙂".encode()]
+    out = sentencepiece_signatures["serving_default"](text=tf.constant(lines))
+    graph = [[t.decode() for t in row if t][:-1] for row in out["source_tokens"].numpy()]     # [EOS] left out
+    pieces = host_text.SentencePieceSource(os.path.join(path, "assets", "sentencepiece.src.model"))
+    assert [pieces.pieces(line) for line in lines] == graph
+    cost = serving.SearchCost.of(path)
+    assert isinstance(cost.counter, host_text.SentencePieceSource)
+    assert [cost.counter.count(line, 400) for line in lines] == [len(row) for row in graph]
+    assert cost.counter.count(b"word " * 10000, 7) == 7
 
 
 def test_versions_are_numbered_and_written_atomically(exported, tmp_path):

@@ -40,7 +40,7 @@ def server(exported, tmp_path_factory):
     rest_server = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=THREADS, max_message_mb=1.0,
                                              max_batch_size=50)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield {"base": base, "rest_port": rest_server.port,
+    yield {"base": base, "rest_port": rest_server.port, "registry": registry,
            "predict": prediction_service_pb2_grpc.PredictionServiceStub(channel),
            "models": model_service_pb2_grpc.ModelServiceStub(channel)}
     rest_server.stop()
@@ -218,8 +218,11 @@ def test_the_bad_requests_of_the_grpc_table_over_rest(server, make, code, path, 
     ("POST", "/v1/models/nmt:predict", b'{"instances": ["a"', 400,
      "JSON Parse error: Expecting ',' delimiter at offset: 18"),
     ("POST", "/v1/models/nmt:predict", b"[1, 2]", 400, "JSON Value: [\n    1,\n    2\n] Is not object"),
-    ("POST", "/v1/models/nmt:predict", b"[" * 100000 + b"]" * 100000, 400,
+    ("POST", "/v1/models/nmt:predict", b'{"a": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400,
      "JSON Parse error: the document is nested too deeply"),
+    ("POST", "/v1/models/nmt:predict", b"[" * 100000 + b"]" * 100000, 400,
+     "JSON Value: " + "[" * 1000 + "... Is not object (a body of 200,000 bytes that does not start with '{' is not "
+     "parsed further)"),
     ("POST", "/v1/models/nmt:predict", {}, 400, "Missing 'inputs' or 'instances' key"),
     ("POST", "/v1/models/nmt:predict", {"instances": ["a"], "inputs": ["b"]}, 400,
      'JSON Value: {\n    "instances": [\n        "a"\n    ],\n    "inputs": [\n        "b"\n    ]\n} '
@@ -237,8 +240,10 @@ def test_the_bad_requests_of_the_grpc_table_over_rest(server, make, code, path, 
      "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting shape [] but got: [1]"),
     ("POST", "/v1/models/nmt:predict", {"instances": ["a", {"text": "b"}]}, 400,
      "Expecting value/list but got object at item 1 of input list"),
-    ("POST", "/v1/models/nmt:predict", {"inputs": [["a"], "b"]}, 400,
-     'JSON Value: "b" found at incorrect level: 2 in the JSON DOM. Expected at level: 2'),
+    # TF Serving would first find "b" at the wrong level; the rank is checked before any value is converted.
+    ("POST", "/v1/models/nmt:predict", {"inputs": [["a"], "b"]}, 400, "input text must have rank 1, got shape [2, 1]"),
+    ("POST", "/v1/models/nmt:predict", {"inputs": ["a", ["b"]]}, 400,
+     "Encountered list at unexpected level: 1 expected < 1"),
     ("POST", "/v1/models/nmt:predict", {"signature_name": "score", "instances": ["a"]}, 400,
      "instances is a plain list, but expecting list of objects as multiple input tensors required as per "
      "tensorinfo_map"),
@@ -264,6 +269,61 @@ def test_the_bad_requests_of_the_grpc_table_over_rest(server, make, code, path, 
 def test_malformed_rest_requests_get_tf_serving_errors(server, method, path, body, code, message):
     assert rest(server, path, body, method) == (code, {"error": message})
     still_serving(server)
+
+
+def test_an_error_message_writes_only_the_start_of_a_bad_document():
+    """Issue 95: the message of a bad document shows json.dumps(doc, indent=4)'s
+    first 1,000 characters, and only those are ever written: the probe's body
+    ('[' x 300, a million "", ']' x 300; 2.86 MB) took 12.4 s and 2.3 GB when
+    the whole text was made and then cut."""
+    import tracemalloc
+
+    deep = json.loads("[" * 300 + ",".join(['""'] * 1_000_000) + "]" * 300)
+    small = json.loads("[" * 300 + '""' + "]" * 300)      # the same first 1,000 characters
+    tracemalloc.start()
+    try:
+        text = rest_api._json_text(deep)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert text == json.dumps(small, indent=4)[:1000] + "..." and peak < 2**20
+    for doc in ({"instances": "a", "x": [1.5, None, True, {"k": []}, {}]}, [[], [{}], "é\n"], 7, "s"):
+        for limit in (1000, 10, 31):
+            whole = json.dumps(doc, indent=4, ensure_ascii=False)
+            assert rest_api._json_text(doc, limit) == (whole if len(whole) <= limit else whole[:limit] + "...")
+
+
+def test_bad_documents_of_many_values_are_refused_cheaply_with_a_short_message(server):
+    """Each way of the probe into the error path, with ~0.9 MB of nested values
+    (the test server's limit is 1 MiB): a non-list 'instances', both keys, a
+    non-string signature_name, a nested text value, and a body that is no JSON
+    object (over 64 KiB: refused from its first bytes, unparsed). Every message
+    shows at most the document's first 1,000 characters."""
+    junk = json.loads("[" * 300 + ",".join(['""'] * 200_000) + "]" * 300)
+    cases = [({"instances": "a", "junk": junk}, "Excepting 'instances' to be an list/array"),
+             ({"instances": ["a"], "inputs": junk}, "expecting only one of 'inputs' or 'instances'"),
+             ({"signature_name": junk, "instances": ["a"]}, "'signature_name' key must be a string value."),
+             ({"instances": [junk]}, "input text must have rank 1, got shape [1, 1, 1, 1, 1, 1, 1, 1, ...] "
+                                     "(rank 301)"),
+             ({"inputs": junk}, "input text must have rank 1, got shape [1, 1, 1, 1, 1, 1, 1, 1, ...] (rank 300)"),
+             (json.dumps(junk).encode(), "Is not object (a body of 800,598 bytes that does not start with '{' "
+                                         "is not parsed further)")]
+    for body, message in cases:
+        code, reply = rest(server, "/v1/models/nmt:predict", body)
+        assert code == 400 and message in reply["error"], reply["error"][-300:]
+        assert len(reply["error"]) < 1300
+    still_serving(server)
+
+
+def test_the_search_work_limit_holds_over_rest(server, monkeypatch):
+    """--max_search_work is the registry's, so REST requests are bounded as gRPC ones
+    (test_serve.py's test of the limit)."""
+    registry = server["registry"]
+    longest = registry.current.search_cost.output_limit(b"word " * 100)
+    monkeypatch.setattr(registry, "max_search_work", 8 * 3 * longest - 1)
+    code, reply = rest(server, "/v1/models/nmt:predict", {"instances": ["word " * 100] * 8})
+    assert code == 400 and "(--max_search_work): send at most 7 such sentences" in reply["error"]
+    assert rest(server, "/v1/models/nmt:predict", {"instances": ["word " * 100] * 7})[0] == 200
 
 
 def test_a_body_over_the_limit_is_refused_unread_and_chunked_bodies_need_a_length(server):

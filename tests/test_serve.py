@@ -17,7 +17,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      predict_pb2, prediction_service_pb2_grpc)
 
 from conftest import REPO, run_cli, wait_until
-from nmt_tf import server as nmt_server, translation
+from nmt_tf import server as nmt_server, serving, translation
 from nmt_tf.client import ClientError, SignatureClient
 
 
@@ -188,6 +188,41 @@ def test_a_shape_bomb_is_refused_before_any_tensor_is_built(server):
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "at most 50" in details, details
     assert time.monotonic() - start < 2.0
     assert rss_bytes() - before < 10 * 2**20
+    still_serving(server)
+
+
+def test_a_request_whose_search_could_exceed_the_work_limit_is_refused_before_any_work(server, monkeypatch):
+    """Issue 95: one long line declared once and repeated to shape [40] (the probe's
+    58 KB line x 128 cost 54.5 s of CPU) is refused from what it declares when its
+    search could pass --max_search_work: rows x beam x the longest output its
+    sources allow, before any tensor is built or any search runs. One row less
+    is served; short lines are counted by their own tokens, not by the cap."""
+    registry = server["registry"]
+    cost = registry.current.search_cost
+    assert (cost.beam_size, cost.max_input_length, cost.models) == (3, 20, 1)
+    longest = cost.output_limit(b"word " * 1000)               # cut to 20 tokens, + [EOS]: 3 x 21
+    # This export's words are counted at most one a character: "A dog." 5 + [EOS].
+    assert longest == min(cost.max_length, 63) and cost.output_limit(b"A dog.") == 3 * 6
+    monkeypatch.setattr(registry, "max_search_work", 40 * 3 * longest - 1)
+    runs, run = [], serving.LoadedVersion.run
+    monkeypatch.setattr(serving.LoadedVersion, "run", lambda self, *args: runs.append(1) or run(self, *args))
+    long_line = (b"word " * 1000).strip()
+    code, details = status_of(lambda: server["predict"].Predict(request(text=declared([40], [long_line])),
+                                                                timeout=60))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and not runs, details
+    assert (f"could take {40 * 3 * longest:,} hypothesis-steps (40 sentences x beam 3 x up to {longest} output "
+            f"tokens), more than this server's limit of {40 * 3 * longest - 1:,} per request (--max_search_work): "
+            "send at most 39 such sentences") in details
+    out = server["predict"].Predict(request(text=declared([39], [long_line])), timeout=60)
+    assert tf.make_ndarray(out.outputs["translation"]).shape == (39,) and runs == [1]
+    assert tf.make_ndarray(out.outputs["truncated"]).all()
+    out = server["predict"].Predict(request(["A dog."] * 50), timeout=60)       # 50 x 3 x 18, far under it
+    assert tf.make_ndarray(out.outputs["translation"]).shape == (50,)
+    monkeypatch.setattr(registry, "max_search_work", 3 * longest - 1)        # a target prefix may reach max_length
+    prefixed = request(signature="translate_constrained", text=tf.make_tensor_proto(["A dog."]),
+                       target_prefix=tf.make_tensor_proto(["Un"]), required_terms=tf.make_tensor_proto([""]))
+    code, details = status_of(lambda: server["predict"].Predict(prefixed, timeout=60))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and f"up to {cost.max_length} output tokens" in details
     still_serving(server)
 
 

@@ -1,0 +1,137 @@
+r"""What single hostile requests cost a running nmt_tf.serve: prints one JSON object.
+
+  python benchmarks/hostile_requests.py --preset=multi30k_en_fr
+  python benchmarks/hostile_requests.py --model_base_path=exports/nmt
+
+Starts nmt_tf.serve (gRPC and REST, --max_message_mb=32) on the model, sends
+one normal request to warm it, then each case of issue 95's probe --rounds
+times, and reports per case its answer (HTTP or gRPC status and the first
+characters of the message), the median wall time of the call, how far
+the server's resident memory rose above its level before each call (its
+peak, VmHWM reset through /proc/PID/clear_refs), and its memory after:
+
+  rest_32mb_array      '[' x 300, ~11 million "", ']' x 300: a 32 MB body that is no JSON object
+  rest_object_junk     {"instances": "a", "junk": <the same nested array>}: 32 MB into the error path
+  grpc_58kb_x128       one 58 KB line declared once at shape [128], output_filter=translation
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app
+from absl import flags as absl_flags
+
+from nmt_tf import flags as nmt_flags  # noqa: F401  (--preset, --model_name)
+
+absl_flags.DEFINE_string("model_base_path", None, "Export directory to serve (or --preset).")
+absl_flags.DEFINE_integer("rounds", 3, "Calls per case (the median is reported).", lower_bound=1)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(source_flag: str):
+    import subprocess
+    import threading
+
+    grpc_port, rest_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_tf.serve", source_flag, f"--port={grpc_port}",
+                             f"--rest_api_port={rest_port}", "--host=127.0.0.1", "--max_message_mb=32"],
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("Serving model"):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, grpc_port, rest_port
+    raise RuntimeError("the server did not start")
+
+
+def memory(pid: int) -> dict:
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {name: int(fields[name].split()[0]) // 1024 for name in ("VmRSS", "VmHWM")}
+
+
+def rest_call(port: int, body: bytes):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/nmt:predict", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=600) as reply:
+            return reply.status, reply.read()[:160].decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()[:160].decode("utf-8", "replace")
+
+
+def grpc_call(stub, request):
+    import grpc
+
+    try:
+        stub.Predict(request, timeout=600)
+        return "OK", ""
+    except grpc.RpcError as e:
+        return e.code().name, (e.details() or "")[:160]
+
+
+def main(argv):
+    import grpc
+    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    FLAGS = absl_flags.FLAGS
+    if bool(FLAGS.preset) == bool(FLAGS.model_base_path):
+        raise app.UsageError("give one of --preset and --model_base_path")
+    proc, grpc_port, rest_port = start(f"--preset={FLAGS.preset}" if FLAGS.preset
+                                       else f"--model_base_path={FLAGS.model_base_path}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(
+        f"127.0.0.1:{grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]))
+    try:
+        rest_call(rest_port, json.dumps({"instances": ["A man in a blue shirt."]}).encode())
+        count = (32 * 2**20 - 700) // 3
+        array = "[" * 300 + ",".join(['""'] * count) + "]" * 300
+        line = ("A man in a blue shirt is standing on a ladder cleaning windows. " * 900)[:58_000].encode()
+        wide = predict_pb2.PredictRequest()
+        wide.model_spec.name = "nmt"
+        wide.output_filter.append("translation")
+        wide.inputs["text"].CopyFrom(tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_STRING, string_val=[line],
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=128)])))
+        cases = {"rest_32mb_array": lambda: rest_call(rest_port, array.encode()),
+                 "rest_object_junk": lambda: rest_call(rest_port, ('{"instances": "a", "junk": ' + array + "}")
+                                                       .encode()),
+                 "grpc_58kb_x128": lambda: grpc_call(stub, wide)}
+        before = memory(proc.pid)
+        results = {}
+        for name, call in cases.items():
+            seconds, peaks = [], []
+            for _ in range(FLAGS.rounds):
+                with open(f"/proc/{proc.pid}/clear_refs", "w") as f:      # VmHWM := VmRSS (Linux >= 4.0)
+                    f.write("5")
+                start_rss = memory(proc.pid)["VmRSS"]
+                start_time = time.perf_counter()
+                answer = call()
+                seconds.append(time.perf_counter() - start_time)
+                peaks.append(memory(proc.pid)["VmHWM"] - start_rss)
+            results[name] = {"answer": list(answer), "median_ms": round(1000 * statistics.median(seconds), 2),
+                             "peak_rss_growth_mb": peaks,
+                             "ms": [round(1000 * s, 2) for s in seconds], "rss_mb_after": memory(proc.pid)["VmRSS"]}
+        print(json.dumps({"server_rss_mb_before": before["VmRSS"], "cases": results}, indent=1))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    app.run(main)
