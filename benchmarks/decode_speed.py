@@ -20,7 +20,9 @@ nmt_tf.translate does by default.
 
   python benchmarks/decode_speed.py --compare=old/1,new/1 --batch_sizes=80 --sort_by_length
 
-compares SavedModels side by side instead: every batch is translated by each
+compares SavedModels, or LiteRT model folders (nmt_tf.export --format=litert;
+--litert_threads sets their interpreter's threads), side by side instead:
+every batch is translated by each
 of them in turn, the order rotating from batch to batch, so that the
 machine's drift (large on a shared machine) falls on all of them alike. For
 each: sentences_per_sec (median run), runs (every run's), and
@@ -52,7 +54,8 @@ absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_f
 absl_flags.DEFINE_integer("runs", 3, "Timed runs per configuration.", lower_bound=1)
 absl_flags.DEFINE_integer("limit_batch1", 0, "Sentences decoded at batch 1 (0: all).", lower_bound=0)
 absl_flags.DEFINE_list("batch_sizes", ["1", "64"], "Batch sizes to measure.")
-absl_flags.DEFINE_list("compare", [], "SavedModels to compare side by side, each batch translated by all of them "
+absl_flags.DEFINE_list("compare", [], "SavedModels or LiteRT model folders to compare side by side, each batch "
+                       "translated by all of them "
                        "in turn (see the module docstring); replaces --saved_model_beam / --saved_model_greedy.")
 absl_flags.DEFINE_integer("intra_op_threads", 0, "Threads one TensorFlow op may use (0: TensorFlow's default; "
                           "nmt_tf.serve uses 1).", lower_bound=0)
@@ -89,23 +92,38 @@ def measure(signature, lines, batch_size, runs, parallel_batches=1):
             "runs": [round(r[0], 2) for r in results]}
 
 
-def compare(signatures, lines, batch_size, runs):
-    """Each batch through every signature in turn (rotating order): {index: result}."""
+def translator(path: str):
+    """batch of lines -> their translations (bytes), through a SavedModel's
+    serving_default signature, or a LiteRT model folder (nmt_tf.litert_runtime,
+    one interpreter with --litert_threads threads)."""
+    from nmt_tf.litert_runtime import MANIFEST, LiteRTClient
+
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        client = LiteRTClient(path, outputs=["translation"], num_threads=absl_flags.FLAGS.litert_threads)
+        return lambda batch: client(text=batch)["translation"].tolist()
     import tensorflow as tf
 
-    for signature in signatures:
-        signature(text=tf.constant(lines[:batch_size]))
-    seconds = [[0.0] * runs for _ in signatures]
-    first_run = [[] for _ in signatures]
+    from nmt_tf.saved_models import load_signature
+
+    signature = load_signature(path)
+    return lambda batch: signature(text=tf.constant(batch))["translation"].numpy().tolist()
+
+
+def compare(translators, lines, batch_size, runs):
+    """Each batch through every translator in turn (rotating order): {index: result}."""
+    for translate in translators:
+        translate(lines[:batch_size])
+    seconds = [[0.0] * runs for _ in translators]
+    first_run = [[] for _ in translators]
     for run in range(runs):
         for b, i in enumerate(range(0, len(lines), batch_size)):
-            batch = tf.constant(lines[i:i + batch_size])
-            for k in [(b + j) % len(signatures) for j in range(len(signatures))]:
+            batch = lines[i:i + batch_size]
+            for k in [(b + j) % len(translators) for j in range(len(translators))]:
                 start = time.perf_counter()
-                out = signatures[k](text=batch)
+                out = translators[k](batch)
                 seconds[k][run] += time.perf_counter() - start
                 if run == 0:
-                    first_run[k].extend(out["translation"].numpy().tolist())
+                    first_run[k].extend(out)
     results = {}
     for k, times in enumerate(seconds):
         rates = sorted(len(lines) / t for t in times)
@@ -147,9 +165,9 @@ def main(argv):
                                                                 "TensorFlow's default"), "configs": {}}
     subset = lambda batch_size: lines[:FLAGS.limit_batch1] if batch_size == 1 and FLAGS.limit_batch1 else lines
     if FLAGS.compare:
-        signatures = [load_signature(path) for path in FLAGS.compare]
+        translators = [translator(path) for path in FLAGS.compare]
         for batch_size in map(int, FLAGS.batch_sizes):
-            for k, measured in compare(signatures, subset(batch_size), batch_size, FLAGS.runs).items():
+            for k, measured in compare(translators, subset(batch_size), batch_size, FLAGS.runs).items():
                 result["configs"][f"{FLAGS.compare[k]}_batch{batch_size}"] = measured
         print(json.dumps(result))
         return

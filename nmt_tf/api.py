@@ -6,6 +6,8 @@
     result.text, result.score, result.nbest, result.alignment
 
 `Translator.from_preset(name)` builds the preset's SavedModel on first use
+(with runtime="litert", its LiteRT model: `from_litert(path)` translates a
+LiteRT folder without TensorFlow)
 (nmt_tf.presets, cached), `from_saved_model(path)` loads any nmt_tf export,
 `from_model_dir(model_dir, ...)` translates with a training run's weights
 (best, last, averaged or the mean of several) and search settings of your
@@ -40,6 +42,7 @@ from nmt_tf import custom_gradients, exporter, presets, startup
 from nmt_tf.client import ClientError, SignatureClient
 from nmt_tf.config import DecodingConfig, SearchOptions
 from nmt_tf.lexicon import for_search
+from nmt_tf.litert_runtime import LiteRTClient
 from nmt_tf.line_batches import as_text, batches_by_length, rows_by_line
 from nmt_tf.restore import restore_model
 from nmt_tf.saved_models import load_saved_model, read_metadata
@@ -93,13 +96,30 @@ class Translator:
         return f"Translator({self.description})"
 
     @classmethod
-    def from_preset(cls, name: str, cache_dir: str | None = None, log=None) -> "Translator":
+    def from_preset(cls, name: str, cache_dir: str | None = None, log=None, runtime: str = "tensorflow",
+                    litert_weights: str = "int8") -> "Translator":
         """A shipped model by name (`nmt_tf.presets.available()`), or a preset
         folder; its first use builds its SavedModel (about a minute, said on
-        standard error, or to `log`)."""
-        startup.quiet_tensorflow_import()      # as the tools: no start-up notices
+        standard error, or to `log`). runtime="litert": its LiteRT model
+        (`litert_weights` storage), built on first use and cached, translated
+        without TensorFlow (`from_litert`)."""
         log = log or (lambda *a: print(*a, file=sys.stderr))
+        startup.quiet_tensorflow_import()      # as the tools: no start-up notices (imports nothing itself)
+        if runtime == "litert":
+            return cls.from_litert(presets.build_litert(name, litert_weights, cache_dir, log=log),
+                                   _description=f"preset {name} on LiteRT ({litert_weights})")
+        if runtime != "tensorflow":
+            raise ValueError(f"runtime={runtime!r}: choose tensorflow or litert")
         return cls.from_saved_model(presets.build(name, cache_dir, log=log), _description=f"preset {name}")
+
+    @classmethod
+    def from_litert(cls, path: str, num_threads: int = 1, _description: str | None = None) -> "Translator":
+        """A LiteRT model folder (nmt_tf.export --format=litert), translated
+        without TensorFlow (nmt_tf.litert_runtime; docs/litert.md). It has no
+        score signature, target prefixes or required terms yet."""
+        client = LiteRTClient(path, num_threads=num_threads)
+        return cls(lambda text: client(text=text), None, client.output_size("nbest_scores", 1),
+                   _description or f"LiteRT model {path}", client.model.manifest)
 
     @classmethod
     def from_saved_model(cls, path: str, _description: str | None = None) -> "Translator":
@@ -208,6 +228,8 @@ class Translator:
 
     def score(self, sources, targets, batch_size: int = 64) -> list[PairScore]:
         """log p(target | source) of each pair (lists of equal length)."""
+        if self._score is None:
+            raise ValueError(f"{self.description} cannot score pairs (a LiteRT model has no score signature yet)")
         sources, targets = list(sources), list(targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")

@@ -19,6 +19,10 @@ when its sentences' translations need them) instead of the whole target
 vocabulary (nmt_tf.shortlist; its lexical table is stored in
 the SavedModel).
 
+--format=litert writes a LiteRT model folder instead (nmt_tf.litert_export;
+docs/litert.md), with --litert_weights=int8 (default), float16 or float32:
+  python -m nmt_tf.export --model_dir=runs/m30k --average_checkpoints=5 --format=litert --export_dir=lite
+
 Writes EXPORT_DIR/<version>/ (the next free integer unless --version is
 given) atomically: the SavedModel is written to a hidden temporary folder
 beside it and renamed into place, so TF Serving never sees half a version.
@@ -83,13 +87,21 @@ from absl import flags as absl_flags
 from nmt_tf import flags as nmt_flags
 from nmt_tf.config import ExportConfig
 from nmt_tf.exporter import export
+from nmt_tf.litert_export import export_litert
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
 absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more than the highest existing).", lower_bound=0)
+absl_flags.DEFINE_enum("format", "savedmodel", ["savedmodel", "litert"],
+                       "savedmodel: a SavedModel for TF Serving and nmt_tf.serve (the default). litert: a LiteRT "
+                       "model folder (model.tflite with an encoder and a decoder-step signature, the SentencePiece "
+                       "models and vocabularies, nmt_tf_litert.json), translated by nmt_tf.translate "
+                       "--runtime=litert without TensorFlow and on devices (docs/litert.md); SentencePiece models "
+                       "only, one model (no --ensemble), float32 search, no --shortlist_size or --replace_unk; "
+                       "--litert_weights chooses the weights' storage.")
 nmt_flags.define_settings(ExportConfig, ("freeze_step_weights", "freeze_token_products"), module_name=__name__)
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "ensemble", "max_input_length", "mixed_precision",
-                                             *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS))
+                                             "litert_weights", *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS))
 
 
 def main(argv):
@@ -100,8 +112,12 @@ def main(argv):
     try:
         # Not given, the token products follow --freeze_step_weights (they are stored with its matrices).
         products = FLAGS.freeze_token_products if FLAGS["freeze_token_products"].present else FLAGS.freeze_step_weights
-        export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir,
-               nmt_flags.export_config(freeze_token_products=products), FLAGS.version)
+        config = nmt_flags.export_config(freeze_token_products=products)
+        if FLAGS.format == "litert":
+            export_litert([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir, config,
+                          FLAGS.litert_weights, FLAGS.version)
+        else:
+            export([FLAGS.model_dir, *(FLAGS.ensemble or [])], FLAGS.export_dir, config, FLAGS.version)
     except (OSError, ValueError) as e:      # ConfigError, FileNotFoundError, FileExistsError, WriteFailed (a full disk)
         return nmt_flags.user_error(e)
     return 0

@@ -195,6 +195,8 @@ def _allocated_extensions(log_probs, alive_score, k, penalties, kind, term_state
     eos = tf.one_hot(EOS_ID, log_probs.shape[2] or tf.shape(log_probs)[2])
     masked = (log_probs + tf.gather(penalties, kind)[:, None, :]
               + eos_mask(terms.unmet(term_state), kind, 2)[:, :, None] * eos)
+    # The beam's width stays static (a beam of 1 broadcast with the mask's unknown width lost it).
+    masked = tf.ensure_shape(masked, log_probs.shape)
     return terms.extensions(masked, alive_score, term_state, k,
                             lambda lp, score, width: _best_extensions(lp, score, width))
 

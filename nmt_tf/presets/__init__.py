@@ -48,6 +48,8 @@ import ml_dtypes
 import numpy as np
 
 from nmt_tf import exporter
+from nmt_tf.litert_export import export_litert
+from nmt_tf.litert_runtime import MANIFEST as LITERT_MANIFEST
 from nmt_tf import config as nmt_config
 from nmt_tf import model_dir as layout
 from nmt_tf.models import build_model, is_random_state
@@ -337,6 +339,36 @@ def read_checks(name: str) -> dict:
         return {}
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def build_litert(name: str, weights: str = "int8", cache_dir: str | None = None, log=print) -> str:
+    """The LiteRT model folder of preset `name` with `weights` storage
+    (nmt_tf.litert_export.WEIGHT_STORAGE), built on first use beside the
+    preset's SavedModel (<build>/litert-<weights>/1) and cached: later uses
+    find it there without TensorFlow. The first build needs TensorFlow."""
+    folder = preset_dir(name)
+    manifest = verify(folder)
+    target = os.path.join(build_dir(folder, manifest, cache_dir), f"litert-{weights}")
+    model = os.path.join(target, str(EXPORT_VERSION))
+    if os.path.isfile(os.path.join(model, LITERT_MANIFEST)):
+        return model
+    saved_model = build(name, cache_dir, log)
+    start = time.monotonic()
+    log(f"Building the LiteRT model of preset {manifest['name']} ({weights} weights) into {target} (once)...")
+    card = {key: manifest.get(key) for key in ("name", "description", "src_lang", "tgt_lang", "model", "parameters")}
+    card["weights_from"] = manifest["weights"]["from"]
+    try:
+        export_litert(os.path.join(os.path.dirname(os.path.dirname(saved_model)), "model"), target,
+                      _export_config(manifest["export"]), weights, version=EXPORT_VERSION, card=card,
+                      log=lambda *a: None)
+    except FileExistsError:         # another process built it meanwhile
+        if not os.path.isfile(os.path.join(model, LITERT_MANIFEST)):
+            raise
+    except OSError as e:
+        raise PresetError(f"cannot build the LiteRT model of preset {manifest['name']} in {target} "
+                          f"({type(e).__name__}: {e}); set NMT_TF_CACHE to a writable folder with room for it") from e
+    log(f"Built the LiteRT model of preset {manifest['name']} in {time.monotonic() - start:.0f} s: {model}")
+    return model
 
 
 def saved_model_for(saved_model: str | None, preset: str | None, log=print) -> str | None:
