@@ -43,6 +43,11 @@ import numpy as np
 
 from nmt_tf import protos
 
+# Longest a request waits for its merged batch (nmt_tf.serving: when its client set no shorter deadline).
+MAX_BATCH_WAIT_SECONDS = 300
+# Most batch threads a server runs (each runs the model).
+MAX_BATCH_THREADS = 256
+
 # TF Serving's BatchingParameters (tensorflow_serving/servables/tensorflow/session_bundle_config.proto),
 # which the tensorflow-serving-api package does not ship: its fields, numbers and types.
 _FIELDS = (("max_batch_size", 1, "Int64Value"), ("batch_timeout_micros", 2, "Int64Value"),
@@ -85,6 +90,15 @@ class BatchingParameters:
                 raise BatchingError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.batch_timeout_micros < 0:
             raise BatchingError(f"batch_timeout_micros must not be negative, not {self.batch_timeout_micros}")
+        # A request waits at most MAX_BATCH_WAIT_SECONDS for its batch (nmt_tf.serving), so a longer timeout
+        # could never be reached (int64's largest killed the batch thread with an OverflowError before).
+        if self.batch_timeout_micros > MAX_BATCH_WAIT_SECONDS * 1_000_000:
+            raise BatchingError(f"batch_timeout_micros must be at most {MAX_BATCH_WAIT_SECONDS * 1_000_000:,} "
+                                f"({MAX_BATCH_WAIT_SECONDS} s, the longest a request waits for its batch), not "
+                                f"{self.batch_timeout_micros:,}")
+        if self.num_batch_threads > MAX_BATCH_THREADS:
+            raise BatchingError(f"num_batch_threads must be at most {MAX_BATCH_THREADS} (each is a thread running "
+                                f"the model), not {self.num_batch_threads:,}")
         sizes = self.allowed_batch_sizes
         if sizes:
             if any(b <= a for a, b in zip(sizes, sizes[1:])) or sizes[0] < 1:

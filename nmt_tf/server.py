@@ -97,6 +97,11 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
             f"no version under {model_base_path} could be served: found {', '.join(map(str, found))}; "
             + (f"{registry.policy.describe()} failed to load: " + "; ".join(f"{v}: {m}" for v, m in failed.items())
                if failed else f"the version policy serves {registry.policy.describe()}"))
+    unserved = {label: version for label, version in registry.labels.items() if version not in registry.versions}
+    if unserved:       # as TF Serving: a label must name a version that is served
+        registry.stop()
+        raise ValueError(f"version_labels {unserved} name versions that are not served (served: "
+                         f"{', '.join(map(str, registry.versions))})")
     registry.watch(poll_seconds)
     limit = int(max_message_mb * 1024 * 1024)
     # grpcio sets SO_REUSEPORT by default: a second server on a taken port

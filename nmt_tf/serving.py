@@ -353,18 +353,23 @@ class ModelRegistry:
 
     def available_versions(self) -> list[int]:
         """The version folders with a saved_model.pb. Names that are no
-        int64 (TF Serving's version type, e.g. 99999999999999999999) are
-        ignored, with one log line per name."""
+        int64 (TF Serving's version type, e.g. 99999999999999999999), or
+        that are not plain ASCII digits without a leading zero ("٣١", "031",
+        which would alias version 31), are ignored, with one log line per name."""
         if not os.path.isdir(self.base_path):
             return []
         versions = []
         for name in os.listdir(self.base_path):
             if not re.fullmatch(r"\d+", name) or not os.path.exists(os.path.join(self.base_path, name, "saved_model.pb")):
                 continue
-            if int(name) >= 2**63:
+            # Only ASCII digits without leading zeros: "٣١" and "031" would otherwise alias version 31.
+            reason = ("a version number must fit in int64" if name.isascii() and int(name) >= 2**63 else
+                      "a version folder is named with ASCII digits and no leading zero"
+                      if not re.fullmatch(r"0|[1-9][0-9]*", name, re.A) else None)
+            if reason:
                 if name not in self._ignored:
                     self._ignored.add(name)
-                    self.log(f"ignoring {os.path.join(self.base_path, name)}: a version number must fit in int64")
+                    self.log(f"ignoring {os.path.join(self.base_path, name)}: {reason}")
                 continue
             versions.append(int(name))
         return sorted(versions)
@@ -380,6 +385,8 @@ class ModelRegistry:
         available = self.available_versions()
         wanted = self.policy.select(available)
         with self._lock:
+            # A failed version whose folder is gone is no longer reported (GetModelStatus kept it before).
+            self._failed = {v: failure for v, failure in self._failed.items() if v in available}
             loaded = dict(self._loaded)
         for version in wanted:
             if version in loaded:
@@ -624,7 +631,7 @@ def check_search_work(loaded: LoadedVersion, inputs, limit: int) -> None:
 
 
 # Longest a request waits for its merged batch when its client set no shorter deadline.
-BATCH_WAIT_SECONDS = 300.0
+BATCH_WAIT_SECONDS = float(batching.MAX_BATCH_WAIT_SECONDS)
 
 
 def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_message_bytes: int | None = None,

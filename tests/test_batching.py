@@ -38,6 +38,9 @@ def test_the_shipped_parameters_file_parses_with_tf_servings_meanings():
      "increasing"),
     ("num_batch_threads { value: 0 }", "num_batch_threads must be at least 1"),
     ("batch_timeout_micros { value: -1 }", "must not be negative"),
+    # issue 95: int64's largest killed the batch thread at the first request; 100,000 threads, a traceback
+    ("batch_timeout_micros { value: 9223372036854775807 }", "must be at most 300,000,000 \\(300 s"),
+    ("num_batch_threads { value: 100000 }", "num_batch_threads must be at most 256"),
 ])
 def test_a_bad_parameters_file_is_one_error_naming_it(text, fragment):
     with pytest.raises(BatchingError, match=fragment) as e:

@@ -66,10 +66,24 @@ def test_weights_are_stored_in_the_chosen_dtype_and_read_back_as_float32(dtype, 
     np.testing.assert_allclose(back, value, rtol=tolerance, atol=0)
 
 
+def _edit_manifest(folder, change):
+    path = os.path.join(folder, "preset.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    change(manifest)
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+
+
 @pytest.mark.parametrize("damage, fragment", [
     (lambda d: open(os.path.join(d, "vocab.tgt.txt"), "a").write("extra\n"), "vocab.tgt.txt is damaged"),
     (lambda d: os.remove(os.path.join(d, "weights.npz")), "weights.npz is missing"),
     (lambda d: open(os.path.join(d, "preset.json"), "w").write("{"), "preset.json cannot be read"),
+    # issue 95: a list, a manifest without files, and a file entry outside the folder are one error, no traceback
+    (lambda d: open(os.path.join(d, "preset.json"), "w").write("[1, 2]"), "holds a JSON list, not a preset"),
+    (lambda d: _edit_manifest(d, lambda m: m.pop("files")), 'has no "files" object'),
+    (lambda d: _edit_manifest(d, lambda m: m["files"].update({"../../../../etc/hostname": "0" * 64})),
+     "the file entry '../../../../etc/hostname' is not a plain file name"),
 ])
 def test_a_damaged_preset_is_refused_naming_the_file(tiny_preset, tmp_path, damage, fragment):
     copy = str(tmp_path / "p")

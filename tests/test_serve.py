@@ -332,6 +332,12 @@ def test_a_version_that_fails_to_load_is_reported_once_and_in_the_model_status(e
     states = {s.version: (s.state, s.status.error_code, s.status.error_message) for s in status.model_version_status}
     assert states[1] == (get_model_status_pb2.ModelVersionStatus.AVAILABLE, 0, "")
     assert states[2][0] == get_model_status_pb2.ModelVersionStatus.END and states[2][1] == 2 and states[2][2]
+    (base / "3").mkdir()
+    (base / "3" / "saved_model.pb").write_bytes(b"not a SavedModel either")
+    registry.poll()
+    shutil.rmtree(base / "3")                            # a failed version deleted: no longer reported
+    registry.poll()
+    assert sorted(registry.failed) == [2]
     shutil.rmtree(base / "2")
     shutil.copytree(exported[2], base / "2")             # repaired: its files changed
     registry.poll()
@@ -583,6 +589,14 @@ def test_a_removed_version_falls_back_to_the_highest_left_and_odd_names_are_igno
     assert registry.current.version == 2
     assert [line for line in lines if "int64" in line] == [
         f"ignoring {base / '99999999999999999999'}: a version number must fit in int64"]
+    for alias in ("\u0663\u0661", "02"):          # Arabic-Indic 31, and 2 with a leading zero (issue 95)
+        shutil.copytree(exported[2], base / alias)
+    registry.poll()
+    registry.poll()
+    assert registry.available_versions() == [1, 2] and registry.current.version == 2
+    assert sorted(line for line in lines if "no leading zero" in line) == sorted(
+        f"ignoring {base / alias}: a version folder is named with ASCII digits and no leading zero"
+        for alias in ("\u0663\u0661", "02"))
     shutil.rmtree(base / "2")
     registry.poll()
     assert registry.current.version == 1
@@ -696,6 +710,17 @@ def test_latest_two_versions_and_labels_are_served_and_fall_back(exported, tmp_p
     shutil.rmtree(base / "3")               # removed: unloaded, and the next highest loads
     registry.poll()
     assert registry.versions == [2, 1] and three.closed
+
+
+def test_a_version_label_naming_a_version_not_served_is_refused_at_start(exported, tmp_path):
+    """As TF Serving (issue 95): version_labels {"stable": 7} with versions 1 and 2 on disk is one error."""
+    base = tmp_path / "nmt"
+    for version in (1, 2):
+        shutil.copytree(exported[2], base / str(version))
+    with pytest.raises(ValueError, match=r"version_labels \{'stable': 7\} name versions that are not served "
+                                         r"\(served: 2\)"):
+        nmt_server.start_server("nmt", str(base), port=0, host="127.0.0.1", log=lambda *a: None,
+                                labels={"stable": 7})
 
 
 def test_a_new_version_that_fails_to_load_leaves_the_old_one_serving(exported, tmp_path):

@@ -95,8 +95,19 @@ def read_manifest(folder: str) -> dict:
             manifest = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PresetError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(manifest, dict):
+        raise PresetError(f"{path} holds a JSON {type(manifest).__name__}, not a preset manifest (an object)")
     if manifest.get("format") != FORMAT:
         raise PresetError(f"{path} has format {manifest.get('format')!r}; this nmt_tf reads format {FORMAT}")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise PresetError(f"{path} has no \"files\" object naming the preset's files and their SHA-256")
+    for name, digest in files.items():
+        # A preset's files are plain names in its own folder: "../../etc/hostname" is never read.
+        if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+                or os.sep in name or "\0" in name or not isinstance(digest, str)):
+            raise PresetError(f"{path}: the file entry {str(name)[:80]!r} is not a plain file name of the preset's "
+                              "folder with its SHA-256")
     return manifest
 
 
