@@ -55,6 +55,28 @@ def test_a_built_preset_is_reused_and_a_changed_one_rebuilt(tiny_preset, tmp_pat
     assert presets.build_dir(copy, manifest, cache) != presets.build_dir(folder, presets.read_manifest(folder), cache)
 
 
+def test_a_damaged_cached_build_is_built_again(tiny_preset, tmp_path):
+    """Issue 95: truncated variables, or a deleted saved_model.pb, in the cache: the
+    next use says so and builds it again (it used to fail "export it again" forever,
+    or "Directory not empty"); a build that cannot be removed names the folder."""
+    folder, _, _ = tiny_preset
+    cache = str(tmp_path / "cache")
+    saved_model = presets.build(folder, cache, log=lambda *a: None)
+    variables = os.path.join(saved_model, "variables", "variables.data-00000-of-00001")
+    with open(variables, "r+b") as f:
+        f.truncate(os.path.getsize(variables) // 2)
+    said = []
+    assert presets.build(folder, cache, log=said.append) == saved_model
+    assert said[0].startswith(f"The cached build {os.path.dirname(os.path.dirname(saved_model))} is damaged "
+                              "(export/1/variables/variables.data-00000-of-00001 has ")
+    assert SignatureClient(saved_model=saved_model)(text=SENTENCES)["translation"].shape == (len(SENTENCES),)
+    os.remove(os.path.join(saved_model, "saved_model.pb"))
+    said = []
+    assert presets.build(folder, cache, log=said.append) == saved_model
+    assert "(export/1/saved_model.pb is missing)" in said[0] and os.path.isfile(os.path.join(saved_model,
+                                                                                            "saved_model.pb"))
+
+
 @pytest.mark.parametrize("dtype, tolerance", [("float16", 1e-3), ("bfloat16", 8e-3), ("float32", 0.0)])
 def test_weights_are_stored_in_the_chosen_dtype_and_read_back_as_float32(dtype, tolerance):
     rng = np.random.default_rng(0)

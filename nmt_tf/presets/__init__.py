@@ -174,7 +174,7 @@ def build(name: str, cache_dir: str | None = None, log=print) -> str:
     manifest = verify(folder)
     target = build_dir(folder, manifest, cache_dir)
     saved_model = os.path.join(target, "export", str(EXPORT_VERSION))
-    if os.path.isfile(os.path.join(saved_model, "saved_model.pb")):
+    if _usable(target, ("model", "export"), log):
         return saved_model
     start = time.monotonic()
     log(f"Building preset {manifest['name']} into {target} (once; later uses load it from there)...")
@@ -184,6 +184,7 @@ def build(name: str, cache_dir: str | None = None, log=print) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         _write_model_dir(folder, manifest, os.path.join(tmp, "model"))
         _export(manifest, os.path.join(tmp, "model"), os.path.join(tmp, "export"))
+        _record_build(tmp, ("model", "export"))
         try:
             os.rename(tmp, target)
         except OSError:
@@ -196,6 +197,58 @@ def build(name: str, cache_dir: str | None = None, log=print) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"Built preset {manifest['name']} in {time.monotonic() - start:.0f} s: {saved_model}")
     return saved_model
+
+
+BUILT = "built.json"      # what a build wrote: {path relative to its folder: size in bytes}
+
+
+def _files(folder: str, parts) -> dict:
+    sizes = {}
+    for part in parts:
+        for root, _, names in os.walk(os.path.join(folder, part)):
+            for name in names:
+                path = os.path.join(root, name)
+                sizes[os.path.relpath(path, folder)] = os.path.getsize(path)
+    return sizes
+
+
+def _record_build(folder: str, parts) -> None:
+    with open(os.path.join(folder, BUILT), "w", encoding="utf-8") as f:
+        json.dump(_files(folder, parts), f, indent=1, sort_keys=True)
+
+
+def _damage(folder: str, parts) -> str | None:
+    """What is wrong with a cached build (its files against its built.json), or None."""
+    try:
+        with open(os.path.join(folder, BUILT), encoding="utf-8") as f:
+            recorded = json.load(f)
+    except (OSError, ValueError):
+        return f"no readable {BUILT}: the build did not finish"
+    found = _files(folder, parts)
+    for path, size in sorted(recorded.items()):
+        if path not in found:
+            return f"{path} is missing"
+        if found[path] != size:
+            return f"{path} has {found[path]:,} bytes, the build wrote {size:,}"
+    return None
+
+
+def _usable(folder: str, parts, log) -> bool:
+    """Whether a cached build can be used as it is. A damaged one (a file
+    missing or cut short) is removed, once, to be built again; a PresetError
+    names the folder to delete if it cannot be."""
+    if not os.path.isdir(folder):
+        return False
+    damage = _damage(folder, parts)
+    if damage is None:
+        return True
+    log(f"The cached build {folder} is damaged ({damage}): building it again.")
+    try:
+        shutil.rmtree(folder)
+    except OSError as e:
+        raise PresetError(f"the cached build {folder} is damaged ({damage}) and cannot be removed "
+                          f"({type(e).__name__}: {e}): delete that folder, or set NMT_TF_CACHE to another") from e
+    return False
 
 
 def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
@@ -361,7 +414,7 @@ def build_litert(name: str, weights: str = "int8", cache_dir: str | None = None,
     manifest = verify(folder)
     target = os.path.join(build_dir(folder, manifest, cache_dir), f"litert-{weights}")
     model = os.path.join(target, str(EXPORT_VERSION))
-    if os.path.isfile(os.path.join(model, LITERT_MANIFEST)):
+    if _usable(target, (str(EXPORT_VERSION),), log):
         return model
     saved_model = build(name, cache_dir, log)
     start = time.monotonic()
@@ -372,6 +425,7 @@ def build_litert(name: str, weights: str = "int8", cache_dir: str | None = None,
         export_litert(os.path.join(os.path.dirname(os.path.dirname(saved_model)), "model"), target,
                       _export_config(manifest["export"]), weights, version=EXPORT_VERSION, card=card,
                       log=lambda *a: None)
+        _record_build(target, (str(EXPORT_VERSION),))
     except FileExistsError:         # another process built it meanwhile
         if not os.path.isfile(os.path.join(model, LITERT_MANIFEST)):
             raise
