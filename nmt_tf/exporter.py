@@ -10,6 +10,7 @@ into its assets.extra/. nmt_tf.presets builds its SavedModels with it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -72,12 +73,27 @@ def write_metadata(saved_model_dir: str, model_dirs: list[str], trained, decodin
     os.makedirs(extra, exist_ok=True)
     meta = {**metadata(trained, decoding, checkpoint),
             "model_dirs": [os.path.abspath(d) for d in model_dirs], "replace_unk": decoding.replace_unk,
-            "unk_dictionary": decoding.unk_dictionary if decoding.replace_unk else None}
+            "unk_dictionary": decoding.unk_dictionary if decoding.replace_unk else None,
+            "asset_sha256": asset_digests(saved_model_dir)}
     with open(os.path.join(extra, EXPORT_METADATA), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
     for path in data.word_shortlist_paths(model_dir):
         if os.path.exists(path):
             shutil.copy(path, os.path.join(extra, os.path.basename(path)))
+
+
+def asset_digests(saved_model_dir: str) -> dict:
+    """{file under assets/: SHA-256}: what the graph was saved with (vocabularies,
+    SentencePiece models). A server checks them before it serves a version
+    (nmt_tf.serving.check_assets)."""
+    assets = os.path.join(saved_model_dir, "assets")
+    digests = {}
+    for root, _, names in os.walk(assets):
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                digests[os.path.relpath(path, assets)] = hashlib.sha256(f.read()).hexdigest()
+    return digests
 
 
 def remove_stale_temporaries(export_dir: str, log=print) -> list[str]:

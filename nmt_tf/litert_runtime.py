@@ -20,6 +20,7 @@ tools need not know which runtime translates.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import threading
@@ -63,6 +64,14 @@ def read_manifest(folder: str) -> dict:
     return manifest
 
 
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _read_vocabulary(path: str) -> list[str]:
     with open(path, encoding="utf-8") as f:
         tokens = f.read().split("\n")
@@ -94,6 +103,11 @@ class LiteRTModel:
         for path in files.values():
             if not os.path.isfile(path):
                 raise LiteRTModelError(f"{path}: missing (named by {os.path.join(folder, MANIFEST)})")
+        for name, digest in sorted(manifest.get("sha256", {}).items()):
+            path = os.path.join(folder, name)
+            if os.path.isfile(path) and sha256_of(path) != digest:
+                raise LiteRTModelError(f"{path}: not the file the export wrote (its SHA-256 differs from "
+                                       f"{os.path.join(folder, MANIFEST)}'s): export the model again")
         try:
             self.interpreter = Interpreter(model_path=files["model"], num_threads=num_threads)
             self._encode = _Runner(self.interpreter, "encode")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import hashlib
 import math
 import os
 import re
@@ -79,6 +80,7 @@ class LoadedVersion:
         self._users = 0
         self._retired = self.closed = False
         try:
+            check_assets(path)
             self.alignment_shape = _alignment_bound(path)
             self.search_cost = SearchCost.of(path)
             self.warmed_up = self._warm_up()
@@ -157,6 +159,28 @@ class LoadedVersion:
                 raise ValueError(f"warm-up request {number} of {path} failed: {type(e).__name__}: {e}") from e
             replayed += 1
         return replayed
+
+
+def check_assets(path: str) -> None:
+    """Refuses a version whose assets (vocabularies, SentencePiece models)
+    are not the ones its graph was exported with (nmt_tf.json's
+    asset_sha256): a truncated vocabulary loaded, passed warm-up and answered
+    "Un[UNK][UNK]..." before (issue 95). Exports from before the digests, and
+    SavedModels that are not nmt_tf exports, are not checked."""
+    try:
+        recorded = read_metadata(path).get("asset_sha256")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return
+    for name, digest in sorted((recorded or {}).items()):
+        asset = os.path.join(path, "assets", name)
+        try:
+            with open(asset, "rb") as f:
+                actual = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            raise ValueError(f"assets/{name} is missing (the export wrote it); the version is not served") from None
+        if actual != digest:
+            raise ValueError(f"assets/{name} is not the file the graph was exported with (SHA-256 {actual[:12]}..., "
+                             f"the export wrote {digest[:12]}...); the version is not served")
 
 
 def _alignment_bound(path: str) -> tuple[int, int] | None:

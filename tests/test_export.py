@@ -536,9 +536,21 @@ def test_a_damaged_litert_folder_is_one_error_naming_the_file(litert_export, tmp
         data = (folder / "model.tflite").read_bytes()
         (folder / "model.tflite").write_bytes(data[:len(data) // 3])
 
-    assert "model.tflite: not a usable LiteRT model" in damaged(truncate)
-    assert "model.tflite: not a usable LiteRT model" in damaged(
-        lambda f: (f / "model.tflite").write_bytes(b"PK\x03\x04 not a flatbuffer" * 100))
+    assert "model.tflite: not the file the export wrote" in damaged(truncate)
+
+    def unchecked(change):           # without the manifest's digests, the interpreter's own refusal
+        def both(folder):
+            manifest = json.loads((folder / "nmt_tf_litert.json").read_text())
+            manifest.pop("sha256")
+            (folder / "nmt_tf_litert.json").write_text(json.dumps(manifest))
+            change(folder)
+        return both
+
+    assert "model.tflite: not a usable LiteRT model" in damaged(unchecked(truncate))
+    assert "model.tflite: not a usable LiteRT model" in damaged(unchecked(
+        lambda f: (f / "model.tflite").write_bytes(b"PK\x03\x04 not a flatbuffer" * 100)))
+    assert "vocab.tgt.txt: not the file the export wrote" in damaged(
+        lambda f: (f / "vocab.tgt.txt").write_text("[PAD]\n[UNK]\n[BOS]\n[EOS]\n"))
 
     def other_version(folder):
         manifest = json.loads((folder / "nmt_tf_litert.json").read_text())

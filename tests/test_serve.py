@@ -740,6 +740,26 @@ def test_a_new_version_that_fails_to_load_leaves_the_old_one_serving(exported, t
     assert registry.versions == [3]          # the policy's version serves: the old one is unloaded
 
 
+def test_a_version_with_a_damaged_vocabulary_asset_is_refused_and_the_old_one_stays(exported, tmp_path):
+    """Issue 95: a new version whose assets/vocab.tgt.txt was cut short loaded, passed
+    warm-up and answered "Un[UNK][UNK]..."; its assets are now checked against the
+    digests the export recorded, and it is refused with one message naming the file."""
+    from nmt_tf.serving import ModelRegistry
+
+    base = tmp_path / "nmt"
+    shutil.copytree(exported[2], base / "1")
+    logs = []
+    registry = ModelRegistry("nmt", str(base), log=logs.append)
+    registry.poll()
+    shutil.copytree(exported[2], base / "2")
+    vocab = base / "2" / "assets" / "vocab.tgt.txt"
+    vocab.write_text("\n".join(vocab.read_text().splitlines()[:6]) + "\n")
+    registry.poll()
+    assert registry.versions == [1]
+    assert "assets/vocab.tgt.txt is not the file the graph was exported with" in registry.failed[2]
+    assert sum("could not load nmt version 2" in line for line in logs) == 1
+
+
 def test_the_model_config_file_of_tf_serving_is_read(tmp_path):
     from nmt_tf.serving import read_model_config
 
