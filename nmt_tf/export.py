@@ -61,6 +61,10 @@ translate_constrained (serving_default's outputs, steered):
   outputs  serving_default's, and
            terms_met           [batch] bool, the translation holds every required term
            nbest_terms_met     [batch, N] bool
+           terms_spellable     [batch] bool, False where a term cannot be written with the target
+                               vocabulary (an [UNK] token, except one unknown word of a word-level
+                               model, written as the term's text; or a control character): that
+                               term is left out of the search and terms_met is False
   Every hypothesis of sentence i starts with the tokens of target_prefix[i]
   (forced), then the search is free; the translation starts with the prefix
   byte for byte (its trailing whitespace dropped). Every returned hypothesis

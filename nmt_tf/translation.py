@@ -104,6 +104,8 @@ def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignm
     record = {"translation": translation}
     if "terms_met" in out:
         record["terms_met"] = bool(out["terms_met"][i])
+    if "terms_spellable" in out:        # False: a term has a token outside the target vocabulary
+        record["terms_spellable"] = bool(out["terms_spellable"][i])
     if with_scores:
         record["score"] = float(out["score"][i])
         record["log_prob"] = float(out["log_prob"][i])
@@ -162,8 +164,12 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
                 print(f"warning: line {done + i + 1} was longer than the model's input limit and was cut",
                       file=sys.stderr)
             if plain and "terms_met" in result and not result["terms_met"][row]:
-                print(f"warning: line {done + i + 1}: its required terms did not fit in the length limit; "
-                      "its translation is the best partial one", file=sys.stderr)
+                unspellable = "terms_spellable" in result and not result["terms_spellable"][row]
+                print(f"warning: line {done + i + 1}: " + (
+                    "a required term cannot be spelled with the model's target vocabulary (a token of it is "
+                    "[UNK], or it holds a control character); it was left out" if unspellable else
+                    "its required terms did not fit in the length limit; its translation is the best partial one"),
+                    file=sys.stderr)
             out.write(format_result(result, row, n_best, with_scores, with_alignments) + "\n")
         out.flush()
         done += len(window)

@@ -157,7 +157,16 @@ class TranslationGraph:
 
     def _required_terms(self, required_terms):
         """Tab-separated terms -> (ids [B, C, L] 0-padded, their tokens [B, C, L]
-        "" padded), C <= MAX_REQUIRED_TERMS."""
+        "" padded, spellable [B]), C <= MAX_REQUIRED_TERMS. A term the model
+        cannot write is left out of the search, and its sentence's
+        `spellable` is False (issue 95: three foreign terms came back as one
+        repeated [UNK], terms_met true): one that holds a control character
+        (tokenization would drop it), and one with an [UNK] token, unless
+        the tokenizer is word-level, where an unknown word is written as the
+        term's own text (as [UNK] replacement writes it) and only a second
+        such term of the same sentence is refused (one [UNK] would meet both)."""
+        from nmt_tf.text import UNK_ID
+
         tf = self.tf
         terms = tf.strings.strip(tf.strings.split(required_terms, "\t"))
         terms = tf.ragged.boolean_mask(terms, terms != "")
@@ -165,10 +174,21 @@ class TranslationGraph:
             tf.reduce_max(tf.concat([terms.row_lengths(), [0]], 0)), tf.constant(MAX_REQUIRED_TERMS, tf.int64),
             message=f"more than {MAX_REQUIRED_TERMS} required terms for one sentence")
         tokens = self.target_tokenizer.tokenize(terms.flat_values)[:, :self.max_input_length]
+        ids = self._target_ids(tokens)
+        has_unk = tf.reduce_any(ids == UNK_ID, axis=1)                                              # [terms]
+        if getattr(self.target_tokenizer, "word_level", False):
+            # the sentence's second and later terms with an unknown word
+            dense = terms.with_flat_values(has_unk).to_tensor(False)                                # [B, C]
+            later = dense & (tf.math.cumsum(tf.cast(dense, tf.int32), axis=1) > 1)
+            has_unk = tf.boolean_mask(later, tf.sequence_mask(terms.row_lengths(), tf.shape(dense)[1]))
+        unspellable = has_unk | tf.strings.regex_full_match(terms.flat_values, r"(?s).*\pC.*")
+        keep = tokens.with_flat_values(tf.repeat(~unspellable, tokens.row_lengths()))
+        ids, tokens = tf.ragged.boolean_mask(ids, keep), tf.ragged.boolean_mask(tokens, keep)
+        spellable = ~tf.reduce_any(terms.with_flat_values(unspellable), axis=1)
         at_least_one = lambda x: tf.pad(x, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(x)[1])],
                                             [0, tf.maximum(0, 1 - tf.shape(x)[2])]])      # no terms: one empty
-        return (at_least_one(terms.with_flat_values(self._target_ids(tokens)).to_tensor(0)),
-                at_least_one(terms.with_flat_values(tokens).to_tensor("")))
+        return (at_least_one(terms.with_flat_values(ids).to_tensor(0)),
+                at_least_one(terms.with_flat_values(tokens).to_tensor("")), spellable)
 
     def _target_ids(self, tokens):
         """Ragged target tokens -> ids, a special token's text in them read as a
@@ -197,7 +217,7 @@ class TranslationGraph:
         if target_prefix is not None:
             options, shortlist = dataclasses.replace(options, shortlist_size=0), None
             prefix_ids, prefix_tokens, given = self._prefix(target_prefix)
-            term_ids, term_tokens = self._required_terms(required_terms)
+            term_ids, term_tokens, spellable = self._required_terms(required_terms)
         out = search(self.model, source, options, shortlist, prefix_ids, term_ids,
                      None if term_ids is None else self.target_tokenizer.word_continuation())
         batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
@@ -230,8 +250,10 @@ class TranslationGraph:
             "source_tokens": source_tokens, "target_tokens": target_tokens,
             "alignment": alignment, "truncated": truncated,
             "nbest_translations": texts, "nbest_scores": scores,
-            **({} if "terms_met" not in out else {"terms_met": out["terms_met"][:, 0] | empty,
-                                                  "nbest_terms_met": out["terms_met"] | empty[:, None]}),
+            **({} if "terms_met" not in out else {"terms_met": (out["terms_met"][:, 0] & spellable) | empty,
+                                                  "nbest_terms_met": (out["terms_met"] & spellable[:, None])
+                                                  | empty[:, None],
+                                                  "terms_spellable": spellable}),
         }
 
     def score(self, source, target):

@@ -202,9 +202,20 @@ def test_translate_constrained_translations_hold_every_required_term(which, requ
         for translation, score in zip(out["nbest_translations"].numpy()[i], out["nbest_scores"].numpy()[i]):
             if score > -1e8:
                 assert all(term.strip() in translation.decode() for term in terms.split("\t")), translation
+    assert out["terms_spellable"].numpy().all()   # the word model writes its unknown "neige" as the term's text
     with pytest.raises(tf.errors.InvalidArgumentError, match="more than 16 required terms"):
         loaded["translate_constrained"](text=text[:1], target_prefix=tf.constant([""]),
                                         required_terms=tf.constant(["\t".join(["chien"] * 17)]))
+    # Issue 95: terms the target vocabulary cannot spell ([UNK] tokens, a control character) are left out
+    # of the search, with terms_met false: "日本語", "🙂🙂" and "ЖжЖ" were all "met" by one repeated [UNK].
+    # (A word model writes one unknown word as the term's own text; a second one in the sentence is refused.)
+    foreign = loaded["translate_constrained"](
+        text=tf.constant(["A man.", "A man."]), target_prefix=tf.constant(["", ""]),
+        required_terms=tf.constant(["日本語\t🙂🙂\tЖжЖ", "chi\x07en"]))
+    assert not foreign["terms_met"].numpy().any() and not foreign["terms_spellable"].numpy().any()
+    assert not foreign["nbest_terms_met"].numpy().any()
+    translations = [t.decode() for t in foreign["translation"].numpy()]
+    assert translations[0].count("日本語") <= 1 and "🙂" not in translations[0] and "Ж" not in translations[0]
 
 
 def test_mixed_bfloat16_export_computes_in_bfloat16_and_equals_the_python_search_in_it(exported, tmp_path):
