@@ -822,3 +822,40 @@ def test_a_glossary_finds_whole_words_longest_first(tmp_path):
         Glossary(str(path))
     with pytest.raises(FileNotFoundError, match=r"\(--glossary\)"):
         Glossary(str(tmp_path / "missing.tsv"))
+
+
+def test_one_connection_flooding_the_server_leaves_another_served(exported, tmp_path):
+    """Issue 95: 3,000 pending Predicts from one client made another client's call
+    time out (an unbounded queue). Now one connection has at most half the workers'
+    calls open at once (its others wait in the client) and the server admits at
+    most 4 x threads calls: another connection's calls are answered while the flood
+    waits."""
+    srv, registry, port = nmt_server.start_server("nmt", exported[1], port=0, host="127.0.0.1", threads=4,
+                                                  log=lambda *a: None)
+    try:
+        # Each its own connection (channels of one process to one target share theirs by default).
+        connect = lambda: prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(   # noqa: E731
+            f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]))
+        flooder, other = connect(), connect()
+        other.Predict(request(["A dog."]), timeout=60)
+        flood = [flooder.Predict.future(request(["A man in a blue shirt is standing on a ladder."] * 8), timeout=20)
+                 for _ in range(3000)]
+        # Behind an unbounded queue of 3,000 such calls on 4 workers these would wait for minutes.
+        answers = [other.Predict(request(["Two dogs run."]), timeout=10) for _ in range(5)]
+        assert all(tf.make_ndarray(a.outputs["translation"]).shape == (1,) for a in answers)
+        codes, details = [], None
+        for call in flood:
+            try:
+                call.result()
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+                details = e.details()
+        # A call over the connection's limit is refused (UNAVAILABLE, "Stream removed": HTTP/2 REFUSED_STREAM,
+        # safe to retry) or waits in the client until its deadline.
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}, (
+            set(codes), details)
+        assert grpc.StatusCode.OK in codes
+    finally:
+        srv.stop(0)
+        registry.stop()
