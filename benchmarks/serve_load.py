@@ -79,7 +79,10 @@ def run(address, model_name, sentences, clients, total, warmup):
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    channels = [grpc.insecure_channel(address) for _ in range(clients)]
+    # One connection per client, as separate client processes have (channels of one process to one target
+    # share a connection by default, and nmt_tf.serve gives one connection half its workers at most).
+    channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(clients)]
     stubs = [prediction_service_pb2_grpc.PredictionServiceStub(c) for c in channels]
     requests = []
     for s in sentences:
