@@ -109,16 +109,15 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
     limit = int(max_message_mb * 1024 * 1024)
     # grpcio sets SO_REUSEPORT by default: a second server on a taken port
     # would start and share the connections. TF Serving refuses the port.
-    # One client connection has at most half the workers' calls open at once (HTTP/2's
-    # SETTINGS_MAX_CONCURRENT_STREAMS: its further calls wait in the client, not in this server's queue),
-    # and the server admits at most PENDING_PER_THREAD x threads calls (running or waiting for a worker):
-    # one more is refused at once (RESOURCE_EXHAUSTED) instead of joining an unbounded queue (issue 95:
-    # 3,000 pending calls of one client made another's time out).
+    # The server admits at most PENDING_PER_THREAD x threads calls (running or waiting for a worker): one
+    # more is refused at once (RESOURCE_EXHAUSTED) instead of joining an unbounded queue (issue 95: 3,000
+    # pending calls of one client made another's time out). (A per-connection limit of HTTP/2 streams was
+    # tried: a client bursting its concurrent calls on a new connection, as batching clients do, had the
+    # excess reset, UNAVAILABLE.)
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads),
                          options=[("grpc.max_receive_message_length", limit),
                                   ("grpc.max_send_message_length", limit),
-                                  ("grpc.so_reuseport", 0),
-                                  ("grpc.max_concurrent_streams", max(1, threads // 2))],
+                                  ("grpc.so_reuseport", 0)],
                          maximum_concurrent_rpcs=PENDING_PER_THREAD * threads)
     prediction, model_service = make_servicers(registry, max_batch_size, limit, batcher)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
