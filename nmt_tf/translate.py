@@ -12,7 +12,8 @@ Usage:
 With --runtime=litert a LiteRT model runs in this process instead, without
 TensorFlow (--litert_model=FOLDER, from nmt_tf.export --format=litert; or
 --preset's, built on first use with --litert_weights, int8 by default):
-the same outputs, several times faster on a CPU (docs/litert.md).
+the same outputs; one sentence at a time 2.7x as fast as the SavedModel
+on an AMX Xeon, batches still slower (docs/litert.md).
 
 With --saved_model the SavedModel runs in this process (--preset: the
 SavedModel of a model shipped with nmt_tf, built on first use; see
