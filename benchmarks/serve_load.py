@@ -80,7 +80,7 @@ def run(address, model_name, sentences, clients, total, warmup):
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     # One connection per client, as separate client processes have (channels of one process to one target
-    # share a connection by default, and nmt_tf.serve gives one connection half its workers at most).
+    # share a connection by default).
     channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(clients)]
     stubs = [prediction_service_pb2_grpc.PredictionServiceStub(c) for c in channels]
