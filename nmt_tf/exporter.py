@@ -10,7 +10,6 @@ into its assets.extra/. nmt_tf.presets builds its SavedModels with it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -18,7 +17,7 @@ import shutil
 
 from nmt_tf import custom_gradients
 from nmt_tf.config import DecodingConfig, ExportConfig
-from nmt_tf.files import WriteFailed
+from nmt_tf.files import WriteFailed, sha256
 from nmt_tf.lexicon import for_search
 from nmt_tf.restore import restore_ensemble
 from nmt_tf.saved_models import EXPORT_METADATA
@@ -91,8 +90,7 @@ def asset_digests(saved_model_dir: str) -> dict:
     for root, _, names in os.walk(assets):
         for name in sorted(names):
             path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                digests[os.path.relpath(path, assets)] = hashlib.sha256(f.read()).hexdigest()
+            digests[os.path.relpath(path, assets)] = sha256(path)
     return digests
 
 

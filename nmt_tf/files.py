@@ -1,5 +1,5 @@
 """Opening the user's text files: plain or gzip, recognized by content (not by
-name); writing the project's own files atomically.
+name); writing the project's own files atomically; a file's SHA-256.
 
 TensorFlow-free, so that light scripts (pipelines/wmt14_en_fr/prepare.py) can use it.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import hashlib
 import io
 import os
 import sys
@@ -84,6 +85,15 @@ def write_atomically(path: str, content: str | bytes) -> None:
         except OSError:
             pass
         raise WriteFailed(path, e) from e
+
+
+def sha256(path: str) -> str:
+    """The SHA-256 of a file, read in blocks of 1 MiB (presets' and exports' manifests)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def files_stamp(path: str) -> tuple:

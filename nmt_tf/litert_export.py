@@ -37,8 +37,8 @@ import tempfile
 from nmt_tf import custom_gradients
 from nmt_tf.config import ExportConfig
 from nmt_tf.exporter import metadata, next_version, remove_stale_temporaries
-from nmt_tf.files import WriteFailed
-from nmt_tf.litert_runtime import FORMAT_VERSION, MANIFEST, sha256_of
+from nmt_tf.files import WriteFailed, sha256
+from nmt_tf.litert_runtime import FORMAT_VERSION, MANIFEST
 from nmt_tf.model_dir import SENTENCEPIECE_MODELS
 from nmt_tf.restore import restore_model
 from nmt_tf.translation_graph import tf_variables
@@ -93,7 +93,7 @@ def export_litert(model_dir, export_dir: str, config: ExportConfig | None = None
                 "card": dict(card or {}),
             }
             manifest["checkpoint"] = os.path.basename(str(manifest["checkpoint"]))
-            manifest["sha256"] = {name: sha256_of(os.path.join(tmp, name)) for name in manifest["files"].values()}
+            manifest["sha256"] = {name: sha256(os.path.join(tmp, name)) for name in manifest["files"].values()}
             with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=2)
             os.rename(tmp, final)

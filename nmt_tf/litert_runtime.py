@@ -20,7 +20,6 @@ tools need not know which runtime translates.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import threading
@@ -28,6 +27,7 @@ import threading
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
+from nmt_tf.files import sha256
 from nmt_tf.host_text import SentencePieceSource
 
 FORMAT_VERSION = 1
@@ -64,14 +64,6 @@ def read_manifest(folder: str) -> dict:
     return manifest
 
 
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _read_vocabulary(path: str) -> list[str]:
     with open(path, encoding="utf-8") as f:
         tokens = f.read().split("\n")
@@ -105,7 +97,7 @@ class LiteRTModel:
                 raise LiteRTModelError(f"{path}: missing (named by {os.path.join(folder, MANIFEST)})")
         for name, digest in sorted(manifest.get("sha256", {}).items()):
             path = os.path.join(folder, name)
-            if os.path.isfile(path) and sha256_of(path) != digest:
+            if os.path.isfile(path) and sha256(path) != digest:
                 raise LiteRTModelError(f"{path}: not the file the export wrote (its SHA-256 differs from "
                                        f"{os.path.join(folder, MANIFEST)}'s): export the model again")
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import hashlib
 import math
 import os
 import re
@@ -26,7 +25,7 @@ from absl import logging
 from google.protobuf import any_pb2
 
 from nmt_tf import batching, protos
-from nmt_tf.files import files_stamp
+from nmt_tf.files import files_stamp, sha256
 from nmt_tf.host_text import source_counter
 from nmt_tf.saved_models import load_session, read_metadata
 
@@ -172,10 +171,8 @@ def check_assets(path: str) -> None:
     except (FileNotFoundError, ValueError, AttributeError):
         return
     for name, digest in sorted((recorded or {}).items()):
-        asset = os.path.join(path, "assets", name)
         try:
-            with open(asset, "rb") as f:
-                actual = hashlib.sha256(f.read()).hexdigest()
+            actual = sha256(os.path.join(path, "assets", name))
         except OSError:
             raise ValueError(f"assets/{name} is missing (the export wrote it); the version is not served") from None
         if actual != digest:

@@ -48,6 +48,7 @@ import ml_dtypes
 import numpy as np
 
 from nmt_tf import exporter
+from nmt_tf.files import sha256
 from nmt_tf.litert_export import export_litert
 from nmt_tf.litert_runtime import MANIFEST as LITERT_MANIFEST
 from nmt_tf import config as nmt_config
@@ -109,14 +110,6 @@ def read_manifest(folder: str) -> dict:
             raise PresetError(f"{path}: the file entry {str(name)[:80]!r} is not a plain file name of the preset's "
                               "folder with its SHA-256")
     return manifest
-
-
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verify(folder: str) -> dict:
