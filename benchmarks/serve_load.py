@@ -10,14 +10,18 @@ not timed. Reports throughput (requests/s), latency p50 / p90 / p99 in
 milliseconds and the number of failed requests (which must be 0). With
 --clients_list, runs one measurement per client count.
 
-With --batching_parameters_file (and --model_base_path), two servers are
-started, one without and one with `--enable_batching` and those parameters,
-and each client count is measured on both, --rounds times, alternating which
-goes first; the output gives each round's numbers, the medians, and the
-batched/unbatched ratios of requests/s, with p99 against the unbatched
-one-client p50:
+With --batching_parameters_file or --litert_base_path (and --model_base_path),
+servers are started side by side: "tensorflow" (the SavedModel versions of
+--model_base_path), "tensorflow_batched" (the same with `--enable_batching`
+and those parameters) and "litert" (`--runtime=litert` on the LiteRT model
+versions of --litert_base_path). Each client count is measured on each,
+--rounds times, turning which goes first; the output gives each round's
+numbers, the medians, each server's resident memory (now and at its peak,
+after the load), and every other server's requests/s and p50 over the
+"tensorflow" server's, with its p99 against that server's one-client p50:
 
   python benchmarks/serve_load.py --model_base_path=E --batching_parameters_file=export/batching_parameters.txt
+  python benchmarks/serve_load.py --model_base_path=<build>/export --litert_base_path=<build>/litert-int8 --rounds=3
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # noqa: F401  (--model_name, --server: a running server, else one is started)
 from nmt_tf.files import read_lines
+from nmt_tf.hardware import vector_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 absl_flags.DEFINE_string("model_base_path", None, "Export directory to serve with nmt_tf.serve.")
@@ -50,8 +55,12 @@ absl_flags.DEFINE_list("server_args", [], "More flags for the nmt_tf.serve it st
 absl_flags.DEFINE_string("source", os.path.join(REPO, "data/multi30k/test_2016_flickr.en.gz"), "Sentences.")
 absl_flags.DEFINE_string("batching_parameters_file", None,
                          "Also measure a server with --enable_batching and these parameters, side by side.")
-absl_flags.DEFINE_integer("rounds", 1, "With --batching_parameters_file: measurements per server and client "
-                          "count, alternating which server goes first.", lower_bound=1)
+absl_flags.DEFINE_string("litert_base_path", None,
+                         "Also measure nmt_tf.serve --runtime=litert serving the LiteRT model versions under this "
+                         "folder (a preset's: the folder above python -c \"from nmt_tf import presets; "
+                         "print(presets.build_litert('multi30k_en_fr'))\"), side by side.")
+absl_flags.DEFINE_integer("rounds", 1, "With --batching_parameters_file or --litert_base_path: measurements per "
+                          "server and client count, turning which server goes first.", lower_bound=1)
 
 
 def free_port() -> int:
@@ -61,6 +70,7 @@ def free_port() -> int:
 
 
 def start_server(base_path: str, model_name: str, onednn: bool, extra_args=()):
+    """nmt_tf.serve on a free port, started here; (process, address) once it serves."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "nmt_tf.serve", f"--port={port}", "--host=127.0.0.1",
                              f"--model_base_path={base_path}", f"--model_name={model_name}", "--threads=32",
@@ -135,47 +145,75 @@ def run(address, model_name, sentences, clients, total, warmup):
             "errors": len(errors)}
 
 
-def compare_batching(sentences, model_name, base_path, onednn, extra_args, params_file, clients_list, rounds,
-                     total, warmup):
-    """Both servers side by side: {"rounds": [...], "median": {...}, "ratios": {...}}."""
-    servers = {"unbatched": start_server(base_path, model_name, onednn, extra_args),
-               "batched": start_server(base_path, model_name, onednn,
-                                       [*extra_args, "--enable_batching", f"--batching_parameters_file={params_file}"])}
-    rounds_out = []
+def memory_mb(pid: int) -> dict:
+    """A process's resident memory now and at its peak (MB), from /proc."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = round(int(value.split()[0]) / 1024, 1)
+    return {"rss_mb": fields.get("VmRSS"), "peak_rss_mb": fields.get("VmHWM")}
+
+
+def compare(sentences, model_name, servers: dict, clients_list, rounds, total, warmup):
+    """Servers side by side, {name: (base path, nmt_tf.serve flags)}, the first
+    the baseline: each client count on each, --rounds times, the order
+    turning round by round. {"rounds": [...], "median": {...}, "memory":
+    {...}, "ratios": {...}} with each other server's requests/s and p50 over
+    the baseline's."""
+    names = list(servers)
+    started = {}
     try:
+        for name, (base_path, args) in servers.items():
+            started[name] = start_server(base_path, model_name, *args)
+        rounds_out = []
         for r in range(rounds):
-            order = ["unbatched", "batched"] if r % 2 == 0 else ["batched", "unbatched"]
-            rounds_out.append({name: [run(servers[name][1], model_name, sentences, int(c), total, warmup)
+            order = names[r % len(names):] + names[:r % len(names)]
+            rounds_out.append({name: [run(started[name][1], model_name, sentences, int(c), total, warmup)
                                       for c in clients_list] for name in order})
+        memory = {name: memory_mb(proc.pid) for name, (proc, _) in started.items()}
     finally:
-        for proc, _ in servers.values():
+        for proc, _ in started.values():
             proc.terminate()
             proc.wait()
     median = {name: [{key: statistics.median(r[name][i][key] for r in rounds_out)
                       for key in ("requests_per_sec", "p50_ms", "p90_ms", "p99_ms", "errors")}
                      | {"clients": int(c)} for i, c in enumerate(clients_list)]
-              for name in ("unbatched", "batched")}
-    lone_p50 = median["unbatched"][0]["p50_ms"]
-    ratios = [{"clients": int(c),
-               "requests_per_sec_batched_over_unbatched":
-                   round(median["batched"][i]["requests_per_sec"] / median["unbatched"][i]["requests_per_sec"], 2),
-               "batched_p99_over_lone_p50": round(median["batched"][i]["p99_ms"] / lone_p50, 2)}
-              for i, c in enumerate(clients_list)]
-    return {"rounds": rounds_out, "median": median, "ratios": ratios,
-            "lone_request_p50_ms": lone_p50, "batching_parameters": open(params_file).read()}
+              for name in names}
+    base = names[0]
+    ratios = {name: [{"clients": int(c),
+                      "requests_per_sec": round(median[name][i]["requests_per_sec"]
+                                                / median[base][i]["requests_per_sec"], 2),
+                      "p50": round(median[name][i]["p50_ms"] / median[base][i]["p50_ms"], 2),
+                      "p99_over_lone_baseline_p50": round(median[name][i]["p99_ms"] / median[base][0]["p50_ms"], 2)}
+                     for i, c in enumerate(clients_list)]
+              for name in names[1:]}
+    return {"servers": {name: " ".join(["nmt_tf.serve", *args[1]]) for name, args in servers.items()},
+            "rounds": rounds_out, "median": median, "memory": memory, "ratios_over_" + base: ratios}
 
 
 def main(argv):
     FLAGS = absl_flags.FLAGS
     sentences = read_lines(FLAGS.source)
-    if FLAGS.batching_parameters_file:
+    if FLAGS.batching_parameters_file or FLAGS.litert_base_path:
         if not FLAGS.model_base_path:
-            raise app.UsageError("--batching_parameters_file needs --model_base_path (both servers are started here)")
-        out = compare_batching(sentences, FLAGS.model_name, FLAGS.model_base_path, FLAGS.server_onednn,
-                               FLAGS.server_args, FLAGS.batching_parameters_file, FLAGS.clients_list,
-                               FLAGS.rounds, FLAGS.requests, FLAGS.warmup)
-        print(json.dumps({"server": " ".join(["nmt_tf.serve"] + (["--onednn"] if FLAGS.server_onednn else [])
-                                             + FLAGS.server_args), **out}))
+            raise app.UsageError("--batching_parameters_file and --litert_base_path need --model_base_path "
+                                 "(the servers are started here)")
+        plain = (FLAGS.model_base_path, (FLAGS.server_onednn, FLAGS.server_args))
+        servers = {"tensorflow": plain}
+        if FLAGS.batching_parameters_file:
+            batching = ["--enable_batching", f"--batching_parameters_file={FLAGS.batching_parameters_file}"]
+            servers["tensorflow_batched"] = (FLAGS.model_base_path,
+                                             (FLAGS.server_onednn, [*FLAGS.server_args, *batching]))
+        if FLAGS.litert_base_path:
+            servers["litert"] = (FLAGS.litert_base_path, (False, [*FLAGS.server_args, "--runtime=litert"]))
+        out = compare(sentences, FLAGS.model_name, servers, FLAGS.clients_list, FLAGS.rounds, FLAGS.requests,
+                      FLAGS.warmup)
+        if FLAGS.batching_parameters_file:
+            with open(FLAGS.batching_parameters_file) as f:
+                out["batching_parameters"] = f.read()
+        print(json.dumps({"cpu_flags": vector_flags(), **out}))
         return
     proc = None
     address = FLAGS.server

@@ -464,7 +464,20 @@ class ServerConfig:
             "English->French), or a preset folder: its SavedModel is built on first use and cached, then used as "
             "--saved_model would be.")
     model_base_path: str | None = setting('string', None,
-            "Directory holding numbered SavedModel versions (nmt_tf.export's --export_dir).")
+            "Directory holding numbered versions: SavedModels (nmt_tf.export's --export_dir), or with "
+            "--runtime=litert LiteRT model folders (nmt_tf.export --format=litert).")
+    runtime: str = setting('enum', 'tensorflow',
+            "What runs the model: tensorflow (a SavedModel: --saved_model, a server's versions, or --preset's) "
+            "or litert (a LiteRT model folder written by nmt_tf.export --format=litert: --litert_model, a "
+            "server's versions, or --preset's, built on first use; TensorFlow is not imported: docs/litert.md). "
+            "nmt_tf.serve --runtime=litert answers serving_default only (no score, prefix or constrained "
+            "signatures).", choices=["tensorflow", "litert"])
+    litert_weights: str = setting('enum', 'int8',
+            "With --runtime=litert and --preset: the storage of the LiteRT model's weights (int8: "
+            "dynamic-range quantisation, the smallest and fastest on CPUs).", choices=["int8", "float16", "float32"])
+    litert_threads: int = setting('integer', 1,
+            "With --runtime=litert: CPU threads of each LiteRT interpreter. nmt_tf.serve runs one interpreter "
+            "per request in flight, up to one per core.", lower=1)
     model_config_file: str | None = setting('string', None,
             "TF Serving's model config file (a ModelServerConfig text proto, as export/models.config) with one "
             "model: its name, base_path (relative: to the file's folder), model_version_policy and "

@@ -87,7 +87,7 @@ SEARCH_FLAGS = tuple(sorted(set(f.name for f in FLAGS.get_flags_for_module(__nam
 
 # ---------------------------------------------------------------- using a trained model (export, translate, evaluate, visualize, serve)
 # --model_name and --preset: settings of nmt_tf.serve (ServerConfig) that other tools take too.
-SHARED_SERVER_FLAGS = ("model_name", "preset")
+SHARED_SERVER_FLAGS = ("model_name", "preset", "runtime", "litert_weights", "litert_threads")
 define_settings(ServerConfig, SHARED_SERVER_FLAGS)
 flags.DEFINE_string("saved_model", None, "A SavedModel version directory written by nmt_tf.export (instead of --model_dir).")
 flags.DEFINE_string("checkpoint", "best", "Weights to use from --model_dir: best (by the dev metric; falls back to last), last, averaged (written by nmt_tf.average), or a checkpoint path.")
@@ -98,17 +98,8 @@ define_settings(DecodingConfig, ("max_input_length",))
 flags.DEFINE_integer("lines_per_batch", 64, "Sentences translated (or pairs scored) together.", lower_bound=1)
 flags.DEFINE_integer("sort_window", 1000, "nmt_tf.translate and nmt_tf.score: lines (pairs) read ahead and sent shortest first, in batches of --lines_per_batch, then written in input order: less padding and fewer steps per batch (at most --lines_per_batch: batches in input order, each written as soon as it is done).", lower_bound=1)
 flags.DEFINE_integer("parallel_batches", 2, "nmt_tf.translate and nmt_tf.score: batches sent at once, as requests in flight with --server or signature calls on as many threads with --saved_model (two keep both cores of a small machine busy while one batch's search waits on its step's chain of small ops).", lower_bound=1)
-flags.DEFINE_enum("runtime", "tensorflow", ["tensorflow", "litert"],
-                  "What runs the model: tensorflow (a SavedModel, --saved_model or --preset) or litert (a LiteRT "
-                  "model folder written by nmt_tf.export --format=litert, --litert_model or --preset's, built on "
-                  "first use; no TensorFlow is imported to translate: docs/litert.md).")
 flags.DEFINE_string("litert_model", None, "A LiteRT model folder written by nmt_tf.export --format=litert "
                     "(with --runtime=litert, instead of --preset).")
-flags.DEFINE_enum("litert_weights", "int8", ["int8", "float16", "float32"],
-                  "With --runtime=litert and --preset: the storage of the LiteRT model's weights (int8: "
-                  "dynamic-range quantisation, the smallest and fastest on CPUs).")
-flags.DEFINE_integer("litert_threads", 1, "With --runtime=litert: CPU threads of the LiteRT interpreter.",
-                     lower_bound=1)
 flags.DEFINE_string("server", None, "HOST:PORT of a TF Serving-compatible gRPC server (the official tensorflow_model_server or nmt_tf.serve), instead of --saved_model.")
 flags.DEFINE_float("timeout", 120.0, "Seconds to wait for one request to --server.", lower_bound=0.1)
 flags.DEFINE_string("input", None, "Input sentences, one per line (plain or gzip); default stdin.")

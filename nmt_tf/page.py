@@ -19,7 +19,6 @@ import functools
 import html
 import os
 
-from nmt_tf.saved_models import read_metadata
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
 # path -> (file in nmt_tf/web/, Content-Type)
@@ -64,8 +63,5 @@ def page_file(registry, method: str, path: str) -> tuple[bytes, str] | None:
     if name != "index.html":
         return _read(name), content_type
     loaded = registry.current
-    try:
-        metadata = read_metadata(loaded.path) if loaded is not None else {}
-    except (OSError, ValueError):       # an export without nmt_tf.json: the page still works, with less said
-        metadata = {}
+    metadata = loaded.metadata if loaded is not None else {}    # {} without nmt_tf.json: the page says less
     return index_html(registry.name, metadata, loaded.version if loaded is not None else None), content_type

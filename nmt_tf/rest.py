@@ -43,11 +43,11 @@ import urllib.parse
 import grpc
 from absl import logging
 from google.protobuf import json_format
-from tensorflow_serving.apis import model_pb2
 
+from nmt_tf import serving_protos
 from nmt_tf.http_receiver import PrefetchedReader, Receiver, error_reply
 from nmt_tf.page import PAGE_HEADERS, page_file
-from nmt_tf.serving import (DEFAULT_SIGNATURE, ModelRegistry, ServingError, _dtype_name, check_batch_size,
+from nmt_tf.serving import (DEFAULT_SIGNATURE, ModelRegistry, ServingError, check_batch_size,
                             check_rank, model_metadata, model_status, run_predict)
 
 # TF Serving's HTTP status for each gRPC status (model_servers/http_server.cc, ToHTTPStatusCode).
@@ -190,8 +190,7 @@ def _b64_decode(value) -> bytes:
 def _integer_fields() -> dict:
     """The TensorProto field of each integer dtype and the JSON integers it
     takes (json_tensor.cc: IsInt, IsInt64, IsUint, IsUint64)."""
-    from tensorflow.core.framework import types_pb2 as t
-
+    t = serving_protos.DT
     int32 = ("int_val", -2**31, 2**31)
     return {t.DT_INT32: int32, t.DT_INT16: int32, t.DT_INT8: int32, t.DT_UINT8: int32,
             t.DT_INT64: ("int64_val", -2**63, 2**63), t.DT_UINT32: ("uint32_val", 0, 2**32),
@@ -200,8 +199,7 @@ def _integer_fields() -> dict:
 
 def _add_value(value, dtype: int, proto) -> None:
     """One JSON scalar into a TensorProto of `dtype` (json_tensor.cc, AddValueToTensor)."""
-    from tensorflow.core.framework import types_pb2 as t
-
+    t = serving_protos.DT
     integer = isinstance(value, int) and not isinstance(value, bool)
     if integer and not -2**63 <= value < 2**64:       # no 64-bit integer: a double, as for TF Serving's parser
         try:
@@ -234,12 +232,12 @@ def _add_value(value, dtype: int, proto) -> None:
         proto.bool_val.append(value)
     else:
         raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
-                           f"Conversion of JSON Value: {_json_text(value)} to type: {_dtype_name(dtype)}")
+                           f"Conversion of JSON Value: {_json_text(value)} to type: {serving_protos.dtype_name(dtype)}")
 
 
 def _type_error(value, dtype: int) -> ServingError:
     return _invalid(f"JSON Value: {_json_text(value)} Type: {_json_type(value)} is not of expected type: "
-                    f"{_dtype_name(dtype)}")
+                    f"{serving_protos.dtype_name(dtype)}")
 
 
 def _dense_shape(value) -> list[int]:
@@ -260,9 +258,7 @@ def _fill(value, level: int, shape: list[int], dtype: int, proto) -> None:
             raise _invalid(f"JSON Value: {_json_text(value)} found at incorrect level: {level + 1} in the JSON DOM. "
                            f"Expected at level: {len(shape)}")
         if isinstance(value, dict):
-            from tensorflow.core.framework import types_pb2
-
-            if dtype != types_pb2.DT_STRING:
+            if dtype != serving_protos.DT_STRING:
                 raise _type_error(value, dtype)
             proto.string_val.append(_b64_decode(value))
         else:
@@ -392,10 +388,8 @@ def predict_request_from_json(registry: ModelRegistry, model_spec, body: bytes, 
     format ("instances") rather than columnar ("inputs"); TF Serving's rules
     and messages (json_tensor.cc, FillPredictRequestFromJson). Batches over
     `max_batch_size` are refused before their items are converted."""
-    from tensorflow_serving.apis import predict_pb2
-
     doc = _parse_json_object(body)
-    request = predict_pb2.PredictRequest()
+    request = serving_protos.PredictRequest()
     request.model_spec.CopyFrom(model_spec)
     if "signature_name" in doc:
         if not isinstance(doc["signature_name"], str):
@@ -431,8 +425,7 @@ def _json_leaf(alias: str, dtype: int):
     AddSingleValueAndAdvance): DT_STRING as a JSON string of its bytes (not
     checked for UTF-8, as TF Serving does not), or as {"b64": ...} when the
     alias ends with "_bytes"; floats by _decimal."""
-    from tensorflow.core.framework import types_pb2 as t
-
+    t = serving_protos.DT
     if dtype == t.DT_STRING:
         if alias.endswith("_bytes"):
             return lambda v: '{"b64": "%s"}' % base64.b64encode(v).decode("ascii")
@@ -443,7 +436,7 @@ def _json_leaf(alias: str, dtype: int):
         return lambda v: "true" if v else "false"
     if dtype in (t.DT_INT8, t.DT_UINT8, t.DT_INT16, t.DT_INT32, t.DT_INT64, t.DT_UINT32, t.DT_UINT64):
         return str
-    raise _invalid(f"Failed to write JSON value for tensor type: {_dtype_name(dtype)}")
+    raise _invalid(f"Failed to write JSON value for tensor type: {serving_protos.dtype_name(dtype)}")
 
 
 def _nested_json(array, leaf) -> str:
@@ -460,13 +453,11 @@ def predict_response_json(outputs, row: bool) -> bytes:
     (json_tensor.cc, MakeJsonFromTensors): {"predictions": [...]}, one item per
     batch element, for a row-format request; {"outputs": ...} for a columnar
     one; objects keyed by output alias when there are several outputs."""
-    import tensorflow as tf
-
     if not outputs:
         raise _invalid("Cannot convert empty tensor map to JSON")
     aliases = sorted(outputs)
     leaves = {alias: _json_leaf(alias, outputs[alias].dtype) for alias in aliases}
-    arrays = {alias: tf.make_ndarray(outputs[alias]) for alias in aliases}
+    arrays = {alias: serving_protos.to_array(outputs[alias]) for alias in aliases}
 
     def record(part) -> str:       # part(alias) -> that output's JSON
         if len(aliases) == 1:
@@ -500,9 +491,7 @@ def _proto_json(message, field_names: bool) -> str:
 def _metadata_json(response) -> str:
     """GetModelMetadataResponse as TF Serving's REST API writes it
     (http_rest_api_util.cc, ToJsonString): the SignatureDefMap unpacked."""
-    from tensorflow_serving.apis import get_model_metadata_pb2
-
-    signatures = get_model_metadata_pb2.SignatureDefMap()
+    signatures = serving_protos.SignatureDefMap()
     response.metadata["signature_def"].Unpack(signatures)
     return (f'{{\n"model_spec":{_proto_json(response.model_spec, True)},\n'
             f'"metadata": {{"signature_def": {_proto_json(signatures, True)}}}\n}}\n')
@@ -514,7 +503,7 @@ def _rest_model_spec(name: str, version: str | None, label: str | None):
     def decode(text: str) -> str:
         return urllib.parse.unquote_to_bytes(text.encode("latin-1", "replace")).decode("utf-8", "replace")
 
-    spec = model_pb2.ModelSpec(name=decode(name or ""))
+    spec = serving_protos.ModelSpec(name=decode(name or ""))
     if version:
         if len(version) > 19 or int(version) >= 2**63:
             raise _invalid(f"Failed to convert version: {version} to numeric.")
@@ -526,8 +515,6 @@ def _rest_model_spec(name: str, version: str | None, label: str | None):
 
 def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, max_batch_size: int,
                  max_message_bytes: int | None, batcher=None) -> bytes:
-    from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
-
     if not _REST_PATH.fullmatch(path):
         raise ServingError(grpc.StatusCode.NOT_FOUND,
                            f"Not found: {path} (TF Serving's REST API paths start with /v1/)")
@@ -551,9 +538,9 @@ def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, m
     if not spec.name:
         raise _invalid("Missing model name in request.")
     if match.group(4) == "metadata":
-        request = get_model_metadata_pb2.GetModelMetadataRequest(model_spec=spec, metadata_field=["signature_def"])
+        request = serving_protos.GetModelMetadataRequest(model_spec=spec, metadata_field=["signature_def"])
         return _metadata_json(model_metadata(registry, request)).encode()
-    request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)
+    request = serving_protos.GetModelStatusRequest(model_spec=spec)
     return _proto_json(model_status(registry, request), False).encode()
 
 

@@ -4,12 +4,15 @@ Usage:
   python -m nmt_tf.serve --port=8500 --model_name=nmt --model_base_path=exports/nmt
   python -m nmt_tf.serve --port=8500 --rest_api_port=8501 --model_name=nmt --model_base_path=exports/nmt
   python -m nmt_tf.serve --preset=multi30k_en_fr --rest_api_port=8501     # the shipped model; page at :8501/
+  python -m nmt_tf.serve --preset=multi30k_en_fr --rest_api_port=8501 --runtime=litert   # the same on LiteRT
 
 Production deployments should use the official `tensorflow_model_server`
 (see export/README.md: docker-compose, models.config, batching parameters).
 This server exists for machines where that binary cannot be installed, and
-for tests: it implements the same services on the same protos (from the
-tensorflow-serving-api package), so clients cannot tell the difference:
+for tests: it implements the same services on the same protos (the
+tensorflow-serving-api package's, read from their descriptors without
+importing TensorFlow: nmt_tf.serving_protos), so clients cannot tell the
+difference:
 
   tensorflow.serving.PredictionService  Predict, GetModelMetadata
                                         (Classify, Regress, MultiInference: UNIMPLEMENTED)
@@ -34,6 +37,12 @@ the signature and their outputs split back (nmt_tf.batching). It listens on
 --host (0.0.0.0: every interface, as TF Serving) without authentication;
 --ssl_config_file (TF Serving's SSLConfig) puts both ports behind TLS,
 optionally mutual (nmt_tf.tls).
+
+With --runtime=litert the versions are LiteRT model folders (nmt_tf.export
+--format=litert; --preset's is built on first use) run by the LiteRT
+interpreter, and the process never imports TensorFlow: the same gRPC and
+REST requests and the page, for the serving_default signature only (score,
+prefixes and required terms are the SavedModel's; docs/litert.md).
 
 It serves the versions under --model_base_path that --model_version_policy
 chooses (TF Serving's model_version_policy: latest, the default, is the

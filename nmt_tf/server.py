@@ -26,13 +26,14 @@ import sys
 import grpc
 from absl import logging
 
-from nmt_tf import presets
+from nmt_tf import presets, serving_protos
 from nmt_tf.batching import Batcher, BatchingParameters, read_batching_parameters, request_threads
 from nmt_tf.config import ConfigError, ServerConfig
 from nmt_tf.hardware import set_onednn
+from nmt_tf.litert_serving import LiteRTVersion
 from nmt_tf.tls import TlsConfig, read_ssl_config
 from nmt_tf.rest import start_rest_server
-from nmt_tf.serving import (MAX_SEARCH_WORK, ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
+from nmt_tf.serving import (MAX_SEARCH_WORK, LoadedVersion, ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
                             read_model_config, run_predict)
 
 
@@ -40,9 +41,8 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
                    batcher: Batcher | None = None):
     """The PredictionService and ModelService implementations (with a
     `batcher`, Predict requests are joined in batches, each waiting at most
-    its deadline)."""
-    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-
+    its deadline). Their methods take (request, context), as gRPC calls them
+    (serving_protos.add_services registers them)."""
     def guarded(handler):
         """Every failure becomes a gRPC status; the server keeps serving."""
         def call(self, request, context):
@@ -55,7 +55,7 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
                 context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
         return call
 
-    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+    class PredictionService:
         @guarded
         def Predict(self, request, context):
             return run_predict(registry, request, max_batch_size, max_message_bytes, batcher=batcher,
@@ -65,7 +65,7 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
         def GetModelMetadata(self, request, context):
             return model_metadata(registry, request)
 
-    class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+    class ModelService:
         @guarded
         def GetModelStatus(self, request, context):
             return model_status(registry, request)
@@ -80,21 +80,24 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
                  threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
                  poll_seconds: float = 2.0, log=logging.info, batcher: Batcher | None = None,
                  policy: VersionPolicy | None = None, labels: dict | None = None, tls: TlsConfig | None = None,
-                 max_search_work: int = MAX_SEARCH_WORK):
+                 max_search_work: int = MAX_SEARCH_WORK, runtime: str = "tensorflow", litert_threads: int = 1):
     """Starts serving; returns (grpc server, registry, bound port). `threads`
     is the gRPC worker count (see batching.request_threads for batching);
     `max_search_work` bounds each translation request's search, over gRPC
-    and REST alike (serving.SearchCost)."""
-    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-
+    and REST alike (serving.SearchCost); `runtime` "litert" serves LiteRT
+    model folders (nmt_tf.litert_serving) with `litert_threads` threads per
+    interpreter."""
     registry = ModelRegistry(model_name, model_base_path, log=log, policy=policy, labels=labels,
-                             max_search_work=max_search_work)
+                             max_search_work=max_search_work, litert_threads=litert_threads,
+                             version_kind=LiteRTVersion if runtime == "litert" else LoadedVersion)
     registry.poll()
     if registry.current is None:
         found = registry.available_versions()
         if not found:
-            raise FileNotFoundError(
-                f"no SavedModel version (a numbered folder with saved_model.pb) under {model_base_path}")
+            kind = registry.version_kind
+            raise FileNotFoundError(f"no {kind.KIND} version (a numbered folder with {kind.MARKER}) under "
+                                    f"{model_base_path}" + ("" if runtime == "litert" else
+                                                            " (a LiteRT model folder is served with --runtime=litert)"))
         failed = registry.failed
         raise FileNotFoundError(
             f"no version under {model_base_path} could be served: found {', '.join(map(str, found))}; "
@@ -120,8 +123,7 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
                                   ("grpc.so_reuseport", 0)],
                          maximum_concurrent_rpcs=PENDING_PER_THREAD * threads)
     prediction, model_service = make_servicers(registry, max_batch_size, limit, batcher)
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(model_service, server)
+    serving_protos.add_services(server, prediction, model_service)
     try:
         bound = (server.add_secure_port(f"{host}:{port}", tls.grpc_credentials()) if tls
                  else server.add_insecure_port(f"{host}:{port}"))
@@ -194,7 +196,12 @@ def start(config: ServerConfig, log=print) -> RunningServer:
             policy = VersionPolicy.parse(config.model_version_policy)
         except ValueError as e:
             raise ConfigError(f"--model_version_policy: {e}") from None
-    if "tensorflow" in sys.modules:       # its kernels and thread pools are this process's already
+    litert = config.runtime == "litert"
+    if litert:
+        log(f"Runtime: LiteRT, one interpreter of {config.litert_threads} thread"
+            f"{'s' if config.litert_threads > 1 else ''} per request in flight, up to one per core "
+            "(TensorFlow is not imported)")
+    elif "tensorflow" in sys.modules:       # its kernels and thread pools are this process's already
         log("CPU kernels and TensorFlow threads: this process's (TensorFlow was imported before "
             "nmt_tf.server.start; --onednn and the thread settings take effect in a fresh process, as "
             "python -m nmt_tf.serve starts)")
@@ -210,12 +217,13 @@ def start(config: ServerConfig, log=print) -> RunningServer:
     batcher = Batcher(params) if params else None
     if params:
         log(f"Batching: {params.describe()}; {threads} request threads per front end")
-    if config.preset:      # after the kernels' choice: building imports TensorFlow
-        base_path = os.path.dirname(presets.build(config.preset))
+    if config.preset:      # after the kernels' choice: building imports TensorFlow (LiteRT: its first build only)
+        base_path = os.path.dirname(presets.build_litert(config.preset, config.litert_weights, log=log) if litert
+                                    else presets.build(config.preset))
     grpc_server, registry, port = start_server(
         model_name, base_path, config.port, config.host, threads, config.max_message_mb, config.max_batch_size,
         config.poll_seconds, log=log, batcher=batcher, policy=policy, labels=labels, tls=tls,
-        max_search_work=config.max_search_work)
+        max_search_work=config.max_search_work, runtime=config.runtime, litert_threads=config.litert_threads)
     rest = None
     if config.rest_api_port:
         try:

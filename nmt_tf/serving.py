@@ -22,9 +22,8 @@ import threading
 
 import grpc
 from absl import logging
-from google.protobuf import any_pb2
 
-from nmt_tf import batching, protos
+from nmt_tf import batching, protos, serving_protos
 from nmt_tf.files import files_stamp, sha256
 from nmt_tf.host_text import source_counter
 from nmt_tf.saved_models import load_session, read_metadata
@@ -53,49 +52,26 @@ class VersionUnloaded(Exception):
 _NOT_SIGNATURES = ("__saved_model_init_op",)
 
 
-class LoadedVersion:
-    """One SavedModel version, held as tensorflow_model_server holds one: in a
-    TF1 session of its own (nmt_tf.saved_models.load_session), its signatures run by
-    Session.run on their SignatureDefs' tensor names. `tf.saved_model.load`
-    kept about 256 MB per load of the shipped model (85 MB for the tiny test
-    export) after the loaded object was gone; a closed session frees its
-    graph and variables (BUILD_NOTES.md, "Serving hardening").
+class ServedVersion:
+    """What a served version of either runtime has: its folder and number,
+    `signatures` and their SignatureDefs (nmt_tf.serving_protos messages),
+    `run`, `metadata` (the export's description, for the page), the bounds
+    of its work (`alignment_shape`, `search_cost`) and its users.
 
     Users hold it with `acquire()` / `release()` (ModelRegistry.use does for
-    a request); `retire()` closes the session once the last user releases it,
+    a request); `retire()` frees it (`_free`) once the last user releases it,
     so an unload never cuts off a request in flight."""
 
     def __init__(self, path: str, version: int):
-        import tensorflow as tf
-
         self.path, self.version = path, version
-        config = tf.compat.v1.ConfigProto(
-            intra_op_parallelism_threads=tf.config.threading.get_intra_op_parallelism_threads(),
-            inter_op_parallelism_threads=tf.config.threading.get_inter_op_parallelism_threads())
-        self._session, meta = load_session(path, config)
-        self.signature_defs = dict(meta.signature_def)
-        self.signatures = sorted(k for k in self.signature_defs if k not in _NOT_SIGNATURES)
         self._lock = threading.Lock()
         self._users = 0
         self._retired = self.closed = False
-        try:
-            check_assets(path)
-            self.alignment_shape = _alignment_bound(path)
-            self.search_cost = SearchCost.of(path)
-            self.warmed_up = self._warm_up()
-        except BaseException:
-            self._session.close()
-            raise
 
     def run(self, signature: str, feeds: dict, outputs) -> dict:
-        """Runs `signature` on `feeds` ({input alias: array}); returns {output alias: numpy array}."""
-        sig = self.signature_defs[signature]
-        self.acquire()
-        try:
-            return self._session.run({alias: sig.outputs[alias].name for alias in outputs},
-                                     {sig.inputs[alias].name: value for alias, value in feeds.items()})
-        finally:
-            self.release()
+        """Runs `signature` on `feeds` ({input alias: array}); returns {output
+        alias: numpy array}; a ServingError for input the model refuses."""
+        raise NotImplementedError
 
     def acquire(self) -> None:
         with self._lock:
@@ -111,7 +87,7 @@ class LoadedVersion:
             self._close()
 
     def retire(self) -> None:
-        """Unloads: the session closes now, or when its last user releases it."""
+        """Unloads: frees the version now, or when its last user releases it."""
         with self._lock:
             self._retired = True
             close = not self._users
@@ -123,6 +99,65 @@ class LoadedVersion:
             if self.closed:
                 return
             self.closed = True
+        self._free()
+
+    def _free(self) -> None:
+        """Lets go of what the loaded version holds."""
+
+
+class LoadedVersion(ServedVersion):
+    """One SavedModel version, held as tensorflow_model_server holds one: in a
+    TF1 session of its own (nmt_tf.saved_models.load_session), its signatures run by
+    Session.run on their SignatureDefs' tensor names. `tf.saved_model.load`
+    kept about 256 MB per load of the shipped model (85 MB for the tiny test
+    export) after the loaded object was gone; a closed session frees its
+    graph and variables (BUILD_NOTES.md, "Serving hardening")."""
+
+    MARKER = "saved_model.pb"        # the file that makes a numbered folder a version
+    KIND = "SavedModel"
+
+    def __init__(self, path: str, version: int):
+        import tensorflow as tf
+
+        super().__init__(path, version)
+        config = tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=tf.config.threading.get_intra_op_parallelism_threads(),
+            inter_op_parallelism_threads=tf.config.threading.get_inter_op_parallelism_threads())
+        self._session, meta = load_session(path, config)
+        self._invalid_argument = tf.errors.InvalidArgumentError
+        # As the server's own messages (nmt_tf.serving_protos), not TensorFlow's classes.
+        self.signature_defs = {key: serving_protos.SignatureDef.FromString(value.SerializeToString())
+                               for key, value in meta.signature_def.items()}
+        self.signatures = sorted(k for k in self.signature_defs if k not in _NOT_SIGNATURES)
+        try:
+            check_assets(path)
+            self.alignment_shape = _alignment_bound(path)
+            self.search_cost = SearchCost.of(path)
+            self.warmed_up = self._warm_up()
+        except BaseException:
+            self._session.close()
+            raise
+
+    def run(self, signature: str, feeds: dict, outputs) -> dict:
+        sig = self.signature_defs[signature]
+        self.acquire()
+        try:
+            return self._session.run({alias: sig.outputs[alias].name for alias in outputs},
+                                     {sig.inputs[alias].name: value for alias, value in feeds.items()})
+        except self._invalid_argument as e:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, e.message) from e
+        finally:
+            self.release()
+
+    @property
+    def metadata(self) -> dict:
+        """The export's nmt_tf.json ({} for a SavedModel that is not an nmt_tf export)."""
+        try:
+            return read_metadata(self.path)
+        except (OSError, ValueError):
+            return {}
+
+    def _free(self) -> None:
         self._session.close()
         # The session's tf.Graph is held in reference cycles: only Python's cyclic
         # collector frees it, which on its own ran after dozens of loads (RSS grew
@@ -358,22 +393,29 @@ def read_model_config(path: str) -> ModelConfig:
 class ModelRegistry:
     """The versions of one model under a base path, served by a
     VersionPolicy (default: the highest one), with optional version labels
-    ({label: version}, as in TF Serving's model config)."""
+    ({label: version}, as in TF Serving's model config). `version_kind`:
+    the class of its versions, LoadedVersion (SavedModels) or
+    nmt_tf.litert_serving.LiteRTVersion (LiteRT model folders, each
+    interpreter with `litert_threads` threads)."""
 
     def __init__(self, name: str, base_path: str, log=logging.info, policy: VersionPolicy | None = None,
-                 labels: dict[str, int] | None = None, max_search_work: int = MAX_SEARCH_WORK):
+                 labels: dict[str, int] | None = None, max_search_work: int = MAX_SEARCH_WORK,
+                 version_kind: type | None = None, litert_threads: int = 1):
         self.name, self.base_path, self.log = name, base_path, log
+        self.version_kind = version_kind or LoadedVersion
+        self.litert_threads = litert_threads
         self.max_search_work = max_search_work      # hypothesis-steps one request's search may take (SearchCost)
         self.policy = policy or VersionPolicy()
         self.labels = dict(labels or {})
-        self._loaded: dict[int, LoadedVersion] = {}
+        self._loaded: dict[int, ServedVersion] = {}
         self._failed: dict[int, tuple[tuple, str]] = {}     # version -> (its files' stamp, error)
         self._ignored: set[str] = set()                      # folder names that are no int64, logged once
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
     def available_versions(self) -> list[int]:
-        """The version folders with a saved_model.pb. Names that are no
+        """The version folders with a saved_model.pb (with the LiteRT runtime,
+        nmt_tf_litert.json). Names that are no
         int64 (TF Serving's version type, e.g. 99999999999999999999), or
         that are not plain ASCII digits without a leading zero ("٣١", "031",
         which would alias version 31), are ignored, with one log line per name."""
@@ -381,7 +423,8 @@ class ModelRegistry:
             return []
         versions = []
         for name in os.listdir(self.base_path):
-            if not re.fullmatch(r"\d+", name) or not os.path.exists(os.path.join(self.base_path, name, "saved_model.pb")):
+            if not re.fullmatch(r"\d+", name) or not os.path.exists(os.path.join(self.base_path, name,
+                                                                                   self.version_kind.MARKER)):
                 continue
             # Only ASCII digits without leading zeros: "٣١" and "031" would otherwise alias version 31.
             reason = ("a version number must fit in int64" if name.isascii() and int(name) >= 2**63 else
@@ -418,7 +461,7 @@ class ModelRegistry:
                 if version in self._failed and self._failed[version][0] == stamp:
                     continue        # reported once; tried again when its files change
             try:
-                version_loaded = LoadedVersion(path, version)
+                version_loaded = self._load(path, version)
             except Exception as e:   # a broken version never takes the served ones down
                 message = f"{type(e).__name__}: {str(e).strip() or 'could not be loaded'}"
                 with self._lock:
@@ -445,6 +488,11 @@ class ModelRegistry:
             self.log(f"{self.name} version {version} {gone}: unloaded; "
                      + (f"serving {', '.join(map(str, left))}" if left else
                         "no other version is left: nothing is served until one appears"))
+
+    def _load(self, path: str, version: int) -> ServedVersion:
+        if self.version_kind is LoadedVersion:
+            return LoadedVersion(path, version)
+        return self.version_kind(path, version, threads=self.litert_threads)
 
     @property
     def versions(self) -> list[int]:
@@ -482,7 +530,7 @@ class ModelRegistry:
     def stop(self):
         self._stop.set()
 
-    def get(self, model_spec) -> LoadedVersion:
+    def get(self, model_spec) -> ServedVersion:
         """The version a ModelSpec asks for (none: the highest served), or the TF Serving error."""
         if not model_spec.name:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified.")
@@ -510,7 +558,7 @@ class ModelRegistry:
             return self._loaded[version]
 
     @property
-    def current(self) -> LoadedVersion | None:
+    def current(self) -> ServedVersion | None:
         """The highest version served, or None."""
         with self._lock:
             return self._loaded[max(self._loaded)] if self._loaded else None
@@ -534,14 +582,7 @@ class ModelRegistry:
             loaded.release()
 
 
-def _dtype_name(dtype_enum) -> str:
-    """TensorFlow's C++ name of a DataType (DT_FLOAT -> "float"), as in its error messages."""
-    from tensorflow.core.framework import types_pb2
-
-    return types_pb2.DataType.Name(dtype_enum).removeprefix("DT_").lower()
-
-
-def check_reply_size(loaded: LoadedVersion, outputs: list[str], batch: int, max_message_bytes: int,
+def check_reply_size(loaded: ServedVersion, outputs: list[str], batch: int, max_message_bytes: int,
                      can_filter: bool = True) -> None:
     """Refuses, before any decoding, a batch whose alignment output could be
     larger than a reply may be: [batch, T, S] float32 with the export's
@@ -635,7 +676,7 @@ def check_declared_size(alias: str, proto, info, max_batch_size: int, max_bytes:
                            f"message limit of {max_bytes:,}")
 
 
-def check_search_work(loaded: LoadedVersion, inputs, limit: int) -> None:
+def check_search_work(loaded: ServedVersion, inputs, limit: int) -> None:
     """Refuses, before any tensor is built, a translation request whose
     search could take more than `limit` hypothesis-steps (SearchCost), from
     its declared rows and the distinct texts it holds. Other signatures
@@ -668,9 +709,6 @@ def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_messa
 
 def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_filter, batcher, timeout):
     """run_predict on the version `loaded`, held by the caller."""
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
-
     name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     if name not in loaded.signatures:
         raise ServingError(grpc.StatusCode.FAILED_PRECONDITION, f'Serving signature key "{name}" not found.')
@@ -699,15 +737,15 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
         info, proto = signature_def.inputs[alias], request.inputs[alias]
         if proto.dtype != info.dtype:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"Expects arg[{i}] to be {_dtype_name(info.dtype)} but "
-                               f"{_dtype_name(proto.dtype) if proto.dtype else 'invalid'} is provided")
+                               f"Expects arg[{i}] to be {serving_protos.dtype_name(info.dtype)} but "
+                               f"{serving_protos.dtype_name(proto.dtype) if proto.dtype else 'invalid'} is provided")
         check_declared_size(alias, proto, info, max_batch_size, max_message_bytes)
     check_search_work(loaded, request.inputs, registry.max_search_work)
     feeds = {}
     for alias in sorted(expected):
         proto = request.inputs[alias]
         try:
-            value = tf.make_ndarray(proto)
+            value = serving_protos.to_array(proto)
         except Exception as e:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor parsing error: {alias}") from e
         feeds[alias] = value
@@ -718,10 +756,7 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
         check_reply_size(loaded, outputs, max(sizes, default=0), max_message_bytes, can_filter)
 
     def call(arrays):
-        try:
-            return loaded.run(name, arrays, outputs)
-        except tf.errors.InvalidArgumentError as e:
-            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, e.message) from e
+        return loaded.run(name, arrays, outputs)
 
     batchable = batcher is not None and sizes and all(v.ndim for v in feeds.values())
     if not batchable:
@@ -736,20 +771,18 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
             raise ServingError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         except batching.WaitedTooLong as e:
             raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
-    response = predict_pb2.PredictResponse()
+    response = serving_protos.PredictResponse()
     response.model_spec.name = registry.name
     response.model_spec.version.value = loaded.version
     response.model_spec.signature_name = name
     for alias in outputs:
-        response.outputs[alias].CopyFrom(tf.make_tensor_proto(result[alias]))
+        serving_protos.from_array(result[alias], response.outputs[alias])
     return response
 
 
 def model_metadata(registry: ModelRegistry, request):
     """GetModelMetadata (the gRPC method and the REST .../metadata path): the
     served version's SignatureDefMap, packed as TF Serving packs it."""
-    from tensorflow_serving.apis import get_model_metadata_pb2
-
     fields = list(request.metadata_field)
     if not fields:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -758,13 +791,13 @@ def model_metadata(registry: ModelRegistry, request):
         if field != "signature_def":
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"Metadata field {field} is not supported")
     loaded = registry.get(request.model_spec)
-    response = get_model_metadata_pb2.GetModelMetadataResponse()
+    response = serving_protos.GetModelMetadataResponse()
     response.model_spec.name = registry.name
     response.model_spec.version.value = loaded.version
-    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    signature_map = serving_protos.SignatureDefMap()
     for key, value in loaded.signature_defs.items():
         signature_map.signature_def[key].CopyFrom(value)
-    packed = any_pb2.Any()
+    packed = serving_protos.Any()
     packed.Pack(signature_map)
     response.metadata["signature_def"].CopyFrom(packed)
     return response
@@ -775,16 +808,14 @@ def model_status(registry: ModelRegistry, request):
     TF Serving, the served versions AVAILABLE, one that failed to load END with
     its error (the server's paths left out); every version unless the ModelSpec names one (a version label
     is not looked at, as in TF Serving's get_model_status_impl.cc)."""
-    from tensorflow_serving.apis import get_model_status_pb2, status_pb2
-
     spec = request.model_spec
     if not spec.name:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
-    states = {version: (get_model_status_pb2.ModelVersionStatus.END,
-                        status_pb2.StatusProto(error_code=grpc.StatusCode.UNKNOWN.value[0], error_message=message))
+    states = {version: (serving_protos.ModelVersionStatus.END,
+                        serving_protos.StatusProto(error_code=grpc.StatusCode.UNKNOWN.value[0], error_message=message))
               for version, message in registry.failed_public.items()}
     for version in registry.versions:
-        states[version] = (get_model_status_pb2.ModelVersionStatus.AVAILABLE, status_pb2.StatusProto(error_code=0))
+        states[version] = (serving_protos.ModelVersionStatus.AVAILABLE, serving_protos.StatusProto(error_code=0))
     if spec.name != registry.name or not states:
         raise ServingError(grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {spec.name}")
     if spec.WhichOneof("version_choice") == "version":
@@ -792,7 +823,7 @@ def model_status(registry: ModelRegistry, request):
             raise ServingError(grpc.StatusCode.NOT_FOUND,
                                f"Could not find version {spec.version.value} of model {spec.name}")
         states = {spec.version.value: states[spec.version.value]}
-    response = get_model_status_pb2.GetModelStatusResponse()
+    response = serving_protos.GetModelStatusResponse()
     for version in sorted(states, reverse=True):
         status = response.model_version_status.add()
         status.version = version

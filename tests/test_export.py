@@ -583,3 +583,87 @@ def test_the_api_translates_with_a_litert_folder(litert_export):
     assert [r.text for r in translator.translate(["A dog.", ""])][1] == ""
     with pytest.raises(ValueError, match="no score signature"):
         translator.score(["A dog."], ["Un chien."])
+
+
+def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tensorflow(litert_export, tmp_path):
+    """nmt_tf.serve --runtime=litert, in a fresh process, serves a folder of
+    LiteRT versions: Predict over gRPC gives LiteRTClient's outputs, REST and
+    the page answer, GetModelMetadata shows serving_default alone and another
+    signature is FAILED_PRECONDITION, the process never loads TensorFlow, and
+    a damaged new version is refused while version 1 goes on serving."""
+    import socket
+    import urllib.request
+
+    import grpc
+    from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
+                                         predict_pb2, prediction_service_pb2_grpc)
+
+    from conftest import start_cli, wait_until
+    from nmt_tf.litert_runtime import LiteRTClient
+
+    base = tmp_path / "nmt"
+    shutil.copytree(litert_export, base / "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        rest_port = s.getsockname()[1]
+    proc = start_cli("-m", "nmt_tf.serve", "--runtime=litert", f"--model_base_path={base}", "--port=0",
+                     f"--rest_api_port={rest_port}", "--host=127.0.0.1", "--poll_seconds=0.2",
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        said = []
+        for line in proc.stdout:
+            said.append(line)
+            if line.startswith("Serving model"):
+                break
+        assert said and said[-1].startswith("Serving model 'nmt' version 1"), "".join(said)[-3000:]
+        port = int(said[-1].split(" on port ")[1].split()[0])
+        with open(f"/proc/{proc.pid}/maps") as f:
+            assert "tensorflow" not in f.read(), "the LiteRT server loaded TensorFlow"
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        lines = [b"A dog runs in the snow.", b"", b"Two men sit on a bench."]
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "nmt"
+        request.inputs["text"].CopyFrom(tf.make_tensor_proto(lines))
+        reply = stub.Predict(request, timeout=60)
+        want = LiteRTClient(litert_export)(text=lines)
+        assert sorted(reply.outputs) == sorted(want)
+        for alias, value in want.items():
+            np.testing.assert_array_equal(tf.make_ndarray(reply.outputs[alias]), value, err_msg=alias)
+        assert reply.model_spec.version.value == 1 and reply.model_spec.signature_name == "serving_default"
+        request.model_spec.signature_name = "score"
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Predict(request, timeout=60)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        metadata = stub.GetModelMetadata(get_model_metadata_pb2.GetModelMetadataRequest(
+            model_spec={"name": "nmt"}, metadata_field=["signature_def"]), timeout=60)
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        metadata.metadata["signature_def"].Unpack(signatures)
+        assert list(signatures.signature_def) == ["serving_default"]
+        assert signatures.signature_def["serving_default"].outputs["nbest_translations"].tensor_shape.dim[1].size == 2
+        body = json.dumps({"instances": ["A dog runs in the snow."]}).encode()
+        rest = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{rest_port}/v1/models/nmt:predict", data=body), timeout=60).read())
+        assert rest["predictions"][0]["translation"] == want["translation"][0].decode()
+        page = urllib.request.urlopen(f"http://127.0.0.1:{rest_port}/", timeout=60).read().decode()
+        assert "English" in page and "French" in page
+        # A damaged version 2 (its model truncated) is refused; version 1 goes on serving.
+        shutil.copytree(litert_export, tmp_path / "2")
+        with open(tmp_path / "2" / "model.tflite", "r+b") as f:
+            f.truncate(1000)
+        shutil.move(str(tmp_path / "2"), str(base / "2"))
+        models = model_service_pb2_grpc.ModelServiceStub(channel)
+
+        def states():
+            status = models.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "nmt"}),
+                                           timeout=60)
+            return {s.version: (s.state, s.status.error_message) for s in status.model_version_status}
+
+        assert wait_until(lambda: 2 in states(), 30), states()
+        assert states()[2][0] == get_model_status_pb2.ModelVersionStatus.END and "model.tflite" in states()[2][1]
+        request.model_spec.signature_name = ""
+        assert stub.Predict(request, timeout=60).model_spec.version.value == 1
+        channel.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
