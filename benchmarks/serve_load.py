@@ -189,7 +189,8 @@ def compare(sentences, model_name, servers: dict, clients_list, rounds, total, w
                       "p99_over_lone_baseline_p50": round(median[name][i]["p99_ms"] / median[base][0]["p50_ms"], 2)}
                      for i, c in enumerate(clients_list)]
               for name in names[1:]}
-    return {"servers": {name: " ".join(["nmt_tf.serve", *args[1]]) for name, args in servers.items()},
+    return {"servers": {name: " ".join(["nmt_tf.serve", *(["--onednn"] if onednn else []), *extra])
+                        for name, (_, (onednn, extra)) in servers.items()},
             "rounds": rounds_out, "median": median, "memory": memory, "ratios_over_" + base: ratios}
 
 
