@@ -57,8 +57,8 @@ absl_flags.DEFINE_string("batching_parameters_file", None,
                          "Also measure a server with --enable_batching and these parameters, side by side.")
 absl_flags.DEFINE_string("litert_base_path", None,
                          "Also measure nmt_tf.serve --runtime=litert serving the LiteRT model versions under this "
-                         "folder (a preset's: the folder above python -c \"from nmt_tf import presets; "
-                         "print(presets.build_litert('multi30k_en_fr'))\"), side by side.")
+                         "folder (a preset's: the folder above the one python -m nmt_tf.presets "
+                         "--build_litert=multi30k_en_fr prints), side by side.")
 absl_flags.DEFINE_integer("rounds", 1, "With --batching_parameters_file or --litert_base_path: measurements per "
                           "server and client count, turning which server goes first.", lower_bound=1)
 

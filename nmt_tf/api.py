@@ -106,7 +106,7 @@ class Translator:
         log = log or (lambda *a: print(*a, file=sys.stderr))
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices (imports nothing itself)
         if runtime == "litert":
-            return cls.from_litert(presets.build_litert(name, litert_weights, cache_dir, log=log),
+            return cls.from_litert(presets.litert_model(name, litert_weights, cache_dir, log=log),
                                    _description=f"preset {name} on LiteRT ({litert_weights})")
         if runtime != "tensorflow":
             raise ValueError(f"runtime={runtime!r}: choose tensorflow or litert")

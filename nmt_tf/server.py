@@ -217,8 +217,8 @@ def start(config: ServerConfig, log=print) -> RunningServer:
     batcher = Batcher(params) if params else None
     if params:
         log(f"Batching: {params.describe()}; {threads} request threads per front end")
-    if config.preset:      # after the kernels' choice: building imports TensorFlow (LiteRT: its first build only)
-        base_path = os.path.dirname(presets.build_litert(config.preset, config.litert_weights, log=log) if litert
+    if config.preset:      # after the kernels' choice: building imports TensorFlow (LiteRT: in a child process)
+        base_path = os.path.dirname(presets.litert_model(config.preset, config.litert_weights, log=log) if litert
                                     else presets.build(config.preset))
     grpc_server, registry, port = start_server(
         model_name, base_path, config.port, config.host, threads, config.max_message_mb, config.max_batch_size,

@@ -99,7 +99,7 @@ def litert_client(outputs: list[str]):
                          "--saved_model or --server")
     if bool(FLAGS.litert_model) == bool(FLAGS.preset):
         raise ValueError("--runtime=litert: give exactly one of --litert_model and --preset")
-    folder = FLAGS.litert_model or presets.build_litert(FLAGS.preset, FLAGS.litert_weights,
+    folder = FLAGS.litert_model or presets.litert_model(FLAGS.preset, FLAGS.litert_weights,
                                                         log=lambda *a: print(*a, file=sys.stderr))
     return LiteRTClient(folder, outputs=outputs, num_threads=FLAGS.litert_threads)
 def main(argv):

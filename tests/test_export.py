@@ -667,3 +667,23 @@ def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tens
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_presets_litert_model_is_built_in_a_child_process_then_found_in_the_cache(sentencepiece_export, tmp_path):
+    """presets.litert_model (what translate, serve and the API call with
+    --runtime=litert and --preset): the first use builds the LiteRT folder
+    in a child process (python -m nmt_tf.presets --build_litert) and says
+    so; the next use finds it in the cache and builds nothing."""
+    from nmt_tf import presets
+    from nmt_tf.litert_runtime import LiteRTClient, read_manifest
+
+    folder = str(tmp_path / "tiny_sp")
+    presets.create(sentencepiece_export[0], folder, "tiny_sp", weights="last", weights_dtype="float32",
+                   export_settings={"beam_size": 3, "n_best": 2, "max_input_length": 40}, log=lambda *a: None)
+    cache, said = str(tmp_path / "cache"), []
+    built = presets.litert_model(folder, "int8", cache, log=said.append)
+    assert read_manifest(built)["weights"] == "int8" and built.endswith(os.path.join("litert-int8", "1"))
+    assert any(line.startswith("Built the LiteRT model of preset tiny_sp") for line in said), said
+    again = []
+    assert presets.litert_model(folder, "int8", cache, log=again.append) == built and again == []
+    assert LiteRTClient(built)(text=[b"A dog runs."])["nbest_translations"].shape == (1, 2)

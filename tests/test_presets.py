@@ -251,6 +251,18 @@ def test_translate_and_presets_cli_with_a_preset(tiny_preset, tmp_path):
     assert built.returncode == 0 and built.stdout.strip() == saved_model
 
 
+def test_a_preset_whose_litert_model_cannot_be_built_is_one_error_from_the_child_process(tiny_preset, tmp_path):
+    """presets.litert_model builds in a child process (python -m nmt_tf.presets
+    --build_litert); what the child refuses comes back as one PresetError in
+    its own words, without a traceback. (This preset's word tokenizer has no
+    LiteRT export; tests/test_export.py builds a SentencePiece one.)"""
+    folder, _, _ = tiny_preset
+    with pytest.raises(presets.PresetError) as refused:
+        presets.litert_model(folder, "float32", str(tmp_path / "cache"), log=lambda *a: None)
+    assert "uses --tokenizer=word; a LiteRT export needs --tokenizer=sentencepiece" in str(refused.value)
+    assert "Traceback" not in str(refused.value)
+
+
 def test_measured_checks_are_what_the_preset_translates_and_scores(tiny_preset, tmp_path):
     from nmt_tf import metrics
     from nmt_tf.api import Translator

@@ -42,6 +42,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 
 import ml_dtypes
@@ -427,6 +429,38 @@ def build_litert(name: str, weights: str = "int8", cache_dir: str | None = None,
                           f"({type(e).__name__}: {e}); set NMT_TF_CACHE to a writable folder with room for it") from e
     log(f"Built the LiteRT model of preset {manifest['name']} in {time.monotonic() - start:.0f} s: {model}")
     return model
+
+
+def litert_model(name: str, weights: str = "int8", cache_dir: str | None = None, log=print) -> str:
+    """build_litert without TensorFlow in this process: the cached LiteRT
+    folder when it is there, else built by `python -m nmt_tf.presets
+    --build_litert` in a child process (the build imports TensorFlow; a
+    server or a translation that runs on LiteRT never holds it). Its
+    progress goes to `log`; its error is this PresetError."""
+    folder = preset_dir(name)
+    manifest = verify(folder)
+    target = os.path.join(build_dir(folder, manifest, cache_dir), f"litert-{weights}")
+    if _usable(target, (str(EXPORT_VERSION),), log):
+        return os.path.join(target, str(EXPORT_VERSION))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    if cache_dir:
+        env["NMT_TF_CACHE"] = cache_dir
+    child = subprocess.Popen([sys.executable, "-m", "nmt_tf.presets", f"--build_litert={name}",
+                              f"--litert_weights={weights}"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, errors="replace")
+    said = []
+    for line in child.stderr:
+        line = line.rstrip("\n")
+        said.append(line)
+        if line.startswith(("Building", "Built", "The cached build")):
+            log(line)
+    printed = child.stdout.read().strip()
+    if child.wait() != 0 or not printed:
+        errors = [line for line in said if line.startswith("error: ")]
+        raise PresetError(errors[-1].removeprefix("error: ") if errors else
+                          f"building the LiteRT model of preset {manifest['name']} failed (exit "
+                          f"{child.returncode}): " + " | ".join(said[-3:]))
+    return printed.splitlines()[-1]
 
 
 def saved_model_for(saved_model: str | None, preset: str | None, log=print) -> str | None:

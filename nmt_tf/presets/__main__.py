@@ -3,6 +3,7 @@ r"""Lists, builds and creates presets: trained models shipped ready to translate
 Usage:
   python -m nmt_tf.presets --list
   python -m nmt_tf.presets --build=multi30k_en_fr       # `make setup` runs this
+  python -m nmt_tf.presets --build_litert=multi30k_en_fr [--litert_weights=int8]
   python -m nmt_tf.presets --create=presets/my_model --name=my_model --model_dir=runs/m30k \
       --average_checkpoints=5 [--weights_dtype=float16] [--beam_size=10 --n_best=5 --max_input_length=100]
   python -m nmt_tf.presets --measure_checks=presets/my_model \
@@ -13,7 +14,11 @@ Usage:
 directory and exports its SavedModel into the cache (NMT_TF_CACHE, else
 ~/.cache/nmt_tf), once, and prints the SavedModel's path; then
 `nmt_tf.translate --preset=NAME`, `nmt_tf.serve --preset=NAME` and
-`nmt_tf.Translator.from_preset(NAME)` use it without training. --create
+`nmt_tf.Translator.from_preset(NAME)` use it without training.
+--build_litert does the same for its LiteRT model (docs/litert.md), built
+from that SavedModel with --litert_weights, and prints the LiteRT folder;
+the tools run it in a child process on first use with --runtime=litert, so
+that they never import TensorFlow themselves. --create
 writes a preset of a trained model directory (its --checkpoint or the mean
 of --average_checkpoints, weights stored in --weights_dtype; the search
 flags and --max_input_length are what its SavedModel will be exported with;
@@ -55,14 +60,18 @@ absl_flags.DEFINE_string("pairs_src", None,
 absl_flags.DEFINE_string("pairs_tgt", None, "With --measure_checks: their targets (default --bleu_ref).")
 absl_flags.DEFINE_integer("pairs", 12, "With --measure_checks: how many pairs (the files' first lines) to score.")
 
-MODES = ("list", "build", "create", "measure_checks")
+absl_flags.DEFINE_string("build_litert", None, "Build (or find in the cache) the LiteRT model of this preset "
+                         "(with --litert_weights) and print its folder.")
+
+MODES = ("list", "build", "build_litert", "create", "measure_checks")
 # nmt_tf.flags' flags that --create reads: the model and what its SavedModel is exported with.
 CREATE_SETTINGS = ("model_dir", "max_input_length", *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS)
-TOOL_FLAGS = nmt_flags.tool_flags(__name__, CREATE_SETTINGS)
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, (*CREATE_SETTINGS, "litert_weights"))
 # The flags only one mode reads; given with another mode they would be ignored, so they are an error.
 MODE_FLAGS = {
     "create": ("name", "weights_dtype", "description", *CREATE_SETTINGS),
     "measure_checks": ("bleu_src", "bleu_ref", "pairs_src", "pairs_tgt", "pairs"),
+    "build_litert": ("litert_weights",),
 }
 
 
@@ -87,7 +96,8 @@ def main(argv):
     FLAGS = absl_flags.FLAGS
     modes = [name for name in MODES if FLAGS[name].value]
     if len(modes) != 1:
-        return nmt_flags.user_error("give one of --list, --build=NAME, --create=FOLDER and --measure_checks=NAME.")
+        return nmt_flags.user_error("give one of --list, --build=NAME, --build_litert=NAME, --create=FOLDER and "
+                                    "--measure_checks=NAME.")
     unread = flags_of_another_mode(modes[0])
     if unread:
         return nmt_flags.user_error(unread)
@@ -99,6 +109,9 @@ def main(argv):
                       f"{manifest['parameters']:,} parameters\t{manifest.get('description', '')}")
         elif FLAGS.build:
             print(presets.build(FLAGS.build, log=lambda *a: print(*a, file=sys.stderr)))
+        elif FLAGS.build_litert:
+            print(presets.build_litert(FLAGS.build_litert, FLAGS.litert_weights,
+                                       log=lambda *a: print(*a, file=sys.stderr)))
         elif FLAGS.measure_checks:
             if not (FLAGS.bleu_src and FLAGS.bleu_ref):
                 return nmt_flags.user_error("--measure_checks needs --bleu_src and --bleu_ref.")
