@@ -513,6 +513,11 @@ class ServerConfig:
             "REST connections open at once (being read, waiting for a --threads worker, or answered); one more "
             "is answered 503 at once. A request is read whole before a worker takes it, so slow or idle clients "
             "hold only their connection, for at most 30 s of headers and 120 s of body.", lower=1)
+    rest_max_connections_per_client: int = setting('integer', 16,
+            "REST connections one client address may hold open at once (as --rest_max_connections counts "
+            "them); one more from it is answered 503 at once, so that one client's idle, slow or stalled "
+            "(TLS) connections leave room for others. Behind a reverse proxy every client has the proxy's "
+            "address: set it to --rest_max_connections there.", lower=1)
     max_message_mb: float = setting('float', 32.0,
             "Largest request or response message (gRPC) and largest REST request body, in MiB.", lower=0.01)
     max_batch_size: int = setting('integer', 1024, "Most sentences one request may carry.", lower=1)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import concurrent.futures
 import errno
 import functools
@@ -703,18 +704,24 @@ class RestServer(socketserver.TCPServer):
     a connection costs no thread while its client sends, however slowly,
     within the deadlines) and answered by a fixed pool of `threads` workers.
     At most `max_connections` connections are open at once (being read,
-    waiting for a worker, or answered); one more is answered 503 at once.
-    Serves from a thread of its own; stop() ends it."""
+    waiting for a worker, or answered), and at most
+    `max_connections_per_client` from one client address; one more is
+    answered 503 at once (closed at once over TLS). Serves from a thread of
+    its own; stop() ends it."""
 
     allow_reuse_address = True   # rebind at once after a restart (TIME_WAIT); a port in use is still refused
     request_queue_size = socket.SOMAXCONN
 
     def __init__(self, host: str, port: int, threads: int, answer, max_body_bytes: int, page=None,
-                 max_connections: int = 64, header_seconds: float = 30.0, ssl_context=None):
+                 max_connections: int = 64, header_seconds: float = 30.0, ssl_context=None,
+                 max_connections_per_client: int | None = None):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.answer, self.max_body_bytes = answer, max_body_bytes
         self.page = page        # (method, path) -> (body, Content-Type) of the translation page, or None
         self.max_connections = max_connections
+        self.max_connections_per_client = max_connections_per_client or max_connections
+        self._per_client: collections.Counter = collections.Counter()      # client address -> connections open
+        self._client_of: dict = {}                                           # socket -> its client address
         self.ssl_context = ssl_context     # HTTPS (nmt_tf.tls) when given
         self._connections, self._count_lock = 0, threading.Lock()
         self._prefetched: dict = {}
@@ -726,18 +733,32 @@ class RestServer(socketserver.TCPServer):
         threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
                          name="rest-api-accept").start()
 
-    def process_request(self, request, client_address):
+    def _admit(self, client: str) -> str | None:
+        """Counts a new connection of `client` in, or says why it is refused."""
         with self._count_lock:
-            full = self._connections >= self.max_connections
-            self._connections += 0 if full else 1
-        if not full:
+            if self._connections >= self.max_connections:
+                return (f"this server has {self.max_connections} connections open, its limit "
+                        "(--rest_max_connections)")
+            if self._per_client[client] >= self.max_connections_per_client:
+                return (f"this client address has {self.max_connections_per_client} connections open, this "
+                        "server's limit per client (--rest_max_connections_per_client)")
+            self._connections += 1
+            self._per_client[client] += 1
+        return None
+
+    def process_request(self, request, client_address):
+        client = client_address[0]
+        refused = self._admit(client)
+        if refused is None:
             if self.ssl_context is not None:
                 try:
                     request = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
                 except OSError:
                     self.shutdown_request(request)
-                    self._release()
+                    self._release(client=client)
                     return
+            with self._count_lock:
+                self._client_of[request] = client
             self._receiver.add(request, client_address)
             return
         if self.ssl_context is not None:       # no handshake on the accepting thread: closed at once
@@ -745,9 +766,7 @@ class RestServer(socketserver.TCPServer):
             return
         try:
             request.settimeout(1.0)
-            request.sendall(error_reply(503, "Service Unavailable", (
-                f"Service Unavailable: this server has {self.max_connections} connections open, its limit "
-                "(--rest_max_connections); try again")))
+            request.sendall(error_reply(503, "Service Unavailable", f"Service Unavailable: {refused}; try again"))
         except OSError:
             pass
         self.shutdown_request(request)
@@ -765,9 +784,15 @@ class RestServer(socketserver.TCPServer):
     def take_prefetched(self, request):
         return self._prefetched.pop(request, None)
 
-    def _release(self, request=None):
+    def _release(self, request=None, client: str | None = None):
+        """Counts a connection out (`request`, the socket admitted, or only its `client`)."""
         with self._count_lock:
             self._connections -= 1
+            client = self._client_of.pop(request, client)
+            if client is not None:
+                self._per_client[client] -= 1
+                if self._per_client[client] <= 0:
+                    del self._per_client[client]
 
     def _serve(self, request, client_address):
         try:
@@ -776,7 +801,7 @@ class RestServer(socketserver.TCPServer):
             logging.warning(f"REST connection from {client_address[0]} ended: {type(e).__name__}: {e}")
         finally:
             self.shutdown_request(request)
-            self._release()
+            self._release(request)
 
     def stop(self):
         self.shutdown()
@@ -788,18 +813,19 @@ class RestServer(socketserver.TCPServer):
 def start_rest_server(registry: ModelRegistry, port: int, host: str = "0.0.0.0", threads: int = 8,
                       max_message_mb: float = 32.0, max_batch_size: int = 1024, page: bool = True,
                       max_connections: int = 64, header_seconds: float = 30.0, batcher=None,
-                      ssl_context=None) -> RestServer:
+                      ssl_context=None, max_connections_per_client: int | None = None) -> RestServer:
     """Serves TF Serving's REST API for `registry` on `port` (0: a free one,
     then in .port), and with `page` the translation page at / (nmt_tf.page);
     a port that another process holds is refused. See RestServer for
-    `threads`, `max_connections` and `header_seconds`; `batcher` as in
+    `threads`, `max_connections`, `max_connections_per_client` (None: as
+    `max_connections`) and `header_seconds`; `batcher` as in
     rest_response; with an `ssl_context` (nmt_tf.tls) it speaks HTTPS."""
     limit = int(max_message_mb * 1024 * 1024)
     answer = functools.partial(rest_response, registry, max_batch_size=max_batch_size, max_message_bytes=limit,
                                batcher=batcher)
     try:
         return RestServer(host, port, threads, answer, limit, functools.partial(page_file, registry) if page else None,
-                          max_connections, header_seconds, ssl_context)
+                          max_connections, header_seconds, ssl_context, max_connections_per_client)
     except OSError as e:
         reason = {errno.EADDRINUSE: "the port is in use",
                   errno.EADDRNOTAVAIL: "the address is not this machine's"}.get(e.errno, e.strerror or str(e))

@@ -28,8 +28,9 @@ request body larger than --max_message_mb is refused with 413 before it is
 read. Each front end answers --threads requests at a time; the REST API
 reads each request whole on one receiver thread before a worker takes it (a
 slow or idle client holds no worker; 30 s for the headers, 120 s for the
-body, then 408), with at most --rest_max_connections connections open (one
-more: 503 at once). The model versions and the requests'
+body, then 408), with at most --rest_max_connections connections open, and
+--rest_max_connections_per_client from one client address (one more: 503
+at once). The model versions and the requests'
 checks (the same for both) are nmt_tf.serving. With --enable_batching
 (or --batching_parameters_file, TF Serving's BatchingParameters text proto)
 concurrent Predict requests of both front ends are joined into one call of

@@ -462,7 +462,7 @@ def test_slow_and_idle_clients_hold_no_worker_and_meet_a_deadline(exported, tmp_
     shutil.copytree(exported[1], base)
     srv, registry, _ = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
     rest_server = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2, max_connections=26,
-                                             header_seconds=3.0)
+                                             header_seconds=3.0, max_connections_per_client=26)
     address = ("127.0.0.1", rest_server.port)
     stop, extra = threading.Event(), []
     slow = [socket.create_connection(address, timeout=10) for _ in range(16)]
@@ -501,6 +501,50 @@ def test_slow_and_idle_clients_hold_no_worker_and_meet_a_deadline(exported, tmp_
         stop.set()
         dripping.join()
         for s in slow + idle + extra:
+            s.close()
+        rest_server.stop()
+        registry.stop()
+        srv.stop(grace=0)
+
+
+def test_one_client_address_holds_at_most_its_share_of_the_connections(exported, tmp_path):
+    """Issue 95: 64 idle sockets of one client used to take every REST slot for
+    30 s. With --rest_max_connections_per_client=4, a fifth connection of that
+    address is answered 503 naming the limit, while another address
+    (127.0.0.2) is served at once; a closed connection gives its slot back."""
+    base = str(tmp_path / "nmt")
+    shutil.copytree(exported[1], base)
+    srv, registry, _ = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
+    rest_server = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2, max_connections=20,
+                                             max_connections_per_client=4)
+    address = ("127.0.0.1", rest_server.port)
+    idle = [socket.create_connection(address, timeout=10) for _ in range(4)]
+
+    def request_from(source: str) -> bytes:
+        body = json.dumps(TEXT).encode()
+        with socket.create_connection(address, timeout=60, source_address=(source, 0)) as s:
+            s.sendall(b"POST /v1/models/nmt:predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+            return reply
+
+    try:
+        assert wait_until(lambda: rest_server.open_connections == 4, 30, interval=0.01)
+        refused = request_from("127.0.0.1")
+        assert refused.startswith(b"HTTP/1.1 503 Service Unavailable"), refused[:200]
+        assert b"--rest_max_connections_per_client" in refused
+        start = time.monotonic()
+        other = request_from("127.0.0.2")
+        assert other.startswith(b"HTTP/1.1 200 OK") and b"predictions" in other, other[:300]
+        assert time.monotonic() - start < 10
+        idle.pop().close()
+        assert wait_until(lambda: rest_server.open_connections == 3, 30, interval=0.01)
+        assert request_from("127.0.0.1").startswith(b"HTTP/1.1 200 OK")
+        assert wait_until(lambda: rest_server.open_connections == 3, 30, interval=0.01)
+    finally:
+        for s in idle:
             s.close()
         rest_server.stop()
         registry.stop()
