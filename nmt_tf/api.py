@@ -58,7 +58,7 @@ class Translation:
     source_tokens: list[str]                  # what the model read, ending with "[EOS]"
     target_tokens: list[str]                  # what it wrote, ending with "[EOS]"
     alignment: np.ndarray                     # [len(target_tokens), len(source_tokens)] attention weights
-    truncated: bool                           # the source was cut to the model's input limit
+    truncated: bool                           # the source (or its target prefix) was cut to the model's input limit
     terms_met: bool | None = None             # with required_terms: all of them are in `text`
 
 

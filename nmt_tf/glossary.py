@@ -2,7 +2,8 @@
 
 A glossary file has one "source term<TAB>target term" entry per line (UTF-8;
 the format of --unk_dictionary, checked the same way: a malformed or
-repeated entry is one error naming its line). Wherever a source term occurs
+repeated entry, or a line break other than a line feed inside an entry, is
+one error naming its line; the check and the reading are one function). Wherever a source term occurs
 in a sentence as whole words (case-sensitive; not inside a longer word; the
 longest entry wins where entries overlap), its target term becomes a
 required term of that sentence's translation (`nmt_tf.translate
@@ -13,17 +14,12 @@ from __future__ import annotations
 
 import re
 
-from nmt_tf.translation_graph import check_dictionary
+from nmt_tf.translation_graph import read_dictionary
 
 
 class Glossary:
     def __init__(self, path: str):
-        check_dictionary(path, flag="glossary")
-        self.entries = {}
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                source, target = line.rstrip("\r\n").split("\t")
-                self.entries[source] = target
+        self.entries = read_dictionary(path, flag="glossary")
         alternatives = "|".join(re.escape(term) for term in sorted(self.entries, key=len, reverse=True))
         self._pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)") if self.entries else None
 

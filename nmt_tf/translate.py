@@ -49,7 +49,7 @@ alignment[i][j] is the weight of source token j when output token i was
 generated; both token lists end with "[EOS]". --n_best cannot exceed the
 n-best size fixed at export. Input longer than the export's
 --max_input_length tokens is cut (its "truncated" is true; in plain-text
-mode a warning goes to stderr). Undecodable bytes become U+FFFD. On a
+mode a warning goes to stderr); so is a --target_prefix line. Undecodable bytes become U+FFFD. On a
 terminal, progress with an ETA goes to stderr.
 """
 

@@ -161,7 +161,8 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
         for i, (result, row) in enumerate(rows_by_line(batched, len(window), progress and progress.update)):
             plain = not (with_alignments or with_scores or n_best > 1)
             if plain and result["truncated"][row]:
-                print(f"warning: line {done + i + 1} was longer than the model's input limit and was cut",
+                print(f"warning: line {done + i + 1} (or its target prefix) was longer than the model's input "
+                      "limit and was cut",
                       file=sys.stderr)
             if plain and "terms_met" in result and not result["terms_met"][row]:
                 unspellable = "terms_spellable" in result and not result["terms_spellable"][row]

@@ -69,26 +69,42 @@ class UnkReplacement:
         return tf.where(tf.reduce_any(words, axis=1)[:, None, None], copied, "")
 
 
-def check_dictionary(path: str, flag: str = "unk_dictionary") -> int:
-    """Checks a "source<TAB>target" dictionary file (UTF-8, one entry per line,
-    no source word twice, no empty field; errors name `--flag`); returns its
-    number of entries."""
+def read_dictionary(path: str, flag: str = "unk_dictionary") -> dict[str, str]:
+    """The entries of a "source<TAB>target" dictionary file (UTF-8, one entry
+    per line, ended by a line feed; no source word twice, no empty field, no
+    carriage return or other line break inside an entry), as {source:
+    target}; a file that breaks a rule is one ValueError naming it, its line
+    and `--flag`. The one reader of --unk_dictionary and --glossary files, so
+    that what is checked is what is read."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory, not a file (--{flag})")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} does not exist (--{flag})")
-    seen = {}
+    entries, seen = {}, {}
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8").rstrip("\r\n")
+                line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
             except UnicodeDecodeError:
-                raise ValueError(f"{path} line {number}: not UTF-8") from None
+                raise ValueError(f"{path} line {number}: not UTF-8 (--{flag})") from None
+            if len(line.splitlines()) > 1 or line.endswith(("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85",
+                                                              "\u2028", "\u2029")):
+                raise ValueError(f"{path} line {number}: a line break other than a line feed inside the entry "
+                                 f"{line[:80]!r} (--{flag})")
             fields = line.split("\t")
             if len(fields) != 2 or not all(fields):
-                raise ValueError(f"{path} line {number}: expected 'source<TAB>target', got {line[:80]!r}")
+                raise ValueError(f"{path} line {number}: expected 'source<TAB>target', got {line[:80]!r} (--{flag})")
             if fields[0] in seen:
-                raise ValueError(f"{path} line {number}: {fields[0]!r} has an entry already (line {seen[fields[0]]})")
+                raise ValueError(f"{path} line {number}: {fields[0]!r} has an entry already (line {seen[fields[0]]}) "
+                                 f"(--{flag})")
             seen[fields[0]] = number
-    return len(seen)
+            entries[fields[0]] = fields[1]
+    return entries
+
+
+def check_dictionary(path: str, flag: str = "unk_dictionary") -> int:
+    """Checks a dictionary file as read_dictionary reads it; returns its number of entries."""
+    return len(read_dictionary(path, flag))
 
 
 class TranslationGraph:
@@ -140,7 +156,8 @@ class TranslationGraph:
         - target_prefix[i] ("": none; trailing whitespace dropped): every
           hypothesis starts with the prefix's tokens (forced), the search is
           free after them (nmt_tf.search), and the translation starts with
-          the prefix byte for byte;
+          the prefix byte for byte; a prefix of more than max_input_length
+          tokens is cut there, and `truncated` is true;
         - required_terms[i]: target terms separated by tabs ("": none), at
           most MAX_REQUIRED_TERMS; every returned hypothesis contains each
           (lexically constrained beam search, nmt_tf.constraints), unless
@@ -201,10 +218,13 @@ class TranslationGraph:
 
     def _prefix(self, target_prefix):
         """Target prefixes -> (ids [B, P] 0-padded, their tokens [B, P] "" padded,
-        the prefixes themselves without trailing whitespace [B])."""
+        the prefixes themselves without trailing whitespace [B], whether each
+        was cut to max_input_length tokens [B])."""
         given = self.tf.strings.regex_replace(target_prefix, r"\s+$", "")
-        tokens = self.target_tokenizer.tokenize(given)[:, :self.max_input_length]
-        return self._dense(self._target_ids(tokens)), tokens.to_tensor(""), given
+        whole = self.target_tokenizer.tokenize(given)
+        cut = whole.row_lengths() > self.max_input_length
+        tokens = whole[:, :self.max_input_length]
+        return self._dense(self._target_ids(tokens)), tokens.to_tensor(""), given, cut
 
     def _translate(self, text, target_prefix=None, required_terms=None):
         from nmt_tf.search import search
@@ -216,7 +236,8 @@ class TranslationGraph:
         options, shortlist, prefix_ids, term_ids = self.options, self.shortlist, None, None
         if target_prefix is not None:
             options, shortlist = dataclasses.replace(options, shortlist_size=0), None
-            prefix_ids, prefix_tokens, given = self._prefix(target_prefix)
+            prefix_ids, prefix_tokens, given, prefix_cut = self._prefix(target_prefix)
+            truncated = truncated | prefix_cut         # issue 95: a cut prefix said truncated=false
             term_ids, term_tokens, spellable = self._required_terms(required_terms)
         out = search(self.model, source, options, shortlist, prefix_ids, term_ids,
                      None if term_ids is None else self.target_tokenizer.word_continuation())
@@ -235,8 +256,9 @@ class TranslationGraph:
             replaced = tf.reshape(tokens, tf.shape(flat))
         texts = tf.reshape(self.target_tokenizer.decode(flat, replaced), [batch, n])
         if target_prefix is not None:
-            texts = _splice_prefix(tf, texts, self.target_tokenizer.detokenize(
-                tf.RaggedTensor.from_tensor(prefix_tokens, padding="")), given)
+            shown = self.target_tokenizer.detokenize(tf.RaggedTensor.from_tensor(prefix_tokens, padding=""))
+            # A prefix cut to max_input_length tokens is what was forced: the user's text past the cut is not there.
+            texts = _splice_prefix(tf, texts, shown, tf.where(prefix_cut, shown, given))
         keep = ~empty
         texts = tf.where(keep[:, None], texts, "")
         scores = tf.where(keep[:, None], out["scores"], 0.0)

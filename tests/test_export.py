@@ -183,6 +183,15 @@ def test_translate_constrained_starts_with_the_target_prefix_byte_for_byte(which
     assert out["translation"].numpy()[1] == plain["translation"].numpy()[1]
     with pytest.raises(tf.errors.InvalidArgumentError, match="same number of sentences"):
         loaded["translate_constrained"](text=text, target_prefix=tf.constant(["Un"]), required_terms=none)
+    if which == "word":
+        # Issue 95: a prefix over max_input_length tokens (20 in this export) is cut there and says so
+        # (truncated was false); the translation starts with the prefix as cut, not the user's whole text.
+        long_prefix = " ".join(["Un"] * 24 + ["chien"])
+        cut = loaded["translate_constrained"](text=text[:1], target_prefix=tf.constant([long_prefix]),
+                                              required_terms=none[:1])
+        assert cut["truncated"].numpy()[0] and not plain["truncated"].numpy()[0]
+        kept = cut["translation"].numpy()[0].decode()
+        assert kept.startswith(" ".join(["Un"] * 20)) and not kept.startswith(long_prefix), kept
 
 
 TERMS = ["chien", "", "homme\tneige", " chemise bleue \t\t"]

@@ -822,6 +822,15 @@ def test_a_glossary_finds_whole_words_longest_first(tmp_path):
         Glossary(str(path))
     with pytest.raises(FileNotFoundError, match=r"\(--glossary\)"):
         Glossary(str(tmp_path / "missing.tsv"))
+    # Issue 95: the check split lines at line feeds, the reader at any line break too: a bare carriage
+    # return passed the check, then failed to unpack with no file or line named.
+    path.write_bytes(b"dog\tchien\ncat\rx\tchat\n")
+    with pytest.raises(ValueError, match=r"line 2: a line break other than a line feed inside the entry"):
+        Glossary(str(path))
+    path.write_bytes(b"dog\tchien\r\ncat\tchat\r\n")                 # Windows line ends are fine
+    assert Glossary(str(path)).entries == {"dog": "chien", "cat": "chat"}
+    with pytest.raises(IsADirectoryError, match=r"is a directory, not a file \(--glossary\)"):
+        Glossary(str(tmp_path))
 
 
 def test_one_client_flooding_the_server_is_refused_at_once_and_another_is_served(exported, tmp_path):
