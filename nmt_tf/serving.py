@@ -755,16 +755,18 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
     if max_message_bytes:
         check_reply_size(loaded, outputs, max(sizes, default=0), max_message_bytes, can_filter)
 
-    def call(arrays):
-        return loaded.run(name, arrays, outputs)
-
     batchable = batcher is not None and sizes and all(v.ndim for v in feeds.values())
     if not batchable:
-        result = call(feeds)
+        result = loaded.run(name, feeds, outputs)
     else:
         wait = BATCH_WAIT_SECONDS if timeout is None else min(max(timeout, 0.0), BATCH_WAIT_SECONDS)
+        # One queue per version and signature, as TF Serving's: a merged batch fetches every output and
+        # each request keeps its own. (Keyed by the output filter too, permuted filters opened queues of
+        # their own, each with its max_enqueued_batches: issue 95.)
+        everything = sorted(signature_def.outputs)
         try:
-            result = batcher.run((loaded, name, tuple(outputs)), call, feeds, sizes.pop(), wait)
+            result = batcher.run((loaded, name), lambda arrays: loaded.run(name, arrays, everything), feeds,
+                                 sizes.pop(), wait)
         except batching.TooLarge as e:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         except batching.QueueFull as e:

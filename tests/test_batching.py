@@ -176,6 +176,28 @@ def test_batched_predictions_equal_the_saved_models_own(batching_server, exporte
         assert tokens == [t for t in alone["target_tokens"].numpy()[0] if t]
 
 
+def test_requests_with_different_output_filters_share_one_queue(batching_server):
+    """Issue 95: the batch queue was keyed by the output filter too, so
+    permuted filters each opened a queue of their own past
+    max_enqueued_batches. Now one queue per version and signature: requests
+    with different filters join one batch, and each gets its own outputs."""
+    stub, batcher = batching_server["predict"], batching_server["batcher"]
+    filters = [["translation", "score"], ["score", "translation"], ["truncated"], ["translation"],
+               ["score", "truncated", "translation"], ["log_prob"]]
+
+    def ask(i):
+        req = request([SENTENCES[i % len(SENTENCES)]])
+        req.output_filter.extend(filters[i])
+        return stub.Predict(req, timeout=60)
+
+    before = batcher.batches_run
+    with concurrent.futures.ThreadPoolExecutor(len(filters)) as pool:
+        replies = list(pool.map(ask, range(len(filters))))
+    assert batcher.batches_run - before < len(filters)               # joined across filters
+    for wanted, reply in zip(filters, replies):
+        assert sorted(reply.outputs) == sorted(wanted)
+
+
 def test_batching_keeps_tf_servings_errors(batching_server):
     stub = batching_server["predict"]
     code, details = status_of(lambda: stub.Predict(request(SENTENCES + ["One more."]), timeout=60))
