@@ -68,12 +68,16 @@ before any decoding, batches whose alignment output could exceed
 the outputs without alignment (output_filter). No request can
 stop the server: every failure becomes a status. A port (gRPC or REST) that
 another process holds is refused at start (exit code 1), as TF Serving refuses it.
+Ctrl-C or SIGTERM (docker stop, systemd) stops it, giving the requests in
+flight 2 s; the exit code is then 0.
 
 This tool parses the flags and calls nmt_tf/server.py, which serves from
 Python without flags (nmt_tf.config.ServerConfig).
 """
 
 from __future__ import annotations
+
+import signal
 
 from absl import app
 
@@ -97,10 +101,19 @@ def main(argv):
             if given:
                 return nmt_flags.user_error(f"--model_config_file names the model and its version policy: "
                                             f"leave out {' and '.join(given)}.")
+        # SIGTERM (docker stop, systemd, kill) stops as Ctrl-C does: the requests in flight get their grace
+        # period and the exit status is 0 (it was -15 at once: issue 95). Set before the ports open.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         running = server.start(config, log=lambda line: print(line, flush=True))
     except (ValueError, OSError) as e:     # ConfigError, the files' errors, PresetError; FileNotFoundError, ports
         return nmt_flags.user_error(e)
-    running.wait()
+    except KeyboardInterrupt:
+        print("Stopped before serving", flush=True)
+        return 0
+    try:
+        running.wait(log=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:           # the signal came between start and wait
+        running.stop(grace=server.STOP_GRACE_SECONDS)
     return 0
 
 

@@ -31,7 +31,7 @@ from nmt_tf.batching import Batcher, BatchingParameters, read_batching_parameter
 from nmt_tf.config import ConfigError, ServerConfig
 from nmt_tf.hardware import set_onednn
 from nmt_tf.litert_serving import LiteRTVersion
-from nmt_tf.tls import TlsConfig, read_ssl_config
+from nmt_tf.tls import TlsConfig, expiry_warning, read_ssl_config
 from nmt_tf.rest import start_rest_server
 from nmt_tf.serving import (MAX_SEARCH_WORK, LoadedVersion, ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
                             read_model_config, run_predict)
@@ -156,6 +156,9 @@ def set_threads(inter_op: int, intra_op: int) -> str:
             f"inter-op {describe(tf.config.threading.get_inter_op_parallelism_threads())}")
 
 
+STOP_GRACE_SECONDS = 2.0
+
+
 @dataclasses.dataclass
 class RunningServer:
     """What `start` started: the gRPC server and its port, the REST server
@@ -165,12 +168,16 @@ class RunningServer:
     port: int
     rest: object = None
 
-    def wait(self) -> None:
-        """Serves until the process is interrupted (Ctrl-C), then stops."""
+    def wait(self, log=None) -> None:
+        """Serves until the process is interrupted (Ctrl-C, or SIGTERM where
+        python -m nmt_tf.serve turns it into one), then stops, giving the
+        requests in flight STOP_GRACE_SECONDS; `log` hears it."""
         try:
             self.grpc_server.wait_for_termination()
         except KeyboardInterrupt:
-            self.stop(grace=2)
+            if log:
+                log(f"Stopping: the requests in flight have {STOP_GRACE_SECONDS:g} s to finish")
+            self.stop(grace=STOP_GRACE_SECONDS)
 
     def stop(self, grace: float = 0) -> None:
         """Closes the ports (gRPC after `grace` seconds for requests in flight) and stops watching for
@@ -213,6 +220,9 @@ def start(config: ServerConfig, log=print) -> RunningServer:
         params = (read_batching_parameters(config.batching_parameters_file) if config.batching_parameters_file
                   else BatchingParameters())
     tls = read_ssl_config(config.ssl_config_file) if config.ssl_config_file else None
+    warning = tls and expiry_warning(tls)
+    if warning:
+        log(warning)
     threads = request_threads(config.threads, params)
     batcher = Batcher(params) if params else None
     if params:

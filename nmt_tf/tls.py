@@ -16,6 +16,7 @@ import dataclasses
 import os
 import ssl
 import tempfile
+import time
 
 import grpc
 
@@ -52,7 +53,8 @@ class TlsConfig:
                 with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w", encoding="utf-8") as f:
                     f.write(text)
             try:
-                context.load_cert_chain(cert, key)
+                # An encrypted key would make OpenSSL ask for its pass phrase on the terminal (issue 95).
+                context.load_cert_chain(cert, key, password=_no_pass_phrase)
             except ssl.SSLError as e:
                 raise ValueError(f"server_key and server_cert are not a PEM private key and a certificate "
                                  f"that match ({e.reason or e})") from None
@@ -64,6 +66,38 @@ class TlsConfig:
         if self.client_verify:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+
+def _no_pass_phrase():
+    raise ValueError("server_key is an encrypted private key; the server takes an unencrypted PEM key, as "
+                     "tensorflow_model_server does (decrypt it: openssl pkey -in key.pem -out plain.pem, and keep "
+                     "the file readable by the server only)")
+
+
+def expiry_warning(config: TlsConfig, now: float | None = None) -> str | None:
+    """A warning when server_cert's (first) certificate has expired or is not
+    valid yet: clients refuse it, and the server would start as if all were
+    well. None when it is valid, or when the certificate cannot be read here."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "cert.pem")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(config.server_cert)
+        try:
+            # The standard library's only reader of a certificate file's dates (private, in CPython since 3.3).
+            fields = ssl._ssl._test_decode_cert(path)
+        except (AttributeError, ssl.SSLError, ValueError):
+            return None
+    now = time.time() if now is None else now
+    try:
+        not_before, not_after = (ssl.cert_time_to_seconds(fields[key]) for key in ("notBefore", "notAfter"))
+    except (KeyError, ValueError):
+        return None
+    if now > not_after:
+        return (f"warning: the server certificate expired on {fields['notAfter']}: clients that verify it will "
+                "refuse every connection; renew it")
+    if now < not_before:
+        return f"warning: the server certificate is not valid before {fields['notBefore']}: clients will refuse it"
+    return None
 
 
 def read_ssl_config(path: str) -> TlsConfig:

@@ -137,8 +137,11 @@ def main(argv):
             progress.close()
             if FLAGS.output:
                 out.close()
-    except (TranslationError, ClientError, FileNotFoundError, ValueError, presets.PresetError) as e:   # LiteRTModelError
+    except (TranslationError, ClientError, OSError, ValueError, presets.PresetError) as e:   # LiteRTModelError
         return nmt_flags.user_error(e)
+    except KeyboardInterrupt:       # Ctrl-C: one line, not a traceback (issue 95)
+        print("interrupted: the output holds the lines translated before it, in input order", file=sys.stderr)
+        return 130
     return 0
 
 

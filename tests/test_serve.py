@@ -875,3 +875,43 @@ def test_one_client_flooding_the_server_is_refused_at_once_and_another_is_served
     finally:
         srv.stop(0)
         registry.stop()
+
+
+def test_sigterm_stops_serve_gracefully_and_ctrl_c_stops_translate_in_one_line(exported, tmp_path):
+    """Issue 95: `serve` died at once on SIGTERM (exit status -15, requests in
+    flight cut); now it stops as on Ctrl-C, saying so, with status 0.
+    `translate` printed a KeyboardInterrupt traceback on Ctrl-C; now one line
+    and status 130, the lines before it written."""
+    import subprocess
+
+    from conftest import start_cli
+
+    base = tmp_path / "nmt"
+    shutil.copytree(exported[1], base)
+    serve = start_cli("-m", "nmt_tf.serve", f"--model_base_path={base}", "--port=0", "--host=127.0.0.1",
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in serve.stdout:
+            if line.startswith("Serving model"):
+                break
+        serve.send_signal(signal.SIGTERM)
+        said = serve.stdout.read()
+        assert serve.wait(timeout=60) == 0, said
+        assert "Stopping: the requests in flight have 2 s to finish" in said and "Traceback" not in said
+    finally:
+        serve.kill()
+    translate = start_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", "--lines_per_batch=1",
+                          "--sort_window=1", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    try:
+        translate.stdin.write("A man in a blue shirt.\n")
+        translate.stdin.flush()
+        first = translate.stdout.readline()          # translated; the next read of stdin blocks
+        translate.send_signal(signal.SIGINT)
+        rest, errors = translate.communicate(timeout=60)
+        assert translate.returncode == 130, errors[-2000:]
+        assert first.strip() and "Traceback" not in errors
+        assert errors.strip().splitlines()[-1] == ("interrupted: the output holds the lines translated before it, "
+                                                   "in input order")
+    finally:
+        translate.kill()

@@ -108,3 +108,28 @@ def test_a_bad_ssl_config_is_one_error_naming_the_file(certs, tmp_path, change, 
     (tmp_path / "unknown.config").write_text("server_kee: 'x'")
     with pytest.raises(ValueError, match="unknown.config: 1:1 .*no field named \"server_kee\""):
         tls.read_ssl_config(str(tmp_path / "unknown.config"))
+
+
+def test_an_encrypted_key_is_one_error_not_a_pass_phrase_prompt(certs, tmp_path):
+    """Issue 95: an encrypted server_key made OpenSSL prompt "Enter PEM pass
+    phrase:" on the terminal (and fail with a traceback without one)."""
+    folder = certs["folder"]
+    encrypted = subprocess.run(["openssl", "pkey", "-in", str(folder / "server.key"), "-aes256", "-passout",
+                                "pass:secret"], check=True, capture_output=True, text=True).stdout
+    path = ssl_config(tmp_path / "encrypted.config", encrypted, certs["server"][1])
+    with pytest.raises(ValueError, match="server_key is an encrypted private key") as e:
+        tls.read_ssl_config(path)
+    assert path in str(e.value)
+
+
+def test_an_expired_certificate_is_said_at_start(certs, tmp_path):
+    """Issue 95: a server with an expired certificate started without a word."""
+    folder = certs["folder"]
+    request = tmp_path / "server.csr"
+    subprocess.run(["openssl", "req", "-new", "-key", str(folder / "server.key"), "-subj", "/CN=localhost",
+                    "-out", str(request)], check=True, capture_output=True)
+    expired = subprocess.run(["openssl", "x509", "-req", "-in", str(request), "-signkey", str(folder / "server.key"),
+                              "-days", "-1"], check=True, capture_output=True, text=True).stdout
+    config = tls.read_ssl_config(ssl_config(tmp_path / "expired.config", certs["server"][0], expired))
+    assert tls.expiry_warning(config).startswith("warning: the server certificate expired on ")
+    assert tls.expiry_warning(tls.TlsConfig(*certs["server"])) is None
