@@ -615,10 +615,16 @@ def load(model_dir: str) -> TrainingConfig:
     if not os.path.exists(stored_path):
         raise FileNotFoundError(
             f"{stored_path} not found: --model_dir must be a directory written by nmt_tf.train")
-    with open(stored_path, encoding="utf-8") as f:
-        stored = json.load(f)
-    if os.path.basename(stored_path) == layout.CONFIG_JSON:
-        stored = {k: v for section in stored.values() for k, v in section.items()}
+    try:
+        with open(stored_path, encoding="utf-8") as f:
+            stored = json.load(f)
+        if os.path.basename(stored_path) == layout.CONFIG_JSON:
+            stored = {k: v for section in stored.values() for k, v in section.items()}
+        if not isinstance(stored, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, AttributeError, TypeError) as e:      # JSONDecodeError, UnicodeDecodeError, a wrong shape
+        raise ConfigError(f"{stored_path} is damaged ({type(e).__name__}: {e}): the model directory's settings "
+                          "cannot be read; restore the file from a copy of the run") from None
     else:
         own = names_of(ARCHITECTURES[stored.get("model", TrainingConfig.model)].config)
         stored = {k: v for k, v in stored.items() if k in own or k not in _MODEL_NAMES}

@@ -67,7 +67,16 @@ def source(init_from: str, init_checkpoint: str = "", log=print) -> Source:
         path = checkpoints.resolve(model_dir, choice)
     except FileNotFoundError as e:
         raise FineTuneError(f"--init_from={init_from}: {e}") from None
-    return Source(model_dir, nmt_config.load(model_dir), path)
+    if init_checkpoint:       # a path given: checked now, not half-way into building the run (issue 95)
+        damage = checkpoints.damage(path)
+        if damage is not None:
+            raise FineTuneError(f"--init_checkpoint={init_checkpoint} cannot be read ({damage}): give a checkpoint "
+                                "prefix such as RUN/best/ckpt-1200 (its .index file without the suffix), or best, "
+                                "last or averaged")
+    try:
+        return Source(model_dir, nmt_config.load(model_dir), path)
+    except nmt_config.ConfigError as e:
+        raise FineTuneError(f"--init_from={init_from}: {e}") from None
 
 
 def merge(config: TrainingConfig, source: TrainingConfig, explicit: set[str], init_from: str) -> TrainingConfig:

@@ -500,3 +500,14 @@ def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(t
     with pytest.raises(training.TrainingError, match="neither a model directory"):
         training.train(tiny_config(model_dir=str(tmp_path / "none"), init_from=str(tmp_path / "nothing")),
                     explicit=given, log=lambda *a: None)
+    # Issue 95: a bad --init_checkpoint and a damaged config.json in the source were raw tracebacks.
+    with pytest.raises(training.TrainingError, match=r"--init_checkpoint=.*nothing/ckpt-1 cannot be read"):
+        training.train(tiny_config(model_dir=str(tmp_path / "bad_ckpt"), init_from=source,
+                                   init_checkpoint=str(tmp_path / "nothing" / "ckpt-1")),
+                       explicit=given | {"init_checkpoint"}, log=lambda *a: None)
+    damaged = tmp_path / "damaged_source"
+    shutil.copytree(source, damaged)
+    (damaged / "config.json").write_text('{"model": ')
+    with pytest.raises(training.TrainingError, match=r"config.json is damaged \(JSONDecodeError"):
+        training.train(tiny_config(model_dir=str(tmp_path / "from_damaged"), init_from=str(damaged)),
+                       explicit=given, log=lambda *a: None)
