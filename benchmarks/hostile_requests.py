@@ -13,6 +13,13 @@ peak, VmHWM reset through /proc/PID/clear_refs), and its memory after:
   rest_32mb_array      '[' x 300, ~11 million "", ']' x 300: a 32 MB body that is no JSON object
   rest_object_junk     {"instances": "a", "junk": <the same nested array>}: 32 MB into the error path
   grpc_58kb_x128       one 58 KB line declared once at shape [128], output_filter=translation
+
+and, for the connection bounds, the median time of a normal REST request
+sent from 127.0.0.2 alone, then while 127.0.0.1 holds 64 idle connections
+and 64 that send a header byte a second (`rest_while_held`; what one
+address holds past --rest_max_connections_per_client is refused at once).
+Stalled TLS handshakes are admitted and counted as the same connections
+(the server does no handshake before admitting one); they are not sent here.
 """
 
 from __future__ import annotations
@@ -75,6 +82,61 @@ def rest_call(port: int, body: bytes):
         return e.code, e.read()[:160].decode("utf-8", "replace")
 
 
+def rest_call_from(port: int, body: bytes, source: str) -> tuple[int, float]:
+    """(HTTP status, seconds) of one REST predict sent from the address `source` (a raw request)."""
+    import socket
+
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port), timeout=600, source_address=(source, 0)) as s:
+        s.sendall(b"POST /v1/models/nmt:predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    return int(reply.split(b" ", 2)[1]), time.perf_counter() - start
+
+
+def held_connections(port: int, body: bytes, rounds: int) -> dict:
+    """rest_while_held: a normal request's median time alone and while one other address holds 128 connections."""
+    import socket
+    import threading
+
+    alone = [rest_call_from(port, body, "127.0.0.2") for _ in range(rounds)]
+    held, stop = [], threading.Event()
+    for _ in range(64):
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+    slow = []
+    for _ in range(64):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            s.sendall(b"POST /v1/models/nmt:predict HTTP/1.1\r\n")
+        except OSError:
+            pass
+        slow.append(s)
+
+    def drip():
+        while not stop.wait(1.0):
+            for s in slow:
+                try:
+                    s.sendall(b"X")
+                except OSError:
+                    pass
+    dripping = threading.Thread(target=drip, daemon=True)
+    dripping.start()
+    try:
+        time.sleep(1.0)
+        loaded = [rest_call_from(port, body, "127.0.0.2") for _ in range(rounds)]
+    finally:
+        stop.set()
+        for s in held + slow:
+            s.close()
+    median = lambda calls: round(1000 * statistics.median(seconds for _, seconds in calls), 2)    # noqa: E731
+    return {"answers_alone": sorted({status for status, _ in alone}),
+            "answers_while_held": sorted({status for status, _ in loaded}),
+            "alone_median_ms": median(alone), "while_held_median_ms": median(loaded),
+            "ratio": round(median(loaded) / median(alone), 2)}
+
+
 def grpc_call(stub, request):
     import grpc
 
@@ -127,6 +189,8 @@ def main(argv):
             results[name] = {"answer": list(answer), "median_ms": round(1000 * statistics.median(seconds), 2),
                              "peak_rss_growth_mb": peaks,
                              "ms": [round(1000 * s, 2) for s in seconds], "rss_mb_after": memory(proc.pid)["VmRSS"]}
+        results["rest_while_held"] = held_connections(
+            rest_port, json.dumps({"instances": ["A man in a blue shirt."]}).encode(), max(FLAGS.rounds, 5))
         print(json.dumps({"server_rss_mb_before": before["VmRSS"], "cases": results}, indent=1))
     finally:
         proc.terminate()

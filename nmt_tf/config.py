@@ -518,6 +518,12 @@ class ServerConfig:
             "them); one more from it is answered 503 at once, so that one client's idle, slow or stalled "
             "(TLS) connections leave room for others. Behind a reverse proxy every client has the proxy's "
             "address: set it to --rest_max_connections there.", lower=1)
+    rest_allowed_hosts: list[str] = setting('list', [],
+            "Host names the REST API and the page answer (the Host header without its port, e.g. "
+            "localhost,127.0.0.1,mt.example.com); another Host is refused 403, which stops a site that points "
+            "its name at this server (DNS rebinding). Empty (the default): any Host. Whatever the setting, a "
+            "request other than GET from a page of another origin (a browser's Origin header that is not the "
+            "Host) is refused 403.")
     max_message_mb: float = setting('float', 32.0,
             "Largest request or response message (gRPC) and largest REST request body, in MiB.", lower=0.01)
     max_batch_size: int = setting('integer', 1024, "Most sentences one request may carry.", lower=1)

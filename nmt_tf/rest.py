@@ -641,7 +641,32 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
             done += got
         return body
 
+    def _misdirected(self) -> bytes | None:
+        """The error for a request this server will not answer whatever it
+        asks: a Host that is not one of --rest_allowed_hosts (when given: a
+        page of another site pointing its name at this server, DNS
+        rebinding), or a request other than GET / HEAD sent by a page of
+        another origin (its Origin header is not this Host: another site's
+        page posting text/plain translations, which a browser sends without
+        asking). Clients that are not browsers send no Origin."""
+        host = (self.headers.get("Host") or "").strip()
+        allowed = self.server.allowed_hosts
+        if allowed and _host_name(host) not in allowed:
+            return error_json(f"Forbidden: the Host {host[:100]!r} is not one of this server's names "
+                              "(--rest_allowed_hosts)")
+        origin = self.headers.get("Origin")
+        if origin is not None and self.command not in ("GET", "HEAD"):
+            if origin.strip() == "null" or urllib.parse.urlsplit(origin.strip()).netloc.lower() != host.lower():
+                return error_json(f"Forbidden: a request from a page of another origin ({origin[:100]!r}); this "
+                                  "server answers its own page and clients that are not browsers")
+        return None
+
     def _handle(self):
+        refused = self._misdirected()
+        if refused is not None:
+            self._to_drain = self.server.max_body_bytes
+            self._reply(403, refused)
+            return
         length = self._declared_length()
         body = None if length is None else self._read_body(length)
         if body is None:
@@ -697,6 +722,14 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
         logging.debug("REST %s: " + format, self.address_string(), *args)
 
 
+def _host_name(host: str) -> str:
+    """A Host header's name without its port, lowercased ("[::1]:8501" -> "[::1]")."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[:host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if ":" in host else host
+
+
 class RestServer(socketserver.TCPServer):
     """TF Serving's REST API over HTTP (the standard library's http.server).
 
@@ -714,12 +747,13 @@ class RestServer(socketserver.TCPServer):
 
     def __init__(self, host: str, port: int, threads: int, answer, max_body_bytes: int, page=None,
                  max_connections: int = 64, header_seconds: float = 30.0, ssl_context=None,
-                 max_connections_per_client: int | None = None):
+                 max_connections_per_client: int | None = None, allowed_hosts=()):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.answer, self.max_body_bytes = answer, max_body_bytes
         self.page = page        # (method, path) -> (body, Content-Type) of the translation page, or None
         self.max_connections = max_connections
         self.max_connections_per_client = max_connections_per_client or max_connections
+        self.allowed_hosts = frozenset(_host_name(h) for h in allowed_hosts if h.strip())    # empty: any Host
         self._per_client: collections.Counter = collections.Counter()      # client address -> connections open
         self._client_of: dict = {}                                           # socket -> its client address
         self.ssl_context = ssl_context     # HTTPS (nmt_tf.tls) when given
@@ -813,19 +847,21 @@ class RestServer(socketserver.TCPServer):
 def start_rest_server(registry: ModelRegistry, port: int, host: str = "0.0.0.0", threads: int = 8,
                       max_message_mb: float = 32.0, max_batch_size: int = 1024, page: bool = True,
                       max_connections: int = 64, header_seconds: float = 30.0, batcher=None,
-                      ssl_context=None, max_connections_per_client: int | None = None) -> RestServer:
+                      ssl_context=None, max_connections_per_client: int | None = None,
+                      allowed_hosts=()) -> RestServer:
     """Serves TF Serving's REST API for `registry` on `port` (0: a free one,
     then in .port), and with `page` the translation page at / (nmt_tf.page);
     a port that another process holds is refused. See RestServer for
     `threads`, `max_connections`, `max_connections_per_client` (None: as
-    `max_connections`) and `header_seconds`; `batcher` as in
+    `max_connections`) and `header_seconds`; `allowed_hosts`: the Host
+    names it answers (empty: any; _RestHandler._misdirected); `batcher` as in
     rest_response; with an `ssl_context` (nmt_tf.tls) it speaks HTTPS."""
     limit = int(max_message_mb * 1024 * 1024)
     answer = functools.partial(rest_response, registry, max_batch_size=max_batch_size, max_message_bytes=limit,
                                batcher=batcher)
     try:
         return RestServer(host, port, threads, answer, limit, functools.partial(page_file, registry) if page else None,
-                          max_connections, header_seconds, ssl_context, max_connections_per_client)
+                          max_connections, header_seconds, ssl_context, max_connections_per_client, allowed_hosts)
     except OSError as e:
         reason = {errno.EADDRINUSE: "the port is in use",
                   errno.EADDRNOTAVAIL: "the address is not this machine's"}.get(e.errno, e.strerror or str(e))

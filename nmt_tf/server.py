@@ -240,6 +240,7 @@ def start(config: ServerConfig, log=print) -> RunningServer:
             rest = start_rest_server(registry, config.rest_api_port, config.host, threads, config.max_message_mb,
                                      config.max_batch_size, max_connections=config.rest_max_connections,
                                      max_connections_per_client=config.rest_max_connections_per_client,
+                                     allowed_hosts=config.rest_allowed_hosts,
                                      batcher=batcher, ssl_context=tls.ssl_context() if tls else None)
         except OSError:
             grpc_server.stop(grace=0)

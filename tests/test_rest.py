@@ -551,6 +551,43 @@ def test_one_client_address_holds_at_most_its_share_of_the_connections(exported,
         srv.stop(grace=0)
 
 
+def raw_http(port: int, head: str, body: bytes = b"") -> bytes:
+    """The whole reply to one request written by hand (`head`: request line and headers, no blank line)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(head.encode() + f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+        return reply
+
+
+def test_a_post_from_another_origins_page_and_an_unknown_host_are_refused(server):
+    """Issue 95: another site's page could post text/plain translations here
+    (a browser sends those without asking), and any Host was answered. A
+    request with an Origin other than its Host is 403; the page's own
+    requests and clients without an Origin are answered; with
+    --rest_allowed_hosts, another Host is 403."""
+    port = server["rest_port"]
+    body = json.dumps(TEXT).encode()
+    head = f"POST /v1/models/nmt:predict HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: text/plain"
+    assert raw_http(port, head, body).startswith(b"HTTP/1.1 200")
+    assert raw_http(port, head + f"\r\nOrigin: http://127.0.0.1:{port}", body).startswith(b"HTTP/1.1 200")
+    for origin in ("http://evil.example", "null", f"http://localhost:{port}"):
+        refused = raw_http(port, head + f"\r\nOrigin: {origin}", body)
+        assert refused.startswith(b"HTTP/1.1 403") and b"a page of another origin" in refused, refused[:300]
+    assert raw_http(port, f"GET /v1/models/nmt HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example"
+                    ).startswith(b"HTTP/1.1 200")                       # reading the status: a GET, no work
+    named = rest_api.start_rest_server(server["registry"], 0, "127.0.0.1", threads=1,
+                                       allowed_hosts=["LOCALHOST", "[::1]"])
+    try:
+        ok = raw_http(named.port, f"POST /v1/models/nmt:predict HTTP/1.1\r\nHost: localhost:{named.port}", body)
+        assert ok.startswith(b"HTTP/1.1 200"), ok[:300]
+        other = raw_http(named.port, "GET / HTTP/1.1\r\nHost: rebound.example")
+        assert other.startswith(b"HTTP/1.1 403") and b"--rest_allowed_hosts" in other
+    finally:
+        named.stop()
+
+
 def test_a_connection_accepted_as_the_server_stops_is_closed_not_left_open():
     """A connection handed to the receiver just before (or after) it stops is
     closed and counted as closed: left open, a browser would send its next
