@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 PRESET ?= multi30k_en_fr
 DEMO_PORT ?= 8501
 
-.PHONY: setup train test demo
+.PHONY: setup train test test-quick demo
 
 # Reinstalls when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -49,3 +49,8 @@ train: setup
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+
+# The quick tier: the tests that train, export, serve or start no tool (tests/conftest.py marks the rest
+# slow); about a minute and a half on 2 cores, for after every change. `make test` is the whole suite.
+test-quick: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests

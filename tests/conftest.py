@@ -1,7 +1,9 @@
 """Shared fixtures: tiny corpora, tiny configs, one trained tiny model."""
 
 import gzip
+import inspect
 import os
+import re
 import subprocess
 import sys
 import time
@@ -203,3 +205,35 @@ def exported(trained_model_dir, tmp_path_factory):
     path = exporter.export(model_dir, base, ExportConfig(SearchOptions(beam_size=3, n_best=2), max_input_length=20),
                            log=lambda *a: None)
     return model_dir, base, path
+
+
+# --- the quick tier: `make test-quick` (pytest -m "not slow") -------------------------------------------
+
+# Fixtures that train, export, build or start something (seconds to a minute each, shared within a file
+# or the session): a test that uses one, even through another fixture, is in the slow tier.
+HEAVY_FIXTURES = {"tiny_config", "tiny_corpus", "trained_model_dir", "exported", "sentencepiece_export",
+                  "wordpiece_export", "litert_export", "tiny_preset", "translator", "scorer", "server", "tls_server",
+                  "batching_server", "browser", "prepared", "one_device", "rnnsearch", "rnnencdec",
+                  "model_dir_with_table"}
+# A test that starts a tool in a fresh Python (TensorFlow's import: ~5 s each), trains a model itself,
+# builds a preset or asks for a fixture by name is slow too.
+SPAWNS = re.compile(r"\b(run_cli|start_cli|subprocess\.(run|Popen|check_output)|memorize|presets\.build|"
+                    r"translate_file|getfixturevalue)\(")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: trains, exports, serves or starts a tool (left out by "
+                                       "make test-quick, pytest -m 'not slow'; tests/conftest.py says which)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks the slow tier (HEAVY_FIXTURES, SPAWNS) so that `pytest -m "not
+    slow"` runs what a developer can wait for after every change."""
+    for item in items:
+        function = getattr(item, "function", None)
+        try:
+            source = inspect.getsource(function) if function is not None else ""
+        except (OSError, TypeError):
+            source = ""
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) or SPAWNS.search(source):
+            item.add_marker(pytest.mark.slow)
