@@ -20,6 +20,11 @@ and 64 that send a header byte a second (`rest_while_held`; what one
 address holds past --rest_max_connections_per_client is refused at once).
 Stalled TLS handshakes are admitted and counted as the same connections
 (the server does no handshake before admitting one); they are not sent here.
+And for the decoding turns (`grpc_other_client_during_flood`): the median
+time of a one-sentence gRPC request from ::1 alone, then while 127.0.0.1
+keeps sending the same request every 2 ms (3,000 calls in all, each
+refused, answered or waiting for its turn), with the flood's statuses.
+The server listens on :: (IPv4 and IPv6) for these two addresses.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def start(source_flag: str):
 
     grpc_port, rest_port = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "nmt_tf.serve", source_flag, f"--port={grpc_port}",
-                             f"--rest_api_port={rest_port}", "--host=127.0.0.1", "--max_message_mb=32"],
+                             f"--rest_api_port={rest_port}", "--host=::", "--max_message_mb=32"],
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
@@ -137,6 +142,50 @@ def held_connections(port: int, body: bytes, rounds: int) -> dict:
             "ratio": round(median(loaded) / median(alone), 2)}
 
 
+def flooded(grpc_port: int, request, calls: int = 3000, rounds: int = 15) -> dict:
+    """grpc_other_client_during_flood: another address's median request time alone and during a flood."""
+    import collections
+    import threading
+
+    import grpc
+
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    flooder = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+    other = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"[::1]:{grpc_port}"))
+
+    def timed() -> float:
+        start = time.perf_counter()
+        other.Predict(request, timeout=600)
+        return time.perf_counter() - start
+
+    timed()
+    alone = statistics.median(timed() for _ in range(rounds))
+    sent, done = [], threading.Event()
+
+    def flood():
+        for _ in range(calls):
+            if done.is_set():
+                break
+            sent.append(flooder.Predict.future(request, timeout=600))
+            time.sleep(0.002)
+    flooding = threading.Thread(target=flood, daemon=True)
+    flooding.start()
+    time.sleep(0.5)
+    during = statistics.median(timed() for _ in range(rounds))
+    done.set()
+    flooding.join()
+    codes = collections.Counter()
+    for call in sent:
+        try:
+            call.result()
+            codes["OK"] += 1
+        except grpc.RpcError as e:
+            codes[e.code().name] += 1
+    return {"alone_median_ms": round(1000 * alone, 2), "during_flood_median_ms": round(1000 * during, 2),
+            "ratio": round(during / alone, 2), "flood_calls": len(sent), "flood_statuses": dict(codes)}
+
+
 def grpc_call(stub, request):
     import grpc
 
@@ -189,6 +238,13 @@ def main(argv):
             results[name] = {"answer": list(answer), "median_ms": round(1000 * statistics.median(seconds), 2),
                              "peak_rss_growth_mb": peaks,
                              "ms": [round(1000 * s, 2) for s in seconds], "rss_mb_after": memory(proc.pid)["VmRSS"]}
+        one = predict_pb2.PredictRequest()
+        one.model_spec.name = "nmt"
+        one.output_filter.append("translation")
+        one.inputs["text"].CopyFrom(tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_STRING, string_val=[b"A man in a blue shirt is standing on a ladder cleaning windows."],
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)])))
+        results["grpc_other_client_during_flood"] = flooded(grpc_port, one)
         results["rest_while_held"] = held_connections(
             rest_port, json.dumps({"instances": ["A man in a blue shirt."]}).encode(), max(FLAGS.rounds, 5))
         print(json.dumps({"server_rss_mb_before": before["VmRSS"], "cases": results}, indent=1))

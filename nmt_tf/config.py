@@ -499,7 +499,9 @@ class ServerConfig:
     threads: int = setting('integer', 8,
             "Concurrent requests served, by gRPC and by the REST API each (with --enable_batching at least "
             "max_batch_size x num_batch_threads, at most 512: requests waiting for their batch hold a thread "
-            "but no CPU).", lower=1)
+            "but no CPU). Without batching, gRPC admits 4 x --threads calls, of which at most min(--threads, "
+            "cores) decode at once, in turns taken client address by client address; one address holds at most "
+            "3/4 of the admitted calls.", lower=1)
     enable_batching: bool = setting('boolean', False,
             "Join concurrent Predict requests of the same version, signature and outputs into one call of the "
             "signature and split the replies (TF Serving's flag; nmt_tf.batching). Parameters from "

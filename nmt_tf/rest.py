@@ -748,6 +748,7 @@ class RestServer(socketserver.TCPServer):
     def __init__(self, host: str, port: int, threads: int, answer, max_body_bytes: int, page=None,
                  max_connections: int = 64, header_seconds: float = 30.0, ssl_context=None,
                  max_connections_per_client: int | None = None, allowed_hosts=()):
+        host = host.strip("[]")                 # "[::]" as gRPC's address is written, "::" as a socket's
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.answer, self.max_body_bytes = answer, max_body_bytes
         self.page = page        # (method, path) -> (body, Content-Type) of the translation page, or None

@@ -94,6 +94,12 @@ TOOL_FLAGS = nmt_flags.tool_flags(__name__, nmt_flags.SHARED_SERVER_FLAGS)
 def main(argv):
     nmt_flags.start_cli(argv, verbose=True, accepts=TOOL_FLAGS)
     FLAGS = nmt_flags.FLAGS
+    say = lambda line: print(line, flush=True)     # noqa: E731
+    # SIGTERM (docker stop, systemd, kill) stops as Ctrl-C does: the requests in flight get their grace
+    # period and the exit status is 0 (it was -15 at once: issue 95). It is held while the server starts
+    # (the threads started meanwhile keep it held) and taken once it serves.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         config = nmt_flags.server_config()
         if config.model_config_file:
@@ -101,18 +107,17 @@ def main(argv):
             if given:
                 return nmt_flags.user_error(f"--model_config_file names the model and its version policy: "
                                             f"leave out {' and '.join(given)}.")
-        # SIGTERM (docker stop, systemd, kill) stops as Ctrl-C does: the requests in flight get their grace
-        # period and the exit status is 0 (it was -15 at once: issue 95). Set before the ports open.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        running = server.start(config, log=lambda line: print(line, flush=True))
+        running = server.start(config, log=say)
     except (ValueError, OSError) as e:     # ConfigError, the files' errors, PresetError; FileNotFoundError, ports
         return nmt_flags.user_error(e)
-    except KeyboardInterrupt:
-        print("Stopped before serving", flush=True)
+    except KeyboardInterrupt:              # Ctrl-C while it starts
+        say("Stopped before serving")
         return 0
     try:
-        running.wait(log=lambda line: print(line, flush=True))
-    except KeyboardInterrupt:           # the signal came between start and wait
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})      # one that came meanwhile acts here
+        running.wait(log=say)
+    except KeyboardInterrupt:
+        say(f"Stopping: the requests in flight have {server.STOP_GRACE_SECONDS:g} s to finish")
         running.stop(grace=server.STOP_GRACE_SECONDS)
     return 0
 

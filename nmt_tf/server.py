@@ -33,16 +33,18 @@ from nmt_tf.hardware import set_onednn
 from nmt_tf.litert_serving import LiteRTVersion
 from nmt_tf.tls import TlsConfig, expiry_warning, read_ssl_config
 from nmt_tf.rest import start_rest_server
-from nmt_tf.serving import (MAX_SEARCH_WORK, LoadedVersion, ModelRegistry, ServingError, VersionPolicy, model_metadata, model_status,
-                            read_model_config, run_predict)
+from nmt_tf.serving import (BATCH_WAIT_SECONDS, MAX_SEARCH_WORK, FairGate, LoadedVersion, ModelRegistry, ServingError,
+                            VersionPolicy, client_address, model_metadata, model_status, read_model_config,
+                            run_predict)
 
 
 def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_bytes: int | None = None,
-                   batcher: Batcher | None = None):
+                   batcher: Batcher | None = None, gate: FairGate | None = None):
     """The PredictionService and ModelService implementations (with a
     `batcher`, Predict requests are joined in batches, each waiting at most
-    its deadline). Their methods take (request, context), as gRPC calls them
-    (serving_protos.add_services registers them)."""
+    its deadline); with a `gate`, each Predict decodes in its client's turn
+    (serving.FairGate). Their methods take (request, context), as gRPC
+    calls them (serving_protos.add_services registers them)."""
     def guarded(handler):
         """Every failure becomes a gRPC status; the server keeps serving."""
         def call(self, request, context):
@@ -58,8 +60,13 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
     class PredictionService:
         @guarded
         def Predict(self, request, context):
-            return run_predict(registry, request, max_batch_size, max_message_bytes, batcher=batcher,
-                               timeout=context.time_remaining())
+            remaining = context.time_remaining() if context is not None else None
+            if gate is None:
+                return run_predict(registry, request, max_batch_size, max_message_bytes, batcher=batcher,
+                                   timeout=remaining)
+            wait = BATCH_WAIT_SECONDS if remaining is None else min(remaining, BATCH_WAIT_SECONDS)
+            with gate.turn(client_address(context.peer()) if context is not None else "", wait):
+                return run_predict(registry, request, max_batch_size, max_message_bytes, timeout=remaining)
 
         @guarded
         def GetModelMetadata(self, request, context):
@@ -117,16 +124,26 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
     # pending calls of one client made another's time out). (A per-connection limit of HTTP/2 streams was
     # tried: a client bursting its concurrent calls on a new connection, as batching clients do, had the
     # excess reset, UNAVAILABLE.)
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads),
+    # Without batching, calls take decoding turns client by client (serving.FairGate: issue 95, 3,000
+    # pending calls of one client made another's time out): at most min(threads, cores) decode at once,
+    # each admitted call waits for its turn on a thread of its own (so the executor has one per admitted
+    # call and never queues one behind another client's), and a client holds at most 3/4 of the admitted
+    # calls. With batching the batcher joins the calls instead, and they run as before.
+    admitted = PENDING_PER_THREAD * threads
+    gate = None if batcher is not None else FairGate(max(1, min(threads, os.cpu_count() or 1)),
+                                                     max(1, admitted * 3 // 4))
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=admitted if gate else threads),
                          options=[("grpc.max_receive_message_length", limit),
                                   ("grpc.max_send_message_length", limit),
                                   ("grpc.so_reuseport", 0)],
-                         maximum_concurrent_rpcs=PENDING_PER_THREAD * threads)
-    prediction, model_service = make_servicers(registry, max_batch_size, limit, batcher)
+                         maximum_concurrent_rpcs=admitted)
+    prediction, model_service = make_servicers(registry, max_batch_size, limit, batcher, gate)
     serving_protos.add_services(server, prediction, model_service)
     try:
-        bound = (server.add_secure_port(f"{host}:{port}", tls.grpc_credentials()) if tls
-                 else server.add_insecure_port(f"{host}:{port}"))
+        # An IPv6 address goes in brackets ("::" alone was refused: "Misformatted domain name").
+        address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+        bound = (server.add_secure_port(address, tls.grpc_credentials()) if tls
+                 else server.add_insecure_port(address))
     except RuntimeError:       # newer grpcio versions raise where older ones returned 0
         bound = 0
     if not bound:

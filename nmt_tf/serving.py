@@ -12,6 +12,7 @@ so that the two front ends cannot answer differently.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -690,6 +691,86 @@ def check_search_work(loaded: ServedVersion, inputs, limit: int) -> None:
     prefix = inputs["target_prefix"] if "target_prefix" in inputs else None
     prefixed = prefix is not None and any(value.strip() for value in prefix.string_val)
     cost.check(dims[0], inputs["text"].string_val, prefixed, limit)
+
+
+def client_address(peer: str) -> str:
+    """The client of a gRPC peer ("ipv4:10.0.0.7:51234", "ipv6:[::1]:51234")
+    without its port: its address, which all its connections share."""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
+class FairGate:
+    """Decoding turns shared between clients (issue 95: one client's queue
+    starved another's). At most `slots` requests decode at once; a request
+    waits for a turn, and when one ends the next turn goes to the client
+    that has waited longest for its own, each client's requests in their
+    order (round robin), so another client's request waits for at most one
+    turn whatever one client has queued. A client holds at most
+    `per_client` requests (decoding or waiting); one more is refused at
+    once (RESOURCE_EXHAUSTED), which leaves room for the others."""
+
+    def __init__(self, slots: int, per_client: int):
+        self.slots, self.per_client = slots, per_client
+        self._free = slots
+        self._waiting: collections.OrderedDict = collections.OrderedDict()   # client -> deque of Events
+        self._held: collections.Counter = collections.Counter()             # client -> requests in the gate
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def turn(self, client: str, timeout: float):
+        """Holds a decoding turn for `client` for the `with` block; a
+        ServingError when the client has its share already, or when no turn
+        came within `timeout` seconds."""
+        with self._lock:
+            if self._held[client] >= self.per_client:
+                raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"this client has {self.per_client} requests in progress, its share of this "
+                                   "server; send the next when one is answered")
+            self._held[client] += 1
+            ticket = None
+            if self._free and not self._waiting:
+                self._free -= 1
+            else:
+                ticket = threading.Event()
+                self._waiting.setdefault(client, collections.deque()).append(ticket)
+        try:
+            if ticket is not None and not ticket.wait(max(timeout, 0.0)):
+                with self._lock:
+                    if not ticket.is_set():          # still waiting: leave the queue
+                        queue = self._waiting.get(client)
+                        if queue is not None and ticket in queue:
+                            queue.remove(ticket)
+                            if not queue:
+                                del self._waiting[client]
+                        ticket = None
+                if ticket is None:
+                    raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                       f"no decoding turn came within {timeout:g} s (the server is busy)")
+        except BaseException:
+            with self._lock:
+                self._held[client] -= 1
+                if self._held[client] <= 0:
+                    del self._held[client]
+            raise
+        try:
+            yield
+        finally:
+            self._end(client)
+
+    def _end(self, client: str) -> None:
+        with self._lock:
+            self._held[client] -= 1
+            if self._held[client] <= 0:
+                del self._held[client]
+            if self._waiting:                        # the turn passes to the client first in line
+                next_client, queue = next(iter(self._waiting.items()))
+                queue.popleft().set()
+                if queue:
+                    self._waiting.move_to_end(next_client)
+                else:
+                    del self._waiting[next_client]
+            else:
+                self._free += 1
 
 
 # Longest a request waits for its merged batch when its client set no shorter deadline.

@@ -1,5 +1,6 @@
 """nmt_tf.serve speaks TF Serving's gRPC protocol; nmt_tf.translate uses it or a local SavedModel."""
 
+import collections
 import io
 import json
 import os
@@ -873,6 +874,57 @@ def test_one_client_flooding_the_server_is_refused_at_once_and_another_is_served
                 codes.append(e.code())
         assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
     finally:
+        srv.stop(0)
+        registry.stop()
+
+
+def test_a_client_flooding_without_pause_leaves_another_client_its_turns(exported):
+    """Issue 95, fair shares: one client (127.0.0.1) keeps hundreds of calls
+    coming; another (::1, another address) is answered every time, in about
+    its time alone, not behind the flood: decoding turns go client by
+    client (serving.FairGate) and a client holds at most 3/4 of the
+    admitted calls. (Before, the flood held every admitted slot: the other
+    client's calls were refused or waited behind all of them.)"""
+    srv, registry, port = nmt_server.start_server("nmt", exported[1], port=0, host="[::]", threads=2,
+                                                  log=lambda *a: None)
+    stop = threading.Event()
+    try:
+        flooder = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        other = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"[::1]:{port}"))
+        sentence = request(["A man in a blue shirt is standing on a ladder cleaning windows."])
+
+        def timed():
+            start = time.perf_counter()
+            other.Predict(sentence, timeout=60)
+            return time.perf_counter() - start
+
+        for _ in range(3):
+            timed()
+        alone = sorted(timed() for _ in range(7))[3]
+        calls = []
+
+        def flood():
+            while not stop.is_set():
+                calls.append(flooder.Predict.future(sentence, timeout=60))
+                time.sleep(0.002)
+
+        flooding = threading.Thread(target=flood)
+        flooding.start()
+        time.sleep(0.5)
+        during = sorted(timed() for _ in range(7))[3]
+        stop.set()
+        flooding.join()
+        codes = collections.Counter()
+        for call in calls:
+            try:
+                call.result()
+                codes["OK"] += 1
+            except grpc.RpcError as e:
+                codes[e.code().name] += 1
+        assert codes["OK"] > 0 and codes["RESOURCE_EXHAUSTED"] > 0, codes
+        assert during < 4 * alone + 0.05, (during, alone, codes)
+    finally:
+        stop.set()
         srv.stop(0)
         registry.stop()
 
