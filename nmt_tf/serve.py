@@ -96,10 +96,16 @@ def main(argv):
     FLAGS = nmt_flags.FLAGS
     say = lambda line: print(line, flush=True)     # noqa: E731
     # SIGTERM (docker stop, systemd, kill) stops as Ctrl-C does: the requests in flight get their grace
-    # period and the exit status is 0 (it was -15 at once: issue 95). It is held while the server starts
-    # (the threads started meanwhile keep it held) and taken once it serves.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # period and the exit status is 0 (it was -15 at once: issue 95). One that comes while the server
+    # starts is kept until it serves (raised inside start, it cut the start short after "Serving model").
+    state = {"serving": False, "pending": False}
+
+    def on_sigterm(signum, frame):
+        if state["serving"]:
+            raise KeyboardInterrupt
+        state["pending"] = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         config = nmt_flags.server_config()
         if config.model_config_file:
@@ -114,7 +120,9 @@ def main(argv):
         say("Stopped before serving")
         return 0
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})      # one that came meanwhile acts here
+        state["serving"] = True
+        if state["pending"]:
+            raise KeyboardInterrupt
         running.wait(log=say)
     except KeyboardInterrupt:
         say(f"Stopping: the requests in flight have {server.STOP_GRACE_SECONDS:g} s to finish")
