@@ -884,7 +884,7 @@ def test_a_client_flooding_without_pause_leaves_another_client_its_turns(exporte
     its time alone, not behind the flood: decoding turns go client by
     client (serving.FairGate) and a client holds at most 3/4 of the
     admitted calls. (Before, the flood held every admitted slot: the other
-    client's calls were refused or waited behind all of them.)"""
+    client's calls were refused, or, retried, waited behind all of them.)"""
     srv, registry, port = nmt_server.start_server("nmt", exported[1], port=0, host="[::]", threads=2,
                                                   log=lambda *a: None)
     stop = threading.Event()
@@ -894,9 +894,18 @@ def test_a_client_flooding_without_pause_leaves_another_client_its_turns(exporte
         sentence = request(["A man in a blue shirt is standing on a ladder cleaning windows."])
 
         def timed():
+            """One answered request's time; refused at admission (RESOURCE_EXHAUSTED: the server's 4 x threads
+            calls are taken, for a moment, by the flood's excess before their turn refuses them), it tries
+            again, as a client should."""
             start = time.perf_counter()
-            other.Predict(sentence, timeout=60)
-            return time.perf_counter() - start
+            while True:
+                try:
+                    other.Predict(sentence, timeout=60)
+                    return time.perf_counter() - start
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.perf_counter() - start > 30:
+                        raise
+                    time.sleep(0.01)
 
         for _ in range(3):
             timed()
@@ -922,11 +931,54 @@ def test_a_client_flooding_without_pause_leaves_another_client_its_turns(exporte
             except grpc.RpcError as e:
                 codes[e.code().name] += 1
         assert codes["OK"] > 0 and codes["RESOURCE_EXHAUSTED"] > 0, codes
-        assert during < 4 * alone + 0.05, (during, alone, codes)
+        # Taking turns it waited 2.1-3.1x its time alone here, behind the flood's queue 4.8-6x (the tiny
+        # model, 2 cores); bounded loosely for a machine busy with other tests: FairGate's order is tested
+        # exactly below, the ratio on the shipped model is benchmarks/hostile_requests.py's.
+        assert during < 10 * alone + 0.2, (during, alone, codes)
     finally:
         stop.set()
         srv.stop(0)
         registry.stop()
+
+
+def test_decoding_turns_go_client_by_client_and_a_client_holds_at_most_its_share():
+    """serving.FairGate with one slot: client a takes it and queues five
+    more requests, then b queues one; as turns end, b's request comes after
+    a's first waiting one, not after all five (first come, first served). A
+    client over its share is refused at once; a wait past its timeout
+    leaves the queue and says so."""
+    gate = serving.FairGate(slots=1, per_client=6)
+    order, started = [], []
+    release = {name: threading.Event() for name in ("a0", "a1", "a2", "a3", "a4", "a5", "b0")}
+
+    def ask(client, name):
+        with gate.turn(client, 30):
+            order.append(name)
+            release[name].wait(30)
+
+    def start(client, name):
+        thread = threading.Thread(target=ask, args=(client, name))
+        thread.start()
+        started.append(thread)
+        time.sleep(0.05)             # in the queue before the next one
+
+    for i in range(6):
+        start("a", f"a{i}")
+    start("b", "b0")
+    with pytest.raises(serving.ServingError, match="requests in progress, its share") as refused:
+        with gate.turn("a", 1):
+            pass
+    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(serving.ServingError, match="no decoding turn came within 0.2 s") as late:
+        with gate.turn("c", 0.2):
+            pass
+    assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    for name in ("a0", "a1", "b0", "a2", "a3", "a4", "a5"):
+        assert wait_until(lambda: name in order, 10), order
+        release[name].set()
+    for thread in started:
+        thread.join(10)
+    assert order == ["a0", "a1", "b0", "a2", "a3", "a4", "a5"]       # b after a's first waiting request
 
 
 def test_sigterm_stops_serve_gracefully_and_ctrl_c_stops_translate_in_one_line(exported, tmp_path):
