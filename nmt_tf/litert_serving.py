@@ -13,12 +13,11 @@ alone. Each request in flight takes an interpreter of its own
 
 from __future__ import annotations
 
-import math
 import os
 
 from nmt_tf import serving_protos
 from nmt_tf.litert_runtime import MANIFEST, LiteRTClient
-from nmt_tf.serving import DEFAULT_SIGNATURE, SearchCost, ServedVersion
+from nmt_tf.serving import DEFAULT_SIGNATURE, SearchCost, ServedVersion, alignment_bound
 
 # serving_default's outputs as the SavedModel export declares them: (dtype, shape; -1 unknown, "n" n-best).
 _OUTPUTS = {
@@ -61,11 +60,8 @@ class LiteRTVersion(ServedVersion):
         manifest, search = model.manifest, model.search
         self.signature_defs = {DEFAULT_SIGNATURE: serving_default_signature(self.client.options["n_best"])}
         self.signatures = [DEFAULT_SIGNATURE]
-        source = model.max_input_length + 1                            # with [EOS]
-        ratio, longest = float(search["max_length_ratio"]), int(search["max_length"])
-        self.alignment_shape = (max(1, min(longest, math.ceil(ratio * source))), source)
-        self.search_cost = SearchCost(int(self.client.options["beam_size"]), longest, ratio, model.max_input_length,
-                                      1, model.pieces)
+        self.alignment_shape = alignment_bound(model.max_input_length, search)
+        self.search_cost = SearchCost.of_settings(search, model.max_input_length, 1, model.pieces)
         self.metadata = {key: manifest[key] for key in ("src_lang", "tgt_lang", "model", "architecture",
                                                         "max_input_length") if key in manifest}
         self.client([WARM_UP_LINE])

@@ -216,19 +216,23 @@ def check_assets(path: str) -> None:
                              f"the export wrote {digest[:12]}...); the version is not served")
 
 
+def alignment_bound(max_input_length: int, search: dict) -> tuple[int, int]:
+    """(T, S): the largest output and source lengths an export can return in
+    its alignment output ([batch, T, S] float32), from the limits fixed at
+    export (--max_input_length, --max_length_ratio, --max_output_length: its
+    `search` settings)."""
+    source = int(max_input_length) + 1                       # with [EOS]
+    output = min(int(search["max_length"]), math.ceil(float(search["max_length_ratio"]) * source))
+    return max(output, 1), source
+
+
 def _alignment_bound(path: str) -> tuple[int, int] | None:
-    """(T, S): the largest output and source lengths an nmt_tf export can
-    return in its alignment output ([batch, T, S] float32), from the limits
-    fixed at export (--max_input_length, --max_length_ratio,
-    --max_output_length); None for a SavedModel that is not an nmt_tf export."""
+    """alignment_bound of an nmt_tf export (its nmt_tf.json); None for a SavedModel that is not one."""
     try:
         meta = read_metadata(path)
-        source = int(meta["max_input_length"]) + 1                       # with [EOS]
-        search = meta["search"]
-        output = min(int(search["max_length"]), math.ceil(float(search["max_length_ratio"]) * source))
+        return alignment_bound(meta["max_input_length"], meta["search"])
     except (FileNotFoundError, KeyError, TypeError, ValueError):
         return None
-    return max(output, 1), source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,14 +252,18 @@ class SearchCost:
     counter: object
 
     @classmethod
+    def of_settings(cls, search: dict, max_input_length: int, models: int, counter) -> "SearchCost":
+        """From an export's search settings and input limit (a SavedModel's or a LiteRT folder's)."""
+        return cls(int(search["beam_size"]), int(search["max_length"]), float(search["max_length_ratio"]),
+                   int(max_input_length), max(1, models), counter)
+
+    @classmethod
     def of(cls, path: str) -> "SearchCost | None":
         """From the export's nmt_tf.json; None for a SavedModel that is not an nmt_tf export."""
         try:
             meta = read_metadata(path)
-            search = meta["search"]
-            return cls(int(search["beam_size"]), int(search["max_length"]), float(search["max_length_ratio"]),
-                       int(meta["max_input_length"]), max(1, len(meta.get("model_dirs") or [None])),
-                       source_counter(path, meta.get("tokenizer", "")))
+            return cls.of_settings(meta["search"], meta["max_input_length"], len(meta.get("model_dirs") or [None]),
+                                   source_counter(path, meta.get("tokenizer", "")))
         except (FileNotFoundError, KeyError, TypeError, ValueError):
             return None
 
@@ -748,20 +756,22 @@ class FairGate:
                                        f"no decoding turn came within {timeout:g} s (the server is busy)")
         except BaseException:
             with self._lock:
-                self._held[client] -= 1
-                if self._held[client] <= 0:
-                    del self._held[client]
+                self._leave(client)
             raise
         try:
             yield
         finally:
             self._end(client)
 
+    def _leave(self, client: str) -> None:
+        """Counts one request of `client` out of the gate (the lock held)."""
+        self._held[client] -= 1
+        if self._held[client] <= 0:
+            del self._held[client]
+
     def _end(self, client: str) -> None:
         with self._lock:
-            self._held[client] -= 1
-            if self._held[client] <= 0:
-                del self._held[client]
+            self._leave(client)
             if self._waiting:                        # the turn passes to the client first in line
                 next_client, queue = next(iter(self._waiting.items()))
                 queue.popleft().set()

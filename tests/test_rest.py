@@ -507,6 +507,17 @@ def test_slow_and_idle_clients_hold_no_worker_and_meet_a_deadline(exported, tmp_
         srv.stop(grace=0)
 
 
+def raw_http(port: int, head: str, body: bytes = b"", source: str = "127.0.0.1") -> bytes:
+    """The whole reply to one request written by hand (`head`: request line and headers, no blank line),
+    sent from the loopback address `source`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0)) as s:
+        s.sendall(head.encode() + f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+        return reply
+
+
 def test_one_client_address_holds_at_most_its_share_of_the_connections(exported, tmp_path):
     """Issue 95: 64 idle sockets of one client used to take every REST slot for
     30 s. With --rest_max_connections_per_client=4, a fifth connection of that
@@ -521,14 +532,8 @@ def test_one_client_address_holds_at_most_its_share_of_the_connections(exported,
     idle = [socket.create_connection(address, timeout=10) for _ in range(4)]
 
     def request_from(source: str) -> bytes:
-        body = json.dumps(TEXT).encode()
-        with socket.create_connection(address, timeout=60, source_address=(source, 0)) as s:
-            s.sendall(b"POST /v1/models/nmt:predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            reply = b""
-            while chunk := s.recv(65536):
-                reply += chunk
-            return reply
+        return raw_http(rest_server.port, "POST /v1/models/nmt:predict HTTP/1.1\r\nHost: x", json.dumps(TEXT).encode(),
+                        source=source)
 
     try:
         assert wait_until(lambda: rest_server.open_connections == 4, 30, interval=0.01)
@@ -549,16 +554,6 @@ def test_one_client_address_holds_at_most_its_share_of_the_connections(exported,
         rest_server.stop()
         registry.stop()
         srv.stop(grace=0)
-
-
-def raw_http(port: int, head: str, body: bytes = b"") -> bytes:
-    """The whole reply to one request written by hand (`head`: request line and headers, no blank line)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        s.sendall(head.encode() + f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-        reply = b""
-        while chunk := s.recv(65536):
-            reply += chunk
-        return reply
 
 
 def test_a_post_from_another_origins_page_and_an_unknown_host_are_refused(server):

@@ -834,6 +834,18 @@ def test_a_glossary_finds_whole_words_longest_first(tmp_path):
         Glossary(str(tmp_path))
 
 
+def statuses(calls) -> collections.Counter:
+    """How many of these gRPC futures ended with each status (by name), once all have."""
+    codes = collections.Counter()
+    for call in calls:
+        try:
+            call.result()
+            codes["OK"] += 1
+        except grpc.RpcError as e:
+            codes[e.code().name] += 1
+    return codes
+
+
 def test_one_client_flooding_the_server_is_refused_at_once_and_another_is_served(exported, tmp_path):
     """Issue 95: 3,000 pending Predicts from one client queued without bound, and
     another client's call timed out behind them. Now the server admits at most
@@ -865,14 +877,7 @@ def test_one_client_flooding_the_server_is_refused_at_once_and_another_is_served
 
         answers = [answered() for _ in range(5)]
         assert all(tf.make_ndarray(a.outputs["translation"]).shape == (1,) for a in answers)
-        codes = []
-        for call in flood:
-            try:
-                call.result()
-                codes.append(grpc.StatusCode.OK)
-            except grpc.RpcError as e:
-                codes.append(e.code())
-        assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert set(statuses(flood)) == {"OK", "RESOURCE_EXHAUSTED"}
     finally:
         srv.stop(0)
         registry.stop()
@@ -923,13 +928,7 @@ def test_a_client_flooding_without_pause_leaves_another_client_its_turns(exporte
         during = sorted(timed() for _ in range(7))[3]
         stop.set()
         flooding.join()
-        codes = collections.Counter()
-        for call in calls:
-            try:
-                call.result()
-                codes["OK"] += 1
-            except grpc.RpcError as e:
-                codes[e.code().name] += 1
+        codes = statuses(calls)
         assert codes["OK"] > 0 and codes["RESOURCE_EXHAUSTED"] > 0, codes
         # Taking turns it waited 2.1-3.1x its time alone here, behind the flood's queue 4.8-6x (the tiny
         # model, 2 cores); bounded loosely for a machine busy with other tests: FairGate's order is tested

@@ -400,15 +400,20 @@ def read_checks(name: str) -> dict:
         return json.load(f)
 
 
+def _litert_cache(name: str, weights: str, cache_dir: str | None) -> tuple[dict, str, str]:
+    """(the preset's verified manifest, its LiteRT build folder <build>/litert-<weights>, the model folder in it)."""
+    folder = preset_dir(name)
+    manifest = verify(folder)
+    target = os.path.join(build_dir(folder, manifest, cache_dir), f"litert-{weights}")
+    return manifest, target, os.path.join(target, str(EXPORT_VERSION))
+
+
 def build_litert(name: str, weights: str = "int8", cache_dir: str | None = None, log=print) -> str:
     """The LiteRT model folder of preset `name` with `weights` storage
     (nmt_tf.litert_export.WEIGHT_STORAGE), built on first use beside the
     preset's SavedModel (<build>/litert-<weights>/1) and cached: later uses
     find it there without TensorFlow. The first build needs TensorFlow."""
-    folder = preset_dir(name)
-    manifest = verify(folder)
-    target = os.path.join(build_dir(folder, manifest, cache_dir), f"litert-{weights}")
-    model = os.path.join(target, str(EXPORT_VERSION))
+    manifest, target, model = _litert_cache(name, weights, cache_dir)
     if _usable(target, (str(EXPORT_VERSION),), log):
         return model
     saved_model = build(name, cache_dir, log)
@@ -437,11 +442,9 @@ def litert_model(name: str, weights: str = "int8", cache_dir: str | None = None,
     --build_litert` in a child process (the build imports TensorFlow; a
     server or a translation that runs on LiteRT never holds it). Its
     progress goes to `log`; its error is this PresetError."""
-    folder = preset_dir(name)
-    manifest = verify(folder)
-    target = os.path.join(build_dir(folder, manifest, cache_dir), f"litert-{weights}")
+    manifest, target, model = _litert_cache(name, weights, cache_dir)
     if _usable(target, (str(EXPORT_VERSION),), log):
-        return os.path.join(target, str(EXPORT_VERSION))
+        return model
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     if cache_dir:
         env["NMT_TF_CACHE"] = cache_dir
