@@ -35,9 +35,11 @@ from typing import Any
 from nmt_tf import model_dir as layout
 from nmt_tf.files import write_atomically
 from nmt_tf.models import ARCHITECTURES, ModelConfig, names_of
-from nmt_tf.schedules import SCHEDULES
 from nmt_tf.settings import ConfigError, check_limits, default, flag_name, setting
 from nmt_tf.tokenizers import TOKENIZERS
+
+# --lr_schedule's names: the paper's plateau, then the budgeted ones (nmt_tf.schedules defines them all).
+LR_SCHEDULES = ("plateau", "linear", "cosine", "1-sqrt")
 
 __all__ = ["ConfigError", "DataConfig", "TrainerConfig", "TrainingConfig", "SearchOptions", "DecodingConfig",
            "ExportConfig", "ServerConfig", "flag_name", "load",
@@ -158,7 +160,7 @@ class TrainerConfig:
             "2024) to --final_lr_fraction of --learning_rate exactly at the end of the budget, --max_steps "
             "or --max_hours (hours are turned into updates from the measured seconds per update, "
             "re-estimated at every update); needs one of them and --decay_factor=1.",
-            choices=list(SCHEDULES))
+            choices=list(LR_SCHEDULES))
     final_lr_fraction: float = setting('float', 0.0,
             "--lr_schedule=linear / cosine / 1-sqrt: the fraction of --learning_rate reached at the end of the "
             "budget.", lower=0.0, upper=1.0)

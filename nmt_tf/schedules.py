@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import math
 
-BUDGETED = ("linear", "cosine", "1-sqrt")
-SCHEDULES = ("plateau",) + BUDGETED
+from nmt_tf.config import LR_SCHEDULES
+
+SCHEDULES = LR_SCHEDULES            # named where the configuration checks --lr_schedule
+BUDGETED = SCHEDULES[1:]
 
 
 class ScheduleError(ValueError):

@@ -3,8 +3,9 @@
 `measure_checks` translates a test set with the preset's SavedModel (built
 as `presets.build` does) and scores fixed sentence pairs with its score
 signature; tests/test_model_of_record.py holds the shipped model to what it
-wrote (python -m nmt_tf.presets --measure_checks=...). Apart from
-nmt_tf.presets because it translates through nmt_tf.api, which imports it.
+wrote (python -m nmt_tf.presets --measure_checks=...). It calls the
+signatures through nmt_tf.client, in batches as nmt_tf.api does, and not
+through nmt_tf.api, which stands above the presets (it imports them).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 import os
 
 from nmt_tf import metrics, presets
-from nmt_tf.api import Translator
+from nmt_tf.client import SignatureClient
 from nmt_tf.files import InputError, input_lines
+from nmt_tf.line_batches import batches_by_length, rows_by_line, translate_lines
 
 
 def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_source: str, pairs_target: str,
@@ -47,11 +49,14 @@ def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_sourc
             raise presets.PresetError(f"the {a} has {len(texts[a]):,} lines but the {b} {len(texts[b]):,}")
     if not 1 <= pairs <= len(texts["pairs source"]):
         raise presets.PresetError(f"pairs={pairs}: the pairs files have {len(texts['pairs source']):,} lines")
-    translator = Translator.from_preset(folder, cache_dir, log=log)
-    hypotheses = [t.text for t in translator.translate(texts["BLEU source"])]
+    saved_model = presets.build(folder, cache_dir, log=log)
+    translate = SignatureClient("serving_default", saved_model=saved_model,
+                                outputs=["translation", "source_tokens", "target_tokens"])
+    hypotheses = translate_lines(lambda batch: translate(text=batch), texts["BLEU source"],
+                                 keys=("translation",))["translation"]
     bleu, signature = metrics.moses_lc_bleu(hypotheses, texts["BLEU reference"], manifest["tgt_lang"])
     sources, targets = texts["pairs source"][:pairs], texts["pairs target"][:pairs]
-    scores = translator.score(sources, targets)
+    scores = _scores(SignatureClient("score", saved_model=saved_model), sources, targets)
     checks = {
         "about": "What this preset must go on doing, measured when it was made (tests/test_model_of_record.py "
                  "holds the shipped model to it): lc Moses-tok BLEU of a test set (a failure more than "
@@ -60,11 +65,21 @@ def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_sourc
                  f"{presets.CHECK_LOG_PROB_TOLERANCE:g} away).",
         "bleu": {"source": os.path.basename(bleu_source), "reference": os.path.basename(bleu_reference),
                  "lines": len(hypotheses), "bleu_lc_moses": round(bleu, 2), "signature": signature},
-        "score": [{"source": s, "target": t, "log_prob": round(float(score.log_prob), 4),
-                   "target_length": int(score.target_length)} for s, t, score in zip(sources, targets, scores)],
+        "score": [{"source": s, "target": t, "log_prob": round(log_prob, 4), "target_length": length}
+                  for s, t, (log_prob, length) in zip(sources, targets, scores)],
     }
     with open(os.path.join(folder, presets.CHECKS), "w", encoding="utf-8") as f:
         json.dump(checks, f, indent=1, ensure_ascii=False)
     log(f"Wrote {os.path.join(folder, presets.CHECKS)}: lc Moses-tok BLEU {bleu:.2f} on "
         f"{os.path.basename(bleu_source)} ({len(hypotheses):,} lines), log-probabilities of {pairs} pairs")
     return checks
+
+
+def _scores(score: SignatureClient, sources: list[str], targets: list[str], batch_size: int = 64) -> list:
+    """(log p(target | source), target length) of each pair, in batches of
+    similar target length as `nmt_tf.api.Translator.score` makes them."""
+    pairs = [(s.encode("utf-8"), t.encode("utf-8")) for s, t in zip(sources, targets)]
+    call = lambda batch: score(source=[s for s, _ in batch], target=[t for _, t in batch])
+    batched = batches_by_length(call, pairs, batch_size, length=lambda pair: len(pair[1].split()))
+    return [(float(result["log_prob"][row]), int(result["target_length"][row]))
+            for result, row in rows_by_line(batched, len(pairs))]
