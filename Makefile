@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 # (pipelines/multi30k_en_fr/README.md). FLAGFILE=... chooses yourself
 # (on a GPU machine: pipelines/multi30k_en_fr/rnnsearch.flags).
 RECIPES := pipelines/multi30k_en_fr
-FLAGFILE ?= $(RECIPES)/$(shell $(PY) -c "from nmt_tf import hardware; \
+FLAGFILE ?= $(RECIPES)/$(shell $(PY) -c "from nmt_tf.core import hardware; \
     print('rnnsearch.flags' if hardware.bf16_cpu_flags() else 'rnnsearch_float32.flags')")
 MODEL_DIR ?= runs/multi30k_en_fr_rnnsearch
 # Test processes (pytest-xdist); each test file runs whole in one of them.
@@ -43,7 +43,7 @@ demo: setup
 # The recipe's file must exist: if the CPU check above failed (its error is printed
 # above this one), FLAGFILE is the folder alone.
 train: setup
-	@test -f "$(FLAGFILE)" || { echo "make train: no recipe file '$(FLAGFILE)' (choose one with FLAGFILE=$(RECIPES)/rnnsearch.flags; the CPU check is $(PY) -c 'from nmt_tf import hardware; hardware.bf16_cpu_flags()')" >&2; exit 2; }
+	@test -f "$(FLAGFILE)" || { echo "make train: no recipe file '$(FLAGFILE)' (choose one with FLAGFILE=$(RECIPES)/rnnsearch.flags; the CPU check is $(PY) -c 'from nmt_tf.core import hardware; hardware.bf16_cpu_flags()')" >&2; exit 2; }
 	$(PY) -m nmt_tf.train --flagfile=$(FLAGFILE) --model_dir=$(MODEL_DIR)
 	$(PY) -m nmt_tf.shortlist --model_dir=$(MODEL_DIR)
 

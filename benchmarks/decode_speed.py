@@ -45,7 +45,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # noqa: F401  (search flags)
-from nmt_tf.files import read_lines
+from nmt_tf.core.files import read_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 absl_flags.DEFINE_string("saved_model_beam", None, "SavedModel exported with --beam_size=10.")
@@ -70,7 +70,7 @@ absl_flags.DEFINE_boolean("sort_by_length", False, "Batch the sentences in order
 def measure(signature, lines, batch_size, runs, parallel_batches=1):
     import tensorflow as tf
 
-    from nmt_tf.line_batches import batches_by_length
+    from nmt_tf.inference.line_batches import batches_by_length
 
     signature(text=tf.constant(lines[:batch_size]))          # warm-up (tracing, allocation)
 
@@ -94,16 +94,16 @@ def measure(signature, lines, batch_size, runs, parallel_batches=1):
 
 def translator(path: str):
     """batch of lines -> their translations (bytes), through a SavedModel's
-    serving_default signature, or a LiteRT model folder (nmt_tf.litert_runtime,
+    serving_default signature, or a LiteRT model folder (nmt_tf.inference.litert_runtime,
     one interpreter with --litert_threads threads)."""
-    from nmt_tf.litert_runtime import MANIFEST, LiteRTClient
+    from nmt_tf.inference.litert_runtime import MANIFEST, LiteRTClient
 
     if os.path.isfile(os.path.join(path, MANIFEST)):
         client = LiteRTClient(path, outputs=["translation"], num_threads=absl_flags.FLAGS.litert_threads)
         return lambda batch: client(text=batch)["translation"].tolist()
     import tensorflow as tf
 
-    from nmt_tf.saved_models import load_signature
+    from nmt_tf.inference.saved_models import load_signature
 
     signature = load_signature(path)
     return lambda batch: signature(text=tf.constant(batch))["translation"].numpy().tolist()
@@ -138,10 +138,10 @@ def main(argv):
 
     import tensorflow as tf
 
-    from nmt_tf import exporter
     from nmt_tf.config import ExportConfig
-    from nmt_tf.hardware import vector_flags
-    from nmt_tf.saved_models import load_signature
+    from nmt_tf.core.hardware import vector_flags
+    from nmt_tf.exporting import saved_model as exporter
+    from nmt_tf.inference.saved_models import load_signature
 
     FLAGS = absl_flags.FLAGS
     if FLAGS.intra_op_threads:

@@ -7,14 +7,14 @@ Every run is a fresh process that restores the model and exports it with
 beam --beam_size into a temporary directory, as `python -m nmt_tf.export`
 does: a second export in one process would find TensorFlow's tracing caches
 warm, which a user's export never does. A run's time is from the call of
-`nmt_tf.exporter.export` (what `python -m nmt_tf.export` calls) to its
+`nmt_tf.exporting.saved_model.export` (what `python -m nmt_tf.export` calls) to its
 return: restoring, tracing and writing the SavedModel, not importing
 TensorFlow. With two sides the runs alternate,
 A B, then B A, and so on, so that the machine's drift falls on both alike.
 
 A side (--a, --b) is a directory holding an nmt_tf tree (`.` for this one)
 or a git revision of this repository (extracted into a temporary directory,
-as benchmarks/train_ab.py does) with nmt_tf/exporter.py (86b36de and
+as benchmarks/train_ab.py does) with nmt_tf/exporting/saved_model.py (86b36de and
 later). Reports per side: the tree, its commit,
 every run's seconds and their median; with two sides, each round's ratio
 A / B (how many times faster B exported) and their median.
@@ -53,7 +53,8 @@ MESSAGE = "EXPORT "
 
 def worker() -> None:
     importlib.import_module("tensorflow")      # before the clock starts
-    from nmt_tf import exporter, search
+    from nmt_tf.exporting import saved_model as exporter
+    from nmt_tf.inference import search
 
     options = search.SearchOptions(beam_size=FLAGS.beam_size, n_best=1)
     try:
@@ -82,8 +83,9 @@ def run_once(tree: str) -> float:
 
 
 def parent() -> None:
-    from nmt_tf.hardware import vector_flags
     from trees import resolve_tree
+
+    from nmt_tf.core.hardware import vector_flags
 
     if not FLAGS.model_dir or not os.path.isdir(FLAGS.model_dir):
         raise app.UsageError(f"--model_dir={FLAGS.model_dir}: give an existing model directory")

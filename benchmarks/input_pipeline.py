@@ -6,7 +6,7 @@ text (tokenizing in every epoch) or prepared TFRecord shards
   python benchmarks/input_pipeline.py --flagfile=benchmarks/reference.flags --generate_pairs=10000000 \
       --runs=1 --workdir=/tmp/big     # memory while streaming a generated corpus
 
-Each run iterates one shuffled epoch of `nmt_tf.data.make_dataset` exactly as
+Each run iterates one shuffled epoch of `nmt_tf.data.pipeline.make_dataset` exactly as
 training builds it (pools sorted by length, batches, shuffling) and counts
 pairs and target tokens ([EOS] included, padding excluded, as
 benchmarks/train_throughput.py counts them, so the two rates compare).
@@ -37,7 +37,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.hardware import vector_flags
+from nmt_tf.core.hardware import vector_flags
 
 absl_flags.DEFINE_integer("shards", 8, "Prepared shards.")
 absl_flags.DEFINE_integer("runs", 5, "Epochs timed per source (the median is reported).")
@@ -83,7 +83,7 @@ class RssSampler:
 
 
 def generate(src: str, tgt: str, pairs: int, workdir: str) -> tuple[str, str]:
-    from nmt_tf.files import input_lines
+    from nmt_tf.core.files import input_lines
 
     source = [line.decode("utf-8", "replace") for line in input_lines(src, "train_src")]
     target = [line.decode("utf-8", "replace") for line in input_lines(tgt, "train_tgt")]
@@ -112,7 +112,7 @@ def epoch(make, label: str) -> dict:
 def main(argv):
     import tensorflow as tf
 
-    from nmt_tf import data
+    from nmt_tf.data import pipeline as data
 
     FLAGS = absl_flags.FLAGS
     config = nmt_flags.config_from_flags()

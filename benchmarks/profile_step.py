@@ -9,7 +9,7 @@ benchmarks/train_throughput.py does (the code path of `nmt_tf.train`), runs
 --untimed_steps updates, then records --profile_steps updates with
 TensorFlow's profiler (tf.profiler.experimental, the trace TensorBoard's
 Profile tab shows; --logdir keeps it for TensorBoard). Search: beam search
-(`nmt_tf.search.beam_search`, the exported signature's search, with the step
+(`nmt_tf.inference.search.beam_search`, the exported signature's search, with the step
 matrices and token products frozen as an export freezes them unless
 --noas_exported) of --search_sentences test-2016 sentences in one batch,
 traced the same way.
@@ -49,10 +49,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags as absl_flags
+from training_setup import compiled_model_and_data
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.hardware import choose_training_kernels, training_kernels, vector_flags
-from training_setup import compiled_model_and_data
+from nmt_tf.core.hardware import choose_training_kernels, training_kernels, vector_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 absl_flags.DEFINE_enum("mode", "train", ["train", "search"], "Profile training updates or a beam search.")
@@ -192,8 +192,11 @@ def profile_training(config, logdir: str) -> dict:
 def profile_search(config, logdir: str, policy: str) -> dict:
     import tensorflow as tf
 
-    from nmt_tf import data, lexicon, restore, search, training, translation_graph
-    from nmt_tf.files import read_lines
+    from nmt_tf.core.files import read_lines
+    from nmt_tf.data import lexicon
+    from nmt_tf.data import pipeline as data
+    from nmt_tf.inference import restore, search, translation_graph
+    from nmt_tf.training import job as training
 
     if FLAGS.model_dir:
         restored = restore.restore_model(FLAGS.model_dir, log=lambda *a: None, precision=policy)
@@ -236,7 +239,7 @@ def main(argv):
     import keras
     import tensorflow as tf
 
-    from nmt_tf import precision
+    from nmt_tf.core import precision
 
     config = nmt_flags.config_from_flags()
     keras.utils.set_random_seed(config.seed)

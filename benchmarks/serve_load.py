@@ -41,8 +41,8 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # noqa: F401  (--model_name, --server: a running server, else one is started)
-from nmt_tf.files import read_lines
-from nmt_tf.hardware import vector_flags
+from nmt_tf.core.files import read_lines
+from nmt_tf.core.hardware import vector_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 absl_flags.DEFINE_string("model_base_path", None, "Export directory to serve with nmt_tf.serve.")

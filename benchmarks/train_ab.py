@@ -112,14 +112,14 @@ def send(message: dict) -> None:
 
 
 def worker() -> None:
-    from nmt_tf.hardware import choose_training_kernels, training_kernels
+    from nmt_tf.core.hardware import choose_training_kernels, training_kernels
 
     choose_training_kernels()   # as nmt_tf.train does, before TensorFlow's import
     import keras
     import tensorflow as tf
-
-    from nmt_tf import precision
     from training_setup import compiled_model_and_data
+
+    from nmt_tf.core import precision
 
     config = nmt_flags.config_from_flags()
     keras.utils.set_random_seed(config.seed)
@@ -217,8 +217,9 @@ def forwarded_args(argv: list) -> list:
 
 
 def parent() -> None:
-    from nmt_tf.hardware import vector_flags
-    from trees import resolve_tree      # the parent's own (a worker's tree may predate it)
+    from trees import resolve_tree  # the parent's own (a worker's tree may predate it)
+
+    from nmt_tf.core.hardware import vector_flags
 
     if FLAGS.a is None or FLAGS.b is None:
         raise app.UsageError("--a and --b are required (a directory such as `.`, or a git revision)")

@@ -18,7 +18,7 @@ updates of warm-up (tracing, first allocations). Reports:
   peak_rss_mb             peak resident memory of the process
   seconds_per_step        median over the windows
   cpu_kernels             oneDNN or Eigen, chosen as nmt_tf.train chooses
-                          (nmt_tf.hardware.choose_training_kernels;
+                          (nmt_tf.core.hardware.choose_training_kernels;
                           TF_ENABLE_ONEDNN_OPTS=0 or 1 decides instead)
 
 Nothing is written outside a temporary directory (vocabularies).
@@ -38,10 +38,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags as absl_flags
+from training_setup import compiled_model_and_data
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.hardware import choose_training_kernels, training_kernels, vector_flags
-from training_setup import compiled_model_and_data
+from nmt_tf.core.hardware import choose_training_kernels, training_kernels, vector_flags
 
 absl_flags.DEFINE_integer("untimed_steps", 20, "Updates before timing starts (tracing, first allocations; not the learning-rate --warmup_steps).")
 absl_flags.DEFINE_integer("window_steps", 30, "Updates per timed window.")
@@ -53,7 +53,7 @@ def main(argv):
     import keras
     import tensorflow as tf
 
-    from nmt_tf import precision
+    from nmt_tf.core import precision
 
     FLAGS = absl_flags.FLAGS
     config = nmt_flags.config_from_flags()

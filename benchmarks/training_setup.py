@@ -9,7 +9,8 @@ def compiled_model_and_data(config):
     """(training dataset of one epoch, compiled model with its optimizer built)
     from the flags in `config`, as `nmt_tf.train` makes them; vocabularies are
     learned into a temporary directory."""
-    from nmt_tf import data, training
+    from nmt_tf.data import pipeline as data
+    from nmt_tf.training import job as training
 
     with tempfile.TemporaryDirectory() as tmp:
         src_tok, tgt_tok, _ = data.build_vocabularies(config, tmp, log=lambda *a: None)

@@ -60,7 +60,7 @@ sys.path.insert(0, REPO)
 from absl import app
 from absl import flags as absl_flags
 
-from nmt_tf.hardware import vector_flags
+from nmt_tf.core.hardware import vector_flags
 
 absl_flags.DEFINE_string("joeynmt", None, "Folder of the JoeyNMT peer harness (run.sh, joey_seeded.py); "
                          "the team's is ../shared/bench/joeynmt.")

@@ -38,15 +38,17 @@ import weakref
 
 import numpy as np
 
-from nmt_tf import custom_gradients, exporter, presets, startup
-from nmt_tf.client import ClientError, SignatureClient
+from nmt_tf import presets
 from nmt_tf.config import DecodingConfig, SearchOptions
-from nmt_tf.lexicon import for_search
-from nmt_tf.litert_runtime import LiteRTClient
-from nmt_tf.line_batches import as_text, batches_by_length, rows_by_line
-from nmt_tf.restore import restore_model
-from nmt_tf.saved_models import load_saved_model, read_metadata
-from nmt_tf.translation_graph import MAX_REQUIRED_TERMS, TranslationGraph
+from nmt_tf.core import custom_gradients, startup
+from nmt_tf.data.lexicon import for_search
+from nmt_tf.exporting import saved_model as exporter
+from nmt_tf.inference.client import ClientError, SignatureClient
+from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line
+from nmt_tf.inference.litert_runtime import LiteRTClient
+from nmt_tf.inference.restore import restore_model
+from nmt_tf.inference.saved_models import load_saved_model, read_metadata
+from nmt_tf.inference.translation_graph import MAX_REQUIRED_TERMS, TranslationGraph
 
 
 @dataclasses.dataclass
@@ -115,7 +117,7 @@ class Translator:
     @classmethod
     def from_litert(cls, path: str, num_threads: int = 1, _description: str | None = None) -> "Translator":
         """A LiteRT model folder (nmt_tf.export --format=litert), translated
-        without TensorFlow (nmt_tf.litert_runtime; docs/litert.md). It has no
+        without TensorFlow (nmt_tf.inference.litert_runtime; docs/litert.md). It has no
         score signature, target prefixes or required terms yet."""
         client = LiteRTClient(path, num_threads=num_threads)
         return cls(lambda text: client(text=text), None, client.output_size("nbest_scores", 1),
@@ -147,13 +149,13 @@ class Translator:
                        log=None, **search) -> "Translator":
         """A training run's weights: `checkpoint` (best, last, averaged or a
         path) or the mean of `average_checkpoints` of `average_from`;
-        `search`: nmt_tf.search.SearchOptions fields (beam_size=10 and n_best=5
+        `search`: nmt_tf.config.SearchOptions fields (beam_size=10 and n_best=5
         unless given); `precision`: the Keras dtype policy of the search
         ("mixed_bfloat16" is faster on CPUs with bfloat16 instructions)."""
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         import tensorflow as tf
 
-        from nmt_tf.checkpoints import WeightsChoice
+        from nmt_tf.core.checkpoints import WeightsChoice
 
         options = SearchOptions(**{"n_best": min(5, search.get("beam_size", 10)), **search})
         decoding = DecodingConfig(options, WeightsChoice(checkpoint, average_checkpoints, average_from), precision,

@@ -23,7 +23,7 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.restore import write_averaged
+from nmt_tf.inference.restore import write_averaged
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "average_checkpoints", "average_from"))
 

@@ -10,14 +10,15 @@ evaluate, visualize), `DecodingConfig` which weights a model directory
 decodes with and how (evaluate), `ExportConfig` what nmt_tf.export fixes in
 a SavedModel, `ServerConfig` how nmt_tf.serve serves a model. Their fields
 are the single source of the defaults, the help texts and the limits
-(nmt_tf.settings), and nmt_tf.flags turns
+(nmt_tf.core.settings), and nmt_tf.flags turns
 each field into the command-line flag of the same name (`--batch_size` is
 `TrainingConfig.batch_size`). The library takes these objects and never
 reads command-line flags, so it is usable from Python without them, and
 importing it defines no flag:
 
-    from nmt_tf import config, training
-    training.train(config.TrainingConfig(train_src="a.en", train_tgt="a.fr", model_dir="runs/a"))
+    from nmt_tf import config
+    from nmt_tf.training.job import train
+    train(config.TrainingConfig(train_src="a.en", train_tgt="a.fr", model_dir="runs/a"))
 
 A run stores its configuration in <model_dir>/config.json by part (`save`;
 runs from before it have a flat flags.json, still read); `load` reads it
@@ -32,13 +33,13 @@ import json
 import os
 from typing import Any
 
-from nmt_tf import model_dir as layout
-from nmt_tf.files import write_atomically
+from nmt_tf.core import model_dir as layout
+from nmt_tf.core.files import write_atomically
+from nmt_tf.core.settings import ConfigError, check_limits, default, flag_name, setting
+from nmt_tf.data.tokenizers import TOKENIZERS
 from nmt_tf.models import ARCHITECTURES, ModelConfig, names_of
-from nmt_tf.settings import ConfigError, check_limits, default, flag_name, setting
-from nmt_tf.tokenizers import TOKENIZERS
 
-# --lr_schedule's names: the paper's plateau, then the budgeted ones (nmt_tf.schedules defines them all).
+# --lr_schedule's names: the paper's plateau, then the budgeted ones (nmt_tf.training.schedules defines them all).
 LR_SCHEDULES = ("plateau", "linear", "cosine", "1-sqrt")
 
 __all__ = ["ConfigError", "DataConfig", "TrainerConfig", "TrainingConfig", "SearchOptions", "DecodingConfig",
@@ -347,7 +348,7 @@ MIN_SHORTLIST = 16   # the special tokens and a few more
 
 @dataclasses.dataclass(frozen=True)
 class SearchOptions:
-    """How beam search runs (nmt_tf.search); the search flags of nmt_tf.export,
+    """How beam search runs (nmt_tf.inference.search); the search flags of nmt_tf.export,
     evaluate and visualize are its fields (fixed in an export)."""
 
     beam_size: int = setting("integer", 10, "Beam width (paper: 10); 1 runs greedy search.", lower=1)
@@ -401,9 +402,9 @@ class DecodingConfig:
     tools that translate)."""
 
     search: SearchOptions = dataclasses.field(default_factory=SearchOptions)
-    # A nmt_tf.checkpoints.WeightsChoice, or a --checkpoint value (best, last, averaged or a path).
+    # A nmt_tf.core.checkpoints.WeightsChoice, or a --checkpoint value (best, last, averaged or a path).
     weights: Any = "best"
-    # The Keras dtype policy the search computes in (PRECISIONS; nmt_tf.precision resolves --mixed_precision).
+    # The Keras dtype policy the search computes in (PRECISIONS; nmt_tf.core.precision resolves --mixed_precision).
     precision: str = "float32"
     max_input_length: int = setting(
         "integer", 100, "Longer inputs are cut to this many tokens (the 'truncated' output says so); bounds the "
@@ -428,7 +429,7 @@ class DecodingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ExportConfig(DecodingConfig):
-    """What nmt_tf.export writes (nmt_tf.exporter.export): the decoding it
+    """What nmt_tf.export writes (nmt_tf.exporting.saved_model.export): the decoding it
     fixes in the SavedModel, and how a search step's matrices are stored."""
 
     freeze_step_weights: bool = setting(
@@ -455,7 +456,7 @@ class ExportConfig(DecodingConfig):
 
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
-    """How nmt_tf.serve serves one model (nmt_tf.server.start): the model and
+    """How nmt_tf.serve serves one model (nmt_tf.serving.server.start): the model and
     which of its versions, the ports and what they take, batching, TLS and
     threads. Its fields are nmt_tf.serve's flags; `model_name` and `preset`
     are also flags of the tools that send requests or use presets."""
@@ -506,7 +507,7 @@ class ServerConfig:
             "3/4 of the admitted calls.", lower=1)
     enable_batching: bool = setting('boolean', False,
             "Join concurrent Predict requests of the same version, signature and outputs into one call of the "
-            "signature and split the replies (TF Serving's flag; nmt_tf.batching). Parameters from "
+            "signature and split the replies (TF Serving's flag; nmt_tf.serving.batching). Parameters from "
             "--batching_parameters_file, else TF Serving's defaults (max_batch_size 1000, batch_timeout_micros "
             "0, max_enqueued_batches 10, num_batch_threads one per core).")
     batching_parameters_file: str | None = setting('string', None,

@@ -14,7 +14,7 @@ uses the settings fixed at its export), writes the hypotheses, and reports
 sacreBLEU on the detokenized output against the raw --ref: BLEU cased and
 lowercased with their signature strings, and chrF; and lowercased
 Moses-tokenized BLEU, the way the Multi30k / WMT multimodal papers score
-(nmt_tf.metrics.moses_lc_bleu), as report.json and a table (printed and
+(nmt_tf.evaluation.metrics.moses_lc_bleu), as report.json and a table (printed and
 report.txt).
 
 The papers' analyses, in the same report and as PNG plots:
@@ -41,7 +41,7 @@ them together, labelled. Words are counted by the Moses-like word splitter.
 The test files are read into memory (they are test sets); progress with an
 ETA goes to stderr on a terminal.
 
-This tool parses the flags and calls nmt_tf/evaluation.py, which evaluates
+This tool parses the flags and calls nmt_tf/evaluation/quality.py, which evaluates
 from Python without flags.
 """
 
@@ -51,8 +51,8 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.client import ClientError
-from nmt_tf.evaluation import EvaluationError, format_table, run
+from nmt_tf.evaluation.quality import EvaluationError, format_table, run
+from nmt_tf.inference.client import ClientError
 
 absl_flags.DEFINE_string("src", None, "Source sentences to translate (plain or gzip).")
 absl_flags.DEFINE_string("ref", None, "Reference translations, line-aligned with --src (raw, untokenized).")

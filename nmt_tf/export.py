@@ -19,7 +19,7 @@ when its sentences' translations need them) instead of the whole target
 vocabulary (nmt_tf.shortlist; its lexical table is stored in
 the SavedModel).
 
---format=litert writes a LiteRT model folder instead (nmt_tf.litert_export;
+--format=litert writes a LiteRT model folder instead (nmt_tf.exporting.litert;
 docs/litert.md), with --litert_weights=int8 (default), float16 or float32:
   python -m nmt_tf.export --model_dir=runs/m30k --average_checkpoints=5 --format=litert --export_dir=lite
 
@@ -69,7 +69,7 @@ translate_constrained (serving_default's outputs, steered):
   (forced), then the search is free; the translation starts with the prefix
   byte for byte (its trailing whitespace dropped). Every returned hypothesis
   holds each required term (lexically constrained beam search with dynamic
-  beam allocation, nmt_tf.constraints), unless they do not fit in the length
+  beam allocation, nmt_tf.inference.constraints), unless they do not fit in the length
   limit: then the best partial one, terms_met False. An empty source still
   gives an empty translation. Searches the whole target vocabulary: an
   export with --shortlist_size has no translate_constrained signature.
@@ -90,8 +90,8 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
 from nmt_tf.config import ExportConfig
-from nmt_tf.exporter import export
-from nmt_tf.litert_export import export_litert
+from nmt_tf.exporting.litert import export_litert
+from nmt_tf.exporting.saved_model import export
 
 absl_flags.DEFINE_string("export_dir", None, "Base directory of the versioned SavedModels (what TF Serving's --model_base_path points at).")
 absl_flags.DEFINE_integer("version", 0, "Version number to write (0: one more than the highest existing).", lower_bound=0)

@@ -22,10 +22,9 @@ import sys
 
 from absl import app, flags, logging
 
-from nmt_tf import config, settings
-from nmt_tf import startup
+from nmt_tf import config
 from nmt_tf.config import DecodingConfig, ExportConfig, SearchOptions, ServerConfig, TrainingConfig
-from nmt_tf import precision
+from nmt_tf.core import precision, settings, startup
 
 FLAGS = flags.FLAGS
 
@@ -105,7 +104,7 @@ flags.DEFINE_float("timeout", 120.0, "Seconds to wait for one request to --serve
 flags.DEFINE_string("input", None, "Input sentences, one per line (plain or gzip); default stdin.")
 flags.DEFINE_string("output", None, "Output file; default stdout.")
 
-# Which weights of a model directory a tool uses (nmt_tf.checkpoints.WeightsChoice).
+# Which weights of a model directory a tool uses (nmt_tf.core.checkpoints.WeightsChoice).
 WEIGHTS_FLAGS = ("checkpoint", "average_checkpoints", "average_from")
 # Search settings that nmt_tf.export fixes in the SavedModel (--n_best may be lowered at run time).
 FIXED_AT_EXPORT = tuple(name for name in SEARCH_FLAGS if name != "n_best") + ("max_input_length", "mixed_precision")
@@ -144,7 +143,7 @@ def fixed_at_export_given() -> list[str]:
 def search_precision(log=print) -> str:
     """The Keras dtype policy nmt_tf.export / nmt_tf.evaluate build a model
     with: float32 unless --mixed_precision is given (auto: from this CPU,
-    nmt_tf.precision, and `log` says what it chose)."""
+    nmt_tf.core.precision, and `log` says what it chose)."""
     return precision.chosen(FLAGS.mixed_precision, log) if FLAGS["mixed_precision"].present else "float32"
 
 
@@ -156,7 +155,7 @@ def start_cli(argv: list[str], verbose: bool = False, accepts: frozenset | None 
     """Common start of every nmt_tf CLI's main: no stray arguments, no flags
     of other tools (with `accepts`, from `tool_flags`; `reasons` says why a
     flag is refused, by name: one error line, exit code 1), quiet TF logs,
-    and TensorFlow's first import without its start-up noise (nmt_tf.startup)."""
+    and TensorFlow's first import without its start-up noise (nmt_tf.core.startup)."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if accepts is not None:
@@ -194,8 +193,8 @@ def nmt_flag_names() -> list[str]:
 
 
 def weights_choice():
-    """`nmt_tf.checkpoints.WeightsChoice` from --checkpoint, --average_checkpoints and --average_from."""
-    from nmt_tf.checkpoints import WeightsChoice
+    """`nmt_tf.core.checkpoints.WeightsChoice` from --checkpoint, --average_checkpoints and --average_from."""
+    from nmt_tf.core.checkpoints import WeightsChoice
 
     return WeightsChoice(FLAGS.checkpoint, FLAGS.average_checkpoints, FLAGS.average_from)
 

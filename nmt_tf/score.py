@@ -42,8 +42,8 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --model_name, ...
-from nmt_tf.client import ClientError, SignatureClient
-from nmt_tf.scoring import ScoreError, input_kind, pair_scorer, score_files
+from nmt_tf.inference.client import ClientError, SignatureClient
+from nmt_tf.inference.scoring import ScoreError, input_kind, pair_scorer, score_files
 
 absl_flags.DEFINE_string("phrase_table", None, "A Moses phrase table to extend with the model's score.")
 absl_flags.DEFINE_string("nbest", None, "A Moses n-best list to add the model's score to (needs --source).")

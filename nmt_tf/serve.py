@@ -11,7 +11,7 @@ Production deployments should use the official `tensorflow_model_server`
 This server exists for machines where that binary cannot be installed, and
 for tests: it implements the same services on the same protos (the
 tensorflow-serving-api package's, read from their descriptors without
-importing TensorFlow: nmt_tf.serving_protos), so clients cannot tell the
+importing TensorFlow: nmt_tf.serving.api_protos), so clients cannot tell the
 difference:
 
   tensorflow.serving.PredictionService  Predict, GetModelMetadata
@@ -20,10 +20,10 @@ difference:
 
 and, with --rest_api_port (off by default, as in TF Serving), TF Serving's
 REST API on the same functions (POST /v1/models/NAME:predict, GET
-/v1/models/NAME[/metadata]; see nmt_tf.rest), with TF Serving's JSON and its
+/v1/models/NAME[/metadata]; see nmt_tf.serving.rest), with TF Serving's JSON and its
 errors as {"error": "..."} with the HTTP status it maps from the gRPC one,
 and at / a page that translates what you type and shows the n-best list and
-the attention as a heatmap, through that REST API (nmt_tf.page). A
+the attention as a heatmap, through that REST API (nmt_tf.serving.page). A
 request body larger than --max_message_mb is refused with 413 before it is
 read. Each front end answers --threads requests at a time; the REST API
 reads each request whole on one receiver thread before a worker takes it (a
@@ -31,13 +31,13 @@ slow or idle client holds no worker; 30 s for the headers, 120 s for the
 body, then 408), with at most --rest_max_connections connections open, and
 --rest_max_connections_per_client from one client address (one more: 503
 at once). The model versions and the requests'
-checks (the same for both) are nmt_tf.serving. With --enable_batching
+checks (the same for both) are nmt_tf.serving.versions. With --enable_batching
 (or --batching_parameters_file, TF Serving's BatchingParameters text proto)
 concurrent Predict requests of both front ends are joined into one call of
-the signature and their outputs split back (nmt_tf.batching). It listens on
+the signature and their outputs split back (nmt_tf.serving.batching). It listens on
 --host (0.0.0.0: every interface, as TF Serving) without authentication;
 --ssl_config_file (TF Serving's SSLConfig) puts both ports behind TLS,
-optionally mutual (nmt_tf.tls).
+optionally mutual (nmt_tf.serving.tls).
 
 With --runtime=litert the versions are LiteRT model folders (nmt_tf.export
 --format=litert; --preset's is built on first use) run by the LiteRT
@@ -71,7 +71,7 @@ another process holds is refused at start (exit code 1), as TF Serving refuses i
 Ctrl-C or SIGTERM (docker stop, systemd) stops it, giving the requests in
 flight 2 s; the exit code is then 0.
 
-This tool parses the flags and calls nmt_tf/server.py, which serves from
+This tool parses the flags and calls nmt_tf/serving/server.py, which serves from
 Python without flags (nmt_tf.config.ServerConfig).
 """
 
@@ -82,8 +82,8 @@ import signal
 from absl import app
 
 from nmt_tf import flags as nmt_flags  # also defines --model_name, --preset
-from nmt_tf import server
 from nmt_tf.config import ServerConfig
+from nmt_tf.serving import server
 
 # nmt_tf.serve's own flags: the fields of ServerConfig that no other tool takes.
 nmt_flags.define_settings(ServerConfig, [name for name in ServerConfig.__dataclass_fields__

@@ -10,7 +10,7 @@ or the ones given) with the model's own tokenizers, skips the pairs with an
 empty side or more than --max_len tokens, and learns IBM Model 1 (EM,
 --shortlist_iterations) over at most --shortlist_pairs of them. It stores
 for every source token its --shortlist_keep likeliest target tokens and the
-target tokens' counts (nmt_tf.lexicon), and reports how many of the dev
+target tokens' counts (nmt_tf.data.lexicon), and reports how many of the dev
 set's reference tokens (config.json's --dev_src / --dev_tgt) a shortlist of
 each size would hold, sentence by sentence. A search with --shortlist_size=C
 then computes its output layer and softmax over at least C candidate tokens
@@ -31,8 +31,8 @@ from absl import flags as absl_flags
 
 from nmt_tf import config as nmt_config
 from nmt_tf import flags as nmt_flags
-from nmt_tf.files import write_atomically
-from nmt_tf.lexicon import coverage, encoded_pairs, lexical_table, lexical_table_path
+from nmt_tf.core.files import write_atomically
+from nmt_tf.data.lexicon import coverage, encoded_pairs, lexical_table, lexical_table_path
 
 absl_flags.DEFINE_integer("shortlist_keep", 50, "Translations stored per source token, best first (the most "
                           "--shortlist_per_word can use).", lower_bound=1)
@@ -61,7 +61,7 @@ def main(argv):
         return nmt_flags.user_error("--model_dir is required.")
     log = lambda message: print(message, file=sys.stderr)      # noqa: E731
     try:
-        from nmt_tf import data
+        from nmt_tf.data import pipeline as data
 
         config = nmt_config.load(FLAGS.model_dir)
         source_tokenizer, target_tokenizer = data.load_tokenizers(config, FLAGS.model_dir)

@@ -39,12 +39,12 @@ Outputs in --model_dir:
   workers/worker_<i>/       --distribution=multi_worker: what the other workers write
 
 --init_from starts a new run from a trained model's weights and
-vocabularies (fine-tuning; nmt_tf/fine_tune.py), --freeze keeps parts fixed.
+vocabularies (fine-tuning; nmt_tf/training/fine_tune.py), --freeze keeps parts fixed.
 
 --distribution=mirrored / multi_worker trains under tf.distribute
-(nmt_tf/distribution.py); --batch_size stays the global batch.
+(nmt_tf/training/distribution.py); --batch_size stays the global batch.
 
-This tool parses the flags and calls nmt_tf/training.py, which trains from
+This tool parses the flags and calls nmt_tf/training/job.py, which trains from
 Python without flags.
 """
 
@@ -55,12 +55,12 @@ import signal
 
 from absl import app
 
-from nmt_tf import distribution, fine_tune
 from nmt_tf import flags as nmt_flags
 from nmt_tf.config import ConfigError
-from nmt_tf.files import WriteFailed
-from nmt_tf.hardware import choose_training_kernels
-from nmt_tf.training import NaNLossError, TrainingError, dry_run, train
+from nmt_tf.core.files import WriteFailed
+from nmt_tf.core.hardware import choose_training_kernels
+from nmt_tf.training import distribution, fine_tune
+from nmt_tf.training.job import NaNLossError, TrainingError, dry_run, train
 
 EXIT_NAN = 3
 EXIT_NO_INTACT_CHECKPOINT = 4
@@ -79,8 +79,8 @@ def interrupted_exit_code(signal_name: str) -> int:
 def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     choose_training_kernels()   # before TensorFlow's import: it reads the choice then
-    from nmt_tf.checkpoints import NoIntactCheckpointError
-    from nmt_tf.data import CorpusError  # imports TensorFlow: after start_cli
+    from nmt_tf.core.checkpoints import NoIntactCheckpointError
+    from nmt_tf.data.pipeline import CorpusError  # imports TensorFlow: after start_cli
 
     try:
         config = nmt_flags.config_from_flags()

@@ -62,13 +62,19 @@ from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --n_best, ...
 from nmt_tf import presets
-from nmt_tf.client import ClientError, SignatureClient
-from nmt_tf.files import count_lines
-from nmt_tf.glossary import Glossary
-from nmt_tf.litert_runtime import LiteRTClient
-from nmt_tf.progress import Progress
-from nmt_tf.translation import (CONSTRAINED_SIGNATURE, TranslationError, needed_outputs, read_lines, steered_lines,
-                                translate_lines)
+from nmt_tf.core.files import count_lines
+from nmt_tf.core.progress import Progress
+from nmt_tf.inference.client import ClientError, SignatureClient
+from nmt_tf.inference.glossary import Glossary
+from nmt_tf.inference.litert_runtime import LiteRTClient
+from nmt_tf.inference.translation import (
+    CONSTRAINED_SIGNATURE,
+    TranslationError,
+    needed_outputs,
+    read_lines,
+    steered_lines,
+    translate_lines,
+)
 
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")

@@ -35,8 +35,8 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.alignment import learn_dictionary, split_corpus
-from nmt_tf.files import input_lines, write_atomically
+from nmt_tf.core.files import input_lines, write_atomically
+from nmt_tf.data.alignment import learn_dictionary, split_corpus
 
 absl_flags.DEFINE_integer("dictionary_iterations", 5, "EM iterations of IBM Model 1 in each direction.",
                           lower_bound=1)

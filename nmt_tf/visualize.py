@@ -33,7 +33,7 @@ projector_config.pbtxt: `tensorboard --logdir OUT`) and as a labelled
 2-D t-SNE map (<kind>.png, TensorBoard tag representations/<kind>).
 --phrases lists the words or phrases, one per line; without it, the
 --most_frequent words and 2- to 4-word n-grams of the training source.
-See nmt_tf.representations.
+See nmt_tf.evaluation.representations.
 """
 
 from __future__ import annotations
@@ -44,11 +44,16 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags
-from nmt_tf.client import ClientError
-from nmt_tf.files import InputError, input_lines
-from nmt_tf.representations import PHRASE_VECTORS, RepresentationError
-from nmt_tf.visualization import (VisualizeError, render, render_grconv, render_representations,
-                                  translate_function)
+from nmt_tf.core.files import InputError, input_lines
+from nmt_tf.evaluation.representations import PHRASE_VECTORS, RepresentationError
+from nmt_tf.evaluation.visualization import (
+    VisualizeError,
+    render,
+    render_grconv,
+    render_representations,
+    translate_function,
+)
+from nmt_tf.inference.client import ClientError
 
 absl_flags.DEFINE_string("text", None, "One sentence to translate and draw.")
 absl_flags.DEFINE_string("out", None, "PNG file (--text) or directory (--input, --representations); default "

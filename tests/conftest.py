@@ -12,8 +12,9 @@ import unicodedata
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
+
 from nmt_tf.config import TrainingConfig
-from nmt_tf.files import files_stamp
+from nmt_tf.core.files import files_stamp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(REPO, "data", "multi30k")
@@ -133,7 +134,7 @@ def tiny_config(tiny_corpus):
 @pytest.fixture(scope="session")
 def trained_model_dir(tiny_config, tmp_path_factory):
     """A tiny model trained for 2 epochs (shared by tests that only read it)."""
-    from nmt_tf import training
+    from nmt_tf.training import job as training
 
     model_dir = str(tmp_path_factory.mktemp("trained") / "model")
     summary = training.train(tiny_config(model_dir=model_dir, max_epochs=2, attention_examples=4, dev_bleu=True),
@@ -197,8 +198,8 @@ def smoke_train_args(corpus, model_dir, *flags):
 @pytest.fixture(scope="session")
 def exported(trained_model_dir, tmp_path_factory):
     """The trained tiny model exported once: (model_dir, export base, version path)."""
-    from nmt_tf import exporter
     from nmt_tf.config import ExportConfig, SearchOptions
+    from nmt_tf.exporting import saved_model as exporter
 
     model_dir, _ = trained_model_dir
     base = str(tmp_path_factory.mktemp("exports") / "nmt")

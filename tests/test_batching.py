@@ -1,4 +1,4 @@
-"""Server-side batching (nmt_tf.batching; nmt_tf.serve --enable_batching) as TF Serving does it."""
+"""Server-side batching (nmt_tf.serving.batching; nmt_tf.serve --enable_batching) as TF Serving does it."""
 
 import concurrent.futures
 import os
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
+from test_serve import request, status_of
 
 from conftest import REPO, run_cli
-from nmt_tf import batching, rest, server as nmt_server
-from nmt_tf.batching import Batcher, BatchingError, BatchingParameters, parse_batching_parameters
-from test_serve import request, status_of
+from nmt_tf.serving import batching, rest
+from nmt_tf.serving import server as nmt_server
+from nmt_tf.serving.batching import Batcher, BatchingError, BatchingParameters, parse_batching_parameters
 
 SENTENCES = ["A man in a blue shirt.", "Two dogs run.", "A girl is eating.", "People walk on a street.",
              "A woman sings.", "The boy jumps into the water.", "A dog catches a ball.", "Men play music."]

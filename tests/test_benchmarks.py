@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO, run_cli
-from nmt_tf.hardware import vector_flags
+from nmt_tf.core.hardware import vector_flags
 
 SCRIPT = os.path.join(REPO, "benchmarks", "train_ab.py")
 

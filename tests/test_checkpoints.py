@@ -8,9 +8,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import checkpoint_weights, run_cli
-from nmt_tf import checkpoints, exporter, saved_models
 from nmt_tf.config import ExportConfig
-from nmt_tf.restore import restore_ensemble, restore_model
+from nmt_tf.core import checkpoints
+from nmt_tf.exporting import saved_model as exporter
+from nmt_tf.inference import saved_models
+from nmt_tf.inference.restore import restore_ensemble, restore_model
 
 
 def test_best_checkpoints_keep_the_n_best_by_score(tmp_path):
@@ -76,7 +78,7 @@ def test_average_cli_writes_a_checkpoint_that_export_uses(trained_model_dir, tmp
 def test_an_exported_ensemble_of_a_model_with_itself_translates_like_the_model(exported, tmp_path):
     model_dir, _, single = exported
     options = saved_models.read_metadata(single)["search"]
-    from nmt_tf.search import SearchOptions
+    from nmt_tf.inference.search import SearchOptions
 
     path = exporter.export([model_dir, model_dir], str(tmp_path / "ens"),
                            ExportConfig(SearchOptions(**options), max_input_length=20), log=lambda *a: None)
@@ -90,7 +92,7 @@ def test_an_exported_ensemble_of_a_model_with_itself_translates_like_the_model(e
 
 
 def test_ensemble_members_must_share_vocabularies(trained_model_dir, tmp_path, tiny_config):
-    from nmt_tf import training
+    from nmt_tf.training import job as training
 
     model_dir, _ = trained_model_dir
     other = str(tmp_path / "other")
@@ -112,7 +114,7 @@ def _regular(model_dir):
 
 
 def test_a_damaged_checkpoint_is_moved_aside_and_the_run_resumes_from_the_newest_intact_one(tiny_config, tmp_path):
-    from nmt_tf import training
+    from nmt_tf.training import job as training
 
     model_dir = str(tmp_path / "m")
     config = tiny_config(model_dir=model_dir, max_steps=6, max_epochs=5, checkpoint_every_steps=2,

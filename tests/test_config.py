@@ -6,8 +6,16 @@ import json
 import pytest
 
 from nmt_tf import config as nmt_config
-from nmt_tf.config import (NAMES, ConfigError, DataConfig, DecodingConfig, ExportConfig, SearchOptions, TrainerConfig,
-                           TrainingConfig)
+from nmt_tf.config import (
+    NAMES,
+    ConfigError,
+    DataConfig,
+    DecodingConfig,
+    ExportConfig,
+    SearchOptions,
+    TrainerConfig,
+    TrainingConfig,
+)
 from nmt_tf.models import RNNEncDecConfig, RNNSearchConfig
 
 
@@ -144,7 +152,8 @@ def test_export_and_evaluation_take_their_configuration_and_say_so_otherwise(tmp
     """A SearchOptions where an ExportConfig or DecodingConfig belongs (the
     arguments before the configurations existed) is one TypeError saying
     what to pass, before anything is read."""
-    from nmt_tf import evaluation, exporter
+    from nmt_tf.evaluation import quality as evaluation
+    from nmt_tf.exporting import saved_model as exporter
 
     with pytest.raises(TypeError, match=r"config: an ExportConfig, not SearchOptions"):
         exporter.export(str(tmp_path / "no-model"), str(tmp_path / "e"), SearchOptions())

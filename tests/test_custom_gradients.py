@@ -1,4 +1,4 @@
-"""nmt_tf.custom_gradients: the graphs a block traced can be collected after it."""
+"""nmt_tf.core.custom_gradients: the graphs a block traced can be collected after it."""
 
 import gc
 import weakref
@@ -6,7 +6,7 @@ import weakref
 import pytest
 import tensorflow as tf
 
-from nmt_tf import custom_gradients
+from nmt_tf.core import custom_gradients
 from nmt_tf.layers.ops import layer_norm
 
 

@@ -8,8 +8,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import read_multi30k, write_lines
-from nmt_tf import data, text
 from nmt_tf.config import TrainingConfig
+from nmt_tf.data import pipeline as data
+from nmt_tf.data import text
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +272,7 @@ def test_subword_sampling_cuts_the_same_pairs_anew_every_epoch(tmp_path):
     (dict(tokenizer="sentencepiece", sentencepiece_nbest_size=1), "--sentencepiece_nbest_size=1 leaves nothing"),
 ])
 def test_subword_sampling_refuses_what_cannot_sample(settings, message):
-    from nmt_tf import training
+    from nmt_tf.training import job as training
 
     with pytest.raises(training.TrainingError, match=message):
         training.check_config(TrainingConfig(train_src="s", train_tgt="t", sentencepiece_alpha=0.1, **settings))
@@ -289,7 +290,7 @@ class TokenCountingNll:
 
 
 def test_dev_evaluations_after_the_first_read_the_batches_from_memory(tmp_path, tiny_corpus, tokenizers):
-    from nmt_tf import callbacks
+    from nmt_tf.training import callbacks
 
     src_tok, tgt_tok, _ = tokenizers
     src = write_lines(tmp_path / "dev.en", read_multi30k("val.en.gz", 30))
@@ -379,7 +380,7 @@ def test_a_full_disk_while_preparing_shards_is_one_error_and_leaves_nothing(tiny
                                                                              monkeypatch):
     import errno
 
-    from nmt_tf.files import WriteFailed
+    from nmt_tf.core.files import WriteFailed
 
     src_tok, tgt_tok, _ = tokenizers
 

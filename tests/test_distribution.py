@@ -13,11 +13,17 @@ import subprocess
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import (assert_same_checkpoint_weights, checkpoint_weights, run_cli, smoke_train_args, start_cli,
-                      wait_until)
 
-from nmt_tf import distribution
+from conftest import (
+    assert_same_checkpoint_weights,
+    checkpoint_weights,
+    run_cli,
+    smoke_train_args,
+    start_cli,
+    wait_until,
+)
 from nmt_tf import config as nmt_config
+from nmt_tf.training import distribution
 
 # One device and N replicas sum the same numbers in another order (and the
 # replicas' shares are padded to their own longest sentence): float32

@@ -10,8 +10,11 @@ import sacrebleu
 import tensorflow as tf
 
 from conftest import run_cli, write_lines
-from nmt_tf import evaluate, evaluation, metrics, plots, search
+from nmt_tf import evaluate
 from nmt_tf.config import DecodingConfig
+from nmt_tf.evaluation import metrics, plots
+from nmt_tf.evaluation import quality as evaluation
+from nmt_tf.inference import search
 
 HYPS = ["Un homme marche dans la rue.", "Deux chiens jouent.", "une femme lit un livre", "Le chat dort."]
 REFS = ["Un homme marche dans la rue.", "Deux chiens courent.", "Une femme lit un livre.", "Un chat dort."]
@@ -23,9 +26,9 @@ def png_shape(png: bytes):
 
 @pytest.mark.parametrize("parallel_batches", [1, 3])
 def test_translate_lines_batches_by_length_and_returns_input_order(parallel_batches):
-    """nmt_tf.line_batches.translate_lines: batches of similar length, several
+    """nmt_tf.inference.line_batches.translate_lines: batches of similar length, several
     at once, results in the order of the lines; an error stops it."""
-    from nmt_tf.line_batches import translate_lines
+    from nmt_tf.inference.line_batches import translate_lines
 
     sent = []
 

@@ -12,12 +12,15 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, UNICODE_SEPARATORS, padded, run_cli, smoke_train_args
-from nmt_tf import custom_gradients, exporter, search, training
-from nmt_tf.config import ExportConfig
-from nmt_tf.text import with_eos
-from nmt_tf.restore import restore_model
-from nmt_tf.saved_models import read_metadata
 from nmt_tf import config as nmt_config
+from nmt_tf.config import ExportConfig
+from nmt_tf.core import custom_gradients
+from nmt_tf.data.text import with_eos
+from nmt_tf.exporting import saved_model as exporter
+from nmt_tf.inference import search
+from nmt_tf.inference.restore import restore_model
+from nmt_tf.inference.saved_models import read_metadata
+from nmt_tf.training import job as training
 
 OPTIONS = search.SearchOptions(beam_size=3, n_best=2)
 
@@ -60,7 +63,7 @@ def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentence
     """Multi30k val through the training pipeline and through the exported
     graph: the same pieces (the best segmentation, though the model was
     trained on sampled ones); the SentencePiece model files are assets."""
-    from nmt_tf import data
+    from nmt_tf.data import pipeline as data
 
     model_dir, path = sentencepiece_export
     assert sorted(os.listdir(os.path.join(path, "assets"))) == [
@@ -84,11 +87,12 @@ def test_sentencepiece_tokens_are_the_same_in_tf_data_and_in_the_export(sentence
 
 def test_the_host_tokenizer_gives_the_exports_pieces_without_tensorflow(sentencepiece_export,
                                                                      sentencepiece_signatures):
-    """nmt_tf.host_text cleans and cuts a line as the exported graph does, with
+    """nmt_tf.inference.host_text cleans and cuts a line as the exported graph does, with
     SentencePiece's own library on the export's model file: the same pieces for
     Multi30k val and for lines of control characters, Unicode spaces and
     invalid UTF-8; the server's work limit counts them (serving.SearchCost)."""
-    from nmt_tf import host_text, serving
+    from nmt_tf.inference import host_text
+    from nmt_tf.serving import versions as serving
 
     path = sentencepiece_export[1]
     with gzip.open(os.path.join(REPO, "data", "multi30k", "val.en.gz"), "rb") as f:
@@ -121,7 +125,7 @@ def test_versions_are_numbered_and_written_atomically(exported, tmp_path):
     registered = custom_gradients.registered()
     second = exporter.export(model_dir, copy, ExportConfig(OPTIONS), log=lambda *a: None)
     assert second == os.path.join(copy, "2")
-    assert custom_gradients.registered() == registered       # its traced graphs can go (nmt_tf.custom_gradients)
+    assert custom_gradients.registered() == registered       # its traced graphs can go (nmt_tf.core.custom_gradients)
     assert sorted(os.listdir(copy)) == [running, "1", "2"]   # no temporary folder of its own left behind
     with pytest.raises(FileExistsError):      # refused before the model is loaded
         exporter.export(str(tmp_path / "no-such-model"), copy, ExportConfig(OPTIONS), version=2, log=lambda *a: None)
@@ -456,13 +460,13 @@ def test_a_flagfile_from_before_the_typed_configuration_trains_exports_and_trans
     assert len(lines) == 2 and all(len(line["nbest"]) >= 1 and "score" in line for line in lines)
 
 
-# --- LiteRT (nmt_tf.litert_export, nmt_tf.litert_runtime) ------------------------------------------------------
+# --- LiteRT (nmt_tf.exporting.litert, nmt_tf.inference.litert_runtime) ------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def litert_export(sentencepiece_export, tmp_path_factory):
     """The tiny SentencePiece model as a float32 LiteRT folder, with the SavedModel's search settings."""
-    from nmt_tf import litert_export as lite
+    from nmt_tf.exporting import litert as lite
 
     model_dir, _ = sentencepiece_export
     return lite.export_litert(model_dir, str(tmp_path_factory.mktemp("litert") / "nmt"),
@@ -495,7 +499,7 @@ def test_the_litert_model_translates_as_the_saved_model(sentencepiece_export, li
     tokenization, encoder and step signatures, the search in NumPy), at the
     export's beam 3 and greedy: the same translations, tokens, scores and
     alignments; empty and odd lines as the SavedModel answers them."""
-    from nmt_tf.litert_runtime import LiteRTClient, read_manifest
+    from nmt_tf.inference.litert_runtime import LiteRTClient, read_manifest
 
     manifest = read_manifest(litert_export)
     assert manifest["step_beams"] == [1, 3] and manifest["weights"] == "float32"
@@ -530,7 +534,7 @@ def test_translating_with_litert_imports_no_tensorflow(litert_export, tmp_path):
             f"sys.argv = ['translate', '--runtime=litert', '--litert_model={litert_export}', '--input={source}']\n"
             "try:\n    runpy.run_module('nmt_tf.translate', run_name='__main__')\n"
             "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "from nmt_tf.litert_runtime import LiteRTClient\n"
+            "from nmt_tf.inference.litert_runtime import LiteRTClient\n"
             f"assert LiteRTClient({litert_export!r})(text=[b'A cat.'])['translation'].shape == (1,)\n"
             "print('tensorflow' in sys.modules, file=sys.stderr)\n")
     done = run_cli("-c", code)
@@ -542,7 +546,7 @@ def test_translating_with_litert_imports_no_tensorflow(litert_export, tmp_path):
 def test_a_damaged_litert_folder_is_one_error_naming_the_file(litert_export, tmp_path):
     """A truncated model file, a foreign file in its place, a manifest of
     another format version, or no manifest: one LiteRTModelError naming the file."""
-    from nmt_tf.litert_runtime import LiteRTModelError, LiteRTClient
+    from nmt_tf.inference.litert_runtime import LiteRTClient, LiteRTModelError
 
     def damaged(change):
         folder = tmp_path / f"copy{len(os.listdir(tmp_path))}"
@@ -604,11 +608,16 @@ def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tens
     import urllib.request
 
     import grpc
-    from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
-                                         predict_pb2, prediction_service_pb2_grpc)
+    from tensorflow_serving.apis import (
+        get_model_metadata_pb2,
+        get_model_status_pb2,
+        model_service_pb2_grpc,
+        predict_pb2,
+        prediction_service_pb2_grpc,
+    )
 
     from conftest import start_cli, wait_until
-    from nmt_tf.litert_runtime import LiteRTClient
+    from nmt_tf.inference.litert_runtime import LiteRTClient
 
     base = tmp_path / "nmt"
     shutil.copytree(litert_export, base / "1")
@@ -684,7 +693,7 @@ def test_a_presets_litert_model_is_built_in_a_child_process_then_found_in_the_ca
     in a child process (python -m nmt_tf.presets --build_litert) and says
     so; the next use finds it in the cache and builds nothing."""
     from nmt_tf import presets
-    from nmt_tf.litert_runtime import LiteRTClient, read_manifest
+    from nmt_tf.inference.litert_runtime import LiteRTClient, read_manifest
 
     folder = str(tmp_path / "tiny_sp")
     presets.create(sentencepiece_export[0], folder, "tiny_sp", weights="last", weights_dtype="float32",

@@ -10,8 +10,12 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_cli, smoke_train_args, start_cli, wait_until
-from nmt_tf import checkpoints, exporter, files, saved_models, search, train, training
+from nmt_tf import train
 from nmt_tf.config import DecodingConfig, ExportConfig
+from nmt_tf.core import checkpoints, files
+from nmt_tf.exporting import saved_model as exporter
+from nmt_tf.inference import saved_models, search
+from nmt_tf.training import job as training
 
 QUIET = dict(log=lambda *a: None)
 NO_SPACE = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -117,7 +121,7 @@ def test_a_full_disk_while_keeping_a_best_checkpoint_keeps_the_previous_best(tmp
 
 
 def test_a_full_disk_while_writing_a_vocabulary_leaves_the_previous_one(tmp_path, monkeypatch):
-    from nmt_tf import text
+    from nmt_tf.data import text
 
     path = str(tmp_path / "vocab.src.txt")
     text.write_vocabulary(list(text.SPECIAL_TOKENS) + ["old"], path)
@@ -137,7 +141,7 @@ def _cut_file(path, keep=0.5):
 
 
 def test_a_damaged_saved_model_is_one_clear_error_for_translate_and_evaluate(exported, tmp_path):
-    from nmt_tf import evaluation
+    from nmt_tf.evaluation import quality as evaluation
 
     no_variables, cut = str(tmp_path / "no_variables"), str(tmp_path / "cut")
     shutil.copytree(exported[2], no_variables)
@@ -171,7 +175,7 @@ def test_an_export_killed_while_writing_leaves_no_version_a_server_would_load(tr
     import signal
     import subprocess
 
-    from nmt_tf import server as nmt_server
+    from nmt_tf.serving import server as nmt_server
 
     base = str(tmp_path / "nmt")
     proc = start_cli("-m", "nmt_tf.export", f"--model_dir={trained_model_dir[0]}", f"--export_dir={base}",
@@ -230,7 +234,7 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval_and_res
                  for p in tf.io.gfile.glob(os.path.join(model_dir, "checkpoints", "ckpt-*.index")))
     done = run_cli(*smoke_train_args(tiny_corpus, model_dir, *flags))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "CPU kernels: " in done.stdout                  # the kernel choice is logged (nmt_tf.hardware)
+    assert "CPU kernels: " in done.stdout                  # the kernel choice is logged (nmt_tf.core.hardware)
     restored = re.search(r"Restored \S*ckpt-(\d+)", done.stdout)
     assert restored and int(restored.group(1)) >= last_logged - interval, done.stdout[-2000:]
     if "is damaged" not in done.stdout:     # unless the last kill cut the newest checkpoint short

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nmt_tf import hardware, precision
+from nmt_tf.core import hardware, precision
 
 
 @pytest.mark.parametrize("flags, policy", [
@@ -62,9 +62,9 @@ def make_train(tmp_path, python_body: str, *arguments):
     ("avx2 fma", "rnnsearch_float32.flags"),                      # AVX2 only: float32
 ])
 def test_make_train_chooses_its_recipe_by_the_cpus_bfloat16(tmp_path, flags, recipe):
-    """The Makefile's choice runs `$(PY) -c ...` with nmt_tf.hardware: here a
+    """The Makefile's choice runs `$(PY) -c ...` with nmt_tf.core.hardware: here a
     Python whose hardware.cpu_flags() are `flags`, through `make -n`."""
-    done = make_train(tmp_path, f"from nmt_tf import hardware\n"
+    done = make_train(tmp_path, f"from nmt_tf.core import hardware\n"
                                 f"hardware.cpu_flags = lambda: frozenset({flags.split()!r})\n"
                                 "assert sys.argv[1] == '-c'\nexec(sys.argv[2])\n", "-n", "-B")
     assert done.returncode == 0, done.stderr
@@ -120,7 +120,7 @@ def choose_in_a_fresh_process(env_value):
     if env_value is not None:
         env[hardware.ONEDNN_ENV] = env_value
     env["PYTHONPATH"] = REPO
-    script = ("import os; from nmt_tf import hardware; print(hardware.choose_training_kernels()); "
+    script = ("import os; from nmt_tf.core import hardware; print(hardware.choose_training_kernels()); "
               "print(hardware.training_kernels()); print(os.environ.get(hardware.ONEDNN_ENV))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -178,7 +178,7 @@ def test_onednn_enabled_says_what_tensorflow_runs():
     import sys
 
     for value, want in (("0", "False"), ("1", "True")):
-        result = subprocess.run([sys.executable, "-c", "from nmt_tf import hardware; import tensorflow; "
+        result = subprocess.run([sys.executable, "-c", "from nmt_tf.core import hardware; import tensorflow; "
                                  "print(hardware.onednn_enabled())"], capture_output=True, text=True,
                                 env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": value})
         assert result.returncode == 0, result.stderr

@@ -3,13 +3,13 @@
 import keras
 import numpy as np
 import pytest
+import reference as ref
 import tensorflow as tf
 
-import reference as ref
 from conftest import memorization_batch, memorize, padded
-from nmt_tf import training
-from nmt_tf.models.rnnsearch import RNNSearch
 from nmt_tf.config import TrainingConfig
+from nmt_tf.models.rnnsearch import RNNSearch
+from nmt_tf.training import job as training
 
 RNG = np.random.default_rng(3)
 
@@ -177,7 +177,7 @@ def test_a_bfloat16_search_scores_its_attention_in_float32(layer_norm):
     the tanh of the attention scores in float32 (bfloat16 tanh is slow on
     CPU), and float32 layer-norm weights, so that it normalises in float32;
     its log-probabilities stay close to the float32 model's."""
-    from nmt_tf.precision import dtype_policy
+    from nmt_tf.core.precision import dtype_policy
 
     model = tiny_model(layer_norm=layer_norm)
     with dtype_policy("mixed_bfloat16"):
@@ -493,7 +493,7 @@ def test_projected_annotations_gradient_after_the_loop_is_autodiffs(monkeypatch,
     dropout the two compute the same loss, and every gradient must agree too,
     traced as model.fit traces the step and eagerly (to 1e-3 with the
     transposes, whose products round in another order: 2e-4 was seen)."""
-    from nmt_tf import hardware
+    from nmt_tf.core import hardware
 
     monkeypatch.setattr(hardware, "transposed_step_products", lambda: transposed)
     model = tiny_model(layer_norm=layer_norm, decoder=decoder)
@@ -532,7 +532,7 @@ def test_transposed_step_products_change_no_gradient(monkeypatch, model_type):
     """Training's loops may multiply by stored transposes of their step
     matrices (nmt_tf.layers.ops.StepKernel, chosen by the CPU's kernels):
     the loss and every gradient are those of the plain products."""
-    from nmt_tf import hardware
+    from nmt_tf.core import hardware
     from nmt_tf.models.rnnencdec import RNNEncDec
 
     if model_type == "rnnsearch":
@@ -558,7 +558,7 @@ def test_transposed_step_products_change_no_gradient(monkeypatch, model_type):
 
 
 def test_freezing_the_encoder_freezes_every_encoder_layer():
-    from nmt_tf import fine_tune
+    from nmt_tf.training import fine_tune
 
     model = tiny_model(encoder_layers=3)
     names = fine_tune.freeze(model, ["encoder"])

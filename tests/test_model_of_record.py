@@ -9,7 +9,8 @@ import re
 import pytest
 
 from conftest import read_multi30k
-from nmt_tf import metrics, presets
+from nmt_tf import presets
+from nmt_tf.evaluation import metrics
 
 PRESET = "multi30k_en_fr"
 BLEU_TOLERANCE = presets.CHECK_BLEU_TOLERANCE

@@ -38,7 +38,7 @@ def _run(optimizer, steps=5, clip_norm_given=False, seed=0):
 def test_fused_updates_equal_keras_updates(name, given_norm):
     import keras
 
-    from nmt_tf.optimizers import FusedAdadelta, FusedAdam
+    from nmt_tf.training.optimizers import FusedAdadelta, FusedAdam
 
     make = {"adam": (lambda cls: cls(learning_rate=0.01, global_clipnorm=1.0), keras.optimizers.Adam, FusedAdam),
             "adadelta": (lambda cls: cls(learning_rate=1.0, rho=0.95, epsilon=1e-6, global_clipnorm=1.0),
@@ -58,7 +58,7 @@ def test_a_given_norm_is_the_one_clipped_with():
     large scales the gradients down 10x more than Keras' own clipping."""
     import tensorflow as tf
 
-    from nmt_tf.optimizers import FusedAdadelta
+    from nmt_tf.training.optimizers import FusedAdadelta
 
     optimizer = FusedAdadelta(learning_rate=1.0, global_clipnorm=1.0)
     grads = [tf.constant([3.0, 4.0])]     # norm 5
@@ -75,7 +75,7 @@ def test_the_fused_kernel_is_what_runs(name):
     import keras
     import tensorflow as tf
 
-    from nmt_tf.optimizers import FusedAdadelta, FusedAdam
+    from nmt_tf.training.optimizers import FusedAdadelta, FusedAdam
 
     optimizer = {"adam": FusedAdam, "adadelta": FusedAdadelta}[name](learning_rate=0.1)
     variable = keras.Variable(np.ones((3, 2), "float32"))
@@ -91,7 +91,7 @@ def test_the_fused_kernel_is_what_runs(name):
 
 
 def test_the_moving_average_decay_grows_with_the_step_up_to_the_decay():
-    from nmt_tf.optimizers import moving_average_decay
+    from nmt_tf.training.optimizers import moving_average_decay
 
     got = [float(moving_average_decay(0.9999, t)) for t in (0, 1, 2, 90, 100_000, 10_000_000)]
     np.testing.assert_allclose(got, [0.0, 2 / 11, 3 / 12, 91 / 100, 0.9999, 0.9999], rtol=1e-6)
@@ -103,7 +103,7 @@ def _averaging_sgd(steps, decay=0.5, use_ema=True):
     import keras
     import tensorflow as tf
 
-    from nmt_tf.optimizers import SGD
+    from nmt_tf.training.optimizers import SGD
 
     rng = np.random.default_rng(3)
     weight = keras.Variable(rng.normal(size=(4, 3)).astype("float32"), name="weight")
@@ -122,7 +122,7 @@ def _averaging_sgd(steps, decay=0.5, use_ema=True):
 def test_the_weights_moving_average_is_updated_with_the_growing_decay():
     """After every update t (from 0): average = d_t average + (1 - d_t) weight,
     d_t = 0, 2/11, 3/12, ... up to the decay (0.5 from update 9 on)."""
-    from nmt_tf.optimizers import moving_averages
+    from nmt_tf.training.optimizers import moving_averages
 
     optimizer, weight, grads = _averaging_sgd(steps=14)
     expected_weight = np.array(weight.numpy())   # replayed below from the start
@@ -140,7 +140,7 @@ def test_the_weights_moving_average_is_updated_with_the_growing_decay():
 
 
 def test_averaged_weights_swaps_the_averages_in_and_back_out():
-    from nmt_tf.optimizers import averaged_weights
+    from nmt_tf.training.optimizers import averaged_weights
 
     optimizer, weight, _ = _averaging_sgd(steps=6)
     [average] = [a for a in optimizer._model_variables_moving_average if a is not None]
@@ -170,7 +170,7 @@ def test_weight_decay_shrinks_the_matrices_by_the_current_learning_rate_and_leav
     import tensorflow as tf
 
     from nmt_tf.config import TrainingConfig
-    from nmt_tf.training import make_optimizer
+    from nmt_tf.training.job import make_optimizer
 
     optimizer = make_optimizer(TrainingConfig(optimizer="adam", learning_rate=0.01, weight_decay=0.5))
     matrix = keras.Variable(np.full((3, 2), 2.0, "float32"), name="kernel")

@@ -1,4 +1,4 @@
-"""The translation page of nmt_tf.serve (nmt_tf.page): its files over HTTP,
+"""The translation page of nmt_tf.serve (nmt_tf.serving.page): its files over HTTP,
 and the page driven in a real headless Chromium (Debian's chromium and
 chromium-driver, which .ci/run installs): a sentence in, the translation,
 n-best list and heatmap out, hover links, and a message for every failure."""
@@ -12,10 +12,10 @@ import urllib.request
 
 import pytest
 
-from nmt_tf import page
-from nmt_tf import rest as rest_api
-from nmt_tf import server as nmt_server
-from nmt_tf.client import SignatureClient
+from nmt_tf.inference.client import SignatureClient
+from nmt_tf.serving import page
+from nmt_tf.serving import rest as rest_api
+from nmt_tf.serving import server as nmt_server
 
 SENTENCE = "A man in a blue shirt is running."
 

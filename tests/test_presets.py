@@ -11,8 +11,8 @@ import pytest
 
 from conftest import read_multi30k, run_cli, write_lines
 from nmt_tf import presets
+from nmt_tf.inference.client import SignatureClient
 from nmt_tf.presets import measure
-from nmt_tf.client import SignatureClient
 
 SENTENCES = ["A man in a blue shirt is running.", "", "Two dogs play in the snow near a tree .",
              "A little girl climbs into a wooden playhouse."]
@@ -116,7 +116,7 @@ def test_a_damaged_preset_is_refused_naming_the_file(tiny_preset, tmp_path, dama
 
 
 def test_weights_that_do_not_fit_the_model_are_refused(tiny_preset, exported, tmp_path):
-    from nmt_tf.restore import restore_model
+    from nmt_tf.inference.restore import restore_model
 
     model = restore_model(exported[0], log=lambda *a: None).model
     arrays = presets.weight_arrays(model, "float32")
@@ -208,12 +208,12 @@ def test_the_translator_of_a_model_dir_or_a_preset_translates_alike(tiny_preset,
 def test_a_dropped_translator_lets_go_of_its_graphs_and_a_live_one_keeps_translating(tiny_preset, exported):
     """Loading a SavedModel and tracing a model's search register custom
     gradients that TensorFlow keeps, with their graphs, for the process's
-    life (nmt_tf.custom_gradients): a Translator forgets its own when it is
+    life (nmt_tf.core.custom_gradients): a Translator forgets its own when it is
     collected, and not those of another that is still in use."""
     import gc
 
     import nmt_tf
-    from nmt_tf import custom_gradients
+    from nmt_tf.core import custom_gradients
 
     kept = custom_gradients.registered()
     live = nmt_tf.Translator.from_saved_model(tiny_preset[2])
@@ -264,8 +264,8 @@ def test_a_preset_whose_litert_model_cannot_be_built_is_one_error_from_the_child
 
 
 def test_measured_checks_are_what_the_preset_translates_and_scores(tiny_preset, tmp_path):
-    from nmt_tf import metrics
     from nmt_tf.api import Translator
+    from nmt_tf.evaluation import metrics
 
     folder, cache, _ = tiny_preset
     copy = str(tmp_path / "tiny_en_fr")

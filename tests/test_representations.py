@@ -6,15 +6,16 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_evaluate import png_shape, read_events
 
 from conftest import run_cli, write_lines
-from nmt_tf import plots, training
-from nmt_tf.files import read_lines
-from nmt_tf import representations as reps
+from nmt_tf.core.files import read_lines
+from nmt_tf.data.text import EOS_ID, SPECIAL_TOKENS, WordpieceTokenizer
+from nmt_tf.evaluation import plots
+from nmt_tf.evaluation import representations as reps
+from nmt_tf.inference.restore import restore_model
 from nmt_tf.models.rnnsearch import RNNSearch
-from nmt_tf.text import EOS_ID, SPECIAL_TOKENS, WordpieceTokenizer
-from nmt_tf.restore import restore_model
-from test_evaluate import png_shape, read_events
+from nmt_tf.training import job as training
 
 # Phrases of different lengths (so a batch is padded); "zebrafoo" is in no vocabulary.
 PHRASES = ["A man", "Two dogs play in the snow .", "A woman is riding a bike", "a man in a blue shirt",

@@ -17,14 +17,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import json_format
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
-                                     prediction_service_pb2_grpc)
-
-from conftest import run_cli, wait_until
-from nmt_tf import rest as rest_api
-from nmt_tf import server as nmt_server, serving
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2_grpc,
+)
 from test_serve import request as grpc_request
 from test_serve import status_of
+
+from conftest import run_cli, wait_until
+from nmt_tf.serving import rest as rest_api
+from nmt_tf.serving import server as nmt_server
+from nmt_tf.serving import versions as serving
 
 THREADS = 4
 
@@ -589,7 +594,7 @@ def test_a_connection_accepted_as_the_server_stops_is_closed_not_left_open():
     request on it (a preconnected socket) and wait for an answer that never
     comes, instead of learning at once that the server is gone. Before the fix,
     most of 50 connections added just before stop() were left open."""
-    from nmt_tf.http_receiver import Receiver
+    from nmt_tf.serving.http_receiver import Receiver
 
     for add_after_stop in (False, True):
         for _ in range(50):

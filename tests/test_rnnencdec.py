@@ -3,15 +3,17 @@
 import keras
 import numpy as np
 import pytest
+import reference as ref
 import tensorflow as tf
 
-import reference as ref
 from conftest import memorization_batch, memorize, padded
-from nmt_tf import exporter, search, training
+from nmt_tf.config import ConfigError, ExportConfig, TrainingConfig
+from nmt_tf.exporting import saved_model as exporter
+from nmt_tf.inference import search
+from nmt_tf.inference.restore import restore_model
 from nmt_tf.layers import GatedRecursiveConvolution
 from nmt_tf.models.rnnencdec import RNNEncDec
-from nmt_tf.restore import restore_model
-from nmt_tf.config import ConfigError, ExportConfig, TrainingConfig
+from nmt_tf.training import job as training
 
 RNG = np.random.default_rng(5)
 
@@ -117,7 +119,7 @@ def test_rnnencdec_trains_searches_and_exports(encoder, tiny_config, tmp_path):
     assert out["translation"].shape == (2,)
     assert np.all(out["alignment"].numpy() == 0.0)          # no attention in RNNencdec
     if encoder == "grconv":      # the learned structure of paper 002 Fig. 6
-        from nmt_tf import visualization
+        from nmt_tf.evaluation import visualization
 
         (drawn,) = visualization.render_grconv(model_dir, "best", ["A man runs ."], ["one"],
                                                [str(tmp_path / "tree.png")], logdir=str(tmp_path / "tb"))

@@ -5,9 +5,10 @@ import os
 
 import numpy as np
 import pytest
-
-from nmt_tf import schedules, training
 from test_train import QUIET, read_scalars
+
+from nmt_tf.training import job as training
+from nmt_tf.training import schedules
 
 
 def test_linear_decay_reaches_the_final_rate_at_the_step_budget():
@@ -116,7 +117,7 @@ def test_an_hour_budget_decays_to_its_end_in_training(tiny_config, tmp_path, mon
     import time
     import types
 
-    from nmt_tf import callbacks
+    from nmt_tf.training import callbacks
 
     clock = {"now": 0.0}
 

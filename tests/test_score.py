@@ -7,8 +7,8 @@ import math
 import pytest
 
 from conftest import run_cli
-from nmt_tf import scoring
-from nmt_tf.client import SignatureClient
+from nmt_tf.inference import scoring
+from nmt_tf.inference.client import SignatureClient
 
 PHRASES = [
     b"a man ||| un homme ||| 0.5 0.25 0.4 0.2 ||| 0-0 1-1 ||| 10 8 4",

@@ -7,11 +7,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from nmt_tf.data.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_tf.inference.search import (
+    NEG,
+    SearchOptions,
+    _best_extensions,
+    _block_size,
+    _token_penalties,
+    beam_search,
+    greedy_search,
+    search,
+)
 from nmt_tf.layers.ops import frozen_values
 from nmt_tf.models.rnnsearch import RNNSearch
-from nmt_tf.search import (NEG, SearchOptions, _best_extensions, _block_size, _token_penalties, beam_search,
-                           greedy_search, search)
-from nmt_tf.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 RNG = np.random.default_rng(11)
 
@@ -465,8 +473,8 @@ class ScriptedModel:
 
 
 def test_unk_replacement_copies_the_attended_source_word_or_its_dictionary_translation(tmp_path):
-    from nmt_tf import text
-    from nmt_tf.translation_graph import TranslationGraph, UnkReplacement
+    from nmt_tf.data import text
+    from nmt_tf.inference.translation_graph import TranslationGraph, UnkReplacement
 
     vocab = list(text.SPECIAL_TOKENS) + ["le", "chat"]
     src_tok = text.make_tokenizer(list(text.SPECIAL_TOKENS) + ["Hello", "."], "word", "en")
@@ -494,8 +502,8 @@ def test_unk_dictionary_learns_word_translations_from_a_corpus(tmp_path):
     """IBM Model 1 both ways: each source word gets its translation, a word
     seen once included; the CLI counts what it skips."""
     from conftest import run_cli
-    from nmt_tf.files import InputError
-    from nmt_tf.alignment import learn_dictionary, split_corpus
+    from nmt_tf.core.files import InputError
+    from nmt_tf.data.alignment import learn_dictionary, split_corpus
 
     animals = [("dog", "chien"), ("cat", "chat"), ("horse", "cheval"), ("bird", "oiseau")]
     verbs = [("runs", "court"), ("sleeps", "dort"), ("eats", "mange")]

@@ -14,12 +14,19 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
-                                     predict_pb2, prediction_service_pb2_grpc)
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 
 from conftest import REPO, run_cli, wait_until
-from nmt_tf import server as nmt_server, serving, translation
-from nmt_tf.client import ClientError, SignatureClient
+from nmt_tf.inference import translation
+from nmt_tf.inference.client import ClientError, SignatureClient
+from nmt_tf.serving import server as nmt_server
+from nmt_tf.serving import versions as serving
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,7 @@ def server(exported, tmp_path_factory):
 
 
 def test_a_server_starts_from_its_configuration_without_flags(exported):
-    """nmt_tf.server.start(ServerConfig), what nmt_tf.serve runs, from Python:
+    """nmt_tf.serving.server.start(ServerConfig), what nmt_tf.serve runs, from Python:
     the configuration checks itself, the server answers, and Ctrl-C stops it."""
     from nmt_tf.config import ConfigError, ServerConfig
 
@@ -417,7 +424,7 @@ def test_translate_keeps_a_lines_first_16_required_terms_and_says_so():
 
 
 def test_too_many_required_terms_are_one_invalid_argument_and_the_server_goes_on(server):
-    from nmt_tf.client import ClientError
+    from nmt_tf.inference.client import ClientError
 
     client = SignatureClient("translate_constrained", server=f"127.0.0.1:{server['port']}", model_name="nmt")
     with pytest.raises(ClientError, match="(?s)INVALID_ARGUMENT: .*more than 16 required terms"):
@@ -506,7 +513,7 @@ def test_translate_batches_a_window_by_length_and_writes_in_input_order(sort_win
 
 
 def test_translate_stops_with_the_error_of_a_failed_batch_in_flight():
-    from nmt_tf.client import ClientError
+    from nmt_tf.inference.client import ClientError
 
     class Failing(RecordingClient):
         def __call__(self, text):
@@ -535,12 +542,12 @@ def test_serve_chooses_its_cpu_kernels_and_threads_before_tensorflow_starts(oned
 
 
 def test_one_client_for_a_signature_here_or_on_the_server(server, exported):
-    """nmt_tf.client.SignatureClient gives the same outputs in this process and
+    """nmt_tf.inference.client.SignatureClient gives the same outputs in this process and
     over gRPC, for both signatures; only the outputs asked for come back; the
     export's n-best size is read from either; bad names are one error."""
     import numpy as np
 
-    from nmt_tf.client import ClientError
+    from nmt_tf.inference.client import ClientError
 
     address = f"127.0.0.1:{server['port']}"
     texts = [b"A man in a blue shirt.", b"Two dogs run."]
@@ -574,8 +581,9 @@ def test_a_removed_version_falls_back_to_the_highest_left_and_odd_names_are_igno
     the highest remaining one (none left: none served, NOT_FOUND); a folder
     whose name is no int64 is ignored with one log line, and never breaks
     the served versions."""
-    from nmt_tf.serving import ModelRegistry, ServingError
     from tensorflow_serving.apis import model_pb2
+
+    from nmt_tf.serving.versions import ModelRegistry, ServingError
 
     base = tmp_path / "nmt"
     for version in (1, 2):
@@ -615,7 +623,7 @@ def test_a_version_is_warmed_up_before_it_is_served_and_a_failing_warm_up_fails_
     (here: an input the signature does not have) makes the load fail."""
     from tensorflow_serving.apis import prediction_log_pb2
 
-    from nmt_tf.serving import ModelRegistry
+    from nmt_tf.serving.versions import ModelRegistry
 
     base = tmp_path / "nmt"
     shutil.copytree(exported[2], base / "1")
@@ -649,7 +657,7 @@ def test_memory_stays_flat_across_version_loads(exported):
 def test_an_unloaded_version_waits_for_its_requests(exported, tmp_path):
     from tensorflow_serving.apis import model_pb2
 
-    from nmt_tf.serving import ModelRegistry
+    from nmt_tf.serving.versions import ModelRegistry
 
     base = tmp_path / "nmt"
     shutil.copytree(exported[2], base / "1")
@@ -669,7 +677,7 @@ def test_an_unloaded_version_waits_for_its_requests(exported, tmp_path):
     ("specific=1,3,9", "specific", [3, 1]),
 ])
 def test_version_policies_choose_as_tf_serving(text, kind, versions):
-    from nmt_tf.serving import VersionPolicy
+    from nmt_tf.serving.versions import VersionPolicy
 
     policy = VersionPolicy.parse(text)
     assert policy.kind == kind and policy.select([1, 3, 5]) == versions
@@ -677,7 +685,7 @@ def test_version_policies_choose_as_tf_serving(text, kind, versions):
 
 @pytest.mark.parametrize("text", ["latest=0", "newest", "specific=", "specific=a", "all=2", "latest=x"])
 def test_a_bad_version_policy_is_one_error(text):
-    from nmt_tf.serving import VersionPolicy
+    from nmt_tf.serving.versions import VersionPolicy
 
     with pytest.raises(ValueError, match="model version policy"):
         VersionPolicy.parse(text)
@@ -686,7 +694,7 @@ def test_a_bad_version_policy_is_one_error(text):
 def test_latest_two_versions_and_labels_are_served_and_fall_back(exported, tmp_path):
     from tensorflow_serving.apis import get_model_status_pb2, model_pb2
 
-    from nmt_tf.serving import ModelRegistry, ServingError, VersionPolicy, model_status
+    from nmt_tf.serving.versions import ModelRegistry, ServingError, VersionPolicy, model_status
 
     base = tmp_path / "nmt"
     for version in (1, 2, 3):
@@ -725,7 +733,7 @@ def test_a_version_label_naming_a_version_not_served_is_refused_at_start(exporte
 
 
 def test_a_new_version_that_fails_to_load_leaves_the_old_one_serving(exported, tmp_path):
-    from nmt_tf.serving import ModelRegistry
+    from nmt_tf.serving.versions import ModelRegistry
 
     base = tmp_path / "nmt"
     shutil.copytree(exported[2], base / "1")
@@ -745,7 +753,7 @@ def test_a_version_with_a_damaged_vocabulary_asset_is_refused_and_the_old_one_st
     """Issue 95: a new version whose assets/vocab.tgt.txt was cut short loaded, passed
     warm-up and answered "Un[UNK][UNK]..."; its assets are now checked against the
     digests the export recorded, and it is refused with one message naming the file."""
-    from nmt_tf.serving import ModelRegistry
+    from nmt_tf.serving.versions import ModelRegistry
 
     base = tmp_path / "nmt"
     shutil.copytree(exported[2], base / "1")
@@ -762,7 +770,7 @@ def test_a_version_with_a_damaged_vocabulary_asset_is_refused_and_the_old_one_st
 
 
 def test_the_model_config_file_of_tf_serving_is_read(tmp_path):
-    from nmt_tf.serving import read_model_config
+    from nmt_tf.serving.versions import read_model_config
 
     shipped = read_model_config(os.path.join(REPO, "export", "models.config"))
     assert (shipped.name, shipped.base_path, shipped.policy.kind, shipped.policy.num_versions) == (
@@ -800,7 +808,7 @@ def test_serve_takes_one_model_source_and_a_config_file_names_the_model(tmp_path
 
 
 def test_a_policy_that_serves_nothing_on_disk_is_a_clear_error_at_start(exported, tmp_path):
-    from nmt_tf.serving import VersionPolicy
+    from nmt_tf.serving.versions import VersionPolicy
 
     shutil.copytree(exported[2], tmp_path / "nmt" / "1")
     with pytest.raises(FileNotFoundError, match="found 1; the version policy serves versions 5"):
@@ -809,7 +817,7 @@ def test_a_policy_that_serves_nothing_on_disk_is_a_clear_error_at_start(exported
 
 
 def test_a_glossary_finds_whole_words_longest_first(tmp_path):
-    from nmt_tf.glossary import Glossary
+    from nmt_tf.inference.glossary import Glossary
 
     path = tmp_path / "glossary.tsv"
     path.write_text("dog\tchien\nhot dog\thot-dog\nshirt\tchemise\nA.C.\tclim\n", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""nmt_tf.serving_protos: TF Serving's messages without TensorFlow, the same on the wire
+"""nmt_tf.serving.api_protos: TF Serving's messages without TensorFlow, the same on the wire
 and in NumPy as TensorFlow's own."""
 
 import subprocess
@@ -9,19 +9,19 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
-from nmt_tf import serving_protos
+from nmt_tf.serving import api_protos as serving_protos
 
 
 def test_the_committed_descriptors_are_the_installed_tf_serving_apis():
     with open(serving_protos.DESCRIPTOR_SET, "rb") as f:
         committed = f.read()
     assert committed == serving_protos.descriptor_set(), (
-        "nmt_tf/tf_serving_apis.binpb differs from the installed tensorflow-serving-api: write it again "
+        "nmt_tf/serving/tf_serving_apis.binpb differs from the installed tensorflow-serving-api: write it again "
         "(serving_protos.descriptor_set's docstring says how)")
 
 
 def test_importing_the_messages_leaves_tensorflow_out():
-    code = ("import sys; from nmt_tf import serving_protos, server, rest; "
+    code = ("import sys; from nmt_tf.serving import api_protos, rest, server; "
             "print('tensorflow' in sys.modules, 'tensorflow.python' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -8,18 +8,18 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from conftest import REPO, run_cli
-from nmt_tf import exporter
-from nmt_tf.config import ExportConfig
-from nmt_tf import lexicon as shortlist
-from nmt_tf.models.ensemble import Ensemble
-from nmt_tf.search import SearchOptions, _block_size, beam_search, greedy_search, search
-from nmt_tf.text import EOS_ID, PAD_ID, SPECIAL_TOKENS, with_eos
-from nmt_tf.restore import restore_model
-from nmt_tf.saved_models import load_signature
 from test_export import _op_types, _unregistered
 from test_search import SOURCES, model_with_random_weights
+
+from conftest import REPO, run_cli
+from nmt_tf.config import ExportConfig
+from nmt_tf.data import lexicon as shortlist
+from nmt_tf.data.text import EOS_ID, PAD_ID, SPECIAL_TOKENS, with_eos
+from nmt_tf.exporting import saved_model as exporter
+from nmt_tf.inference.restore import restore_model
+from nmt_tf.inference.saved_models import load_signature
+from nmt_tf.inference.search import SearchOptions, _block_size, beam_search, greedy_search, search
+from nmt_tf.models.ensemble import Ensemble
 
 SPECIALS = len(SPECIAL_TOKENS)
 

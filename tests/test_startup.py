@@ -6,7 +6,7 @@ import sys
 import textwrap
 
 from conftest import REPO
-from nmt_tf.startup import LineFilter
+from nmt_tf.core.startup import LineFilter
 
 INFO = "I0000 00:00:1795488348.364863   11421 port.cc:153] oneDNN custom operations are on.\n"
 FEATURES = ("I0000 00:00:1795488348.403958   11421 cpu_feature_guard.cc:227] This TensorFlow binary is "
@@ -47,7 +47,7 @@ def test_level_0_asked_for_by_the_user_keeps_everything():
 def test_the_first_import_is_filtered_at_the_file_descriptor(tmp_path):
     """A stand-in `tensorflow` package writes TensorFlow's start-up lines and a
     real error straight to file descriptor 2 while it is imported, as the C++
-    library does; through nmt_tf.startup only the real error and later
+    library does; through nmt_tf.core.startup only the real error and later
     output reach standard error."""
     fake = tmp_path / "tensorflow"
     fake.mkdir()
@@ -57,7 +57,7 @@ def test_the_first_import_is_filtered_at_the_file_descriptor(tmp_path):
             os.write(2, line.encode())
         config = types.SimpleNamespace(list_physical_devices=lambda kind: [])
     """))
-    script = ("import sys; from nmt_tf import startup; startup.quiet_tensorflow_import(); "
+    script = ("import sys; from nmt_tf.core import startup; startup.quiet_tensorflow_import(); "
               "import tensorflow; print('after the import', file=sys.stderr)")
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{REPO}"
@@ -83,7 +83,7 @@ def test_a_cli_starts_without_tensorflow_start_up_lines():
 def test_scikit_learn_is_missing_only_while_tensorflow_loads(tmp_path):
     """TensorFlow's import loads Keras, which imports scikit-learn for its
     scikit-learn wrappers alone (a second of every tool's start). Stand-ins
-    for both: through nmt_tf.startup the `tensorflow` import finds no
+    for both: through nmt_tf.core.startup the `tensorflow` import finds no
     scikit-learn, and the tools' own later import (t-SNE) finds it."""
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(textwrap.dedent("""
@@ -99,7 +99,7 @@ def test_scikit_learn_is_missing_only_while_tensorflow_loads(tmp_path):
     (tmp_path / "sklearn" / "__init__.py").write_text("")
     (tmp_path / "sklearn" / "base.py").write_text("BaseEstimator = object\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
-    quiet = ("from nmt_tf import startup; startup.quiet_tensorflow_import(); import tensorflow, sys; "
+    quiet = ("from nmt_tf.core import startup; startup.quiet_tensorflow_import(); import tensorflow, sys; "
              "print(tensorflow.sklearn_seen, 'sklearn' in sys.modules); from sklearn.base import BaseEstimator; "
              "print('later', BaseEstimator)")
     result = subprocess.run([sys.executable, "-c", quiet], capture_output=True, text=True, env=env, timeout=60)

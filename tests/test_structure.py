@@ -31,7 +31,7 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:            # "from nmt_tf import data" imports nmt_tf.data
+                for alias in node.names:            # "from nmt_tf.data import text" imports nmt_tf.data.text
                     child = f"{node.module}.{alias.name}"
                     found.add(child if child in modules else node.module)
         graph[module] = {m for m in found if m in modules and m != module}
@@ -64,8 +64,80 @@ def find_cycle(graph):
 
 def test_the_package_has_no_import_circle():
     graph = import_graph()
-    assert len(graph) > 30 and "nmt_tf.data" in graph["nmt_tf.train"]     # the graph is read at all
+    assert len(graph) > 30 and "nmt_tf.data.pipeline" in graph["nmt_tf.train"]     # the graph is read at all
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+# The library's floors, from the ground up: a module imports from its own
+# floor or those below it, never from one above (docs/architecture.md). The
+# tools and nmt_tf.api stand above them all.
+FLOORS = (
+    ("nmt_tf.core",),
+    ("nmt_tf.data",),
+    ("nmt_tf.layers",),
+    ("nmt_tf.models",),
+    ("nmt_tf.config", "nmt_tf.flags"),
+    ("nmt_tf.inference",),
+    ("nmt_tf.exporting",),
+    ("nmt_tf.evaluation",),
+    ("nmt_tf.presets",),
+    ("nmt_tf.training",),
+    ("nmt_tf.serving",),
+)
+
+
+def part_of(module: str) -> str:
+    """The floor's part (a package, or config / flags) `module` belongs to; "tools" for the top."""
+    for floor in FLOORS:
+        for part in floor:
+            if module == part or module.startswith(part + "."):
+                return part
+    return "tools"
+
+
+def floor_of(module: str) -> int:
+    part = part_of(module)
+    return next((i for i, floor in enumerate(FLOORS) if part in floor), len(FLOORS))
+
+
+def part_graph(graph) -> dict[str, set[str]]:
+    """{part: the other parts it imports}, from the module graph."""
+    parts = {}
+    for module, deps in graph.items():
+        parts.setdefault(part_of(module), set()).update(part_of(d) for d in deps)
+    return {part: deps - {part} for part, deps in parts.items()}
+
+
+def drawing(graph) -> str:
+    """The parts from the top floor down, each with what it imports: the text
+    drawing in docs/architecture.md (`python tests/test_structure.py` prints it)."""
+    parts = part_graph(graph)
+    order = ["tools"] + [part for floor in reversed(FLOORS) for part in floor]
+    name = lambda part: "tools, api" if part == "tools" else part.removeprefix("nmt_tf.")
+    return "\n".join(f"{name(part):<10}  -> {', '.join(name(p) for p in order if p in parts[part]) or '(nothing)'}"
+                      for part in order if part in parts)
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    graph = import_graph()
+    assert {part_of(m) for m in graph} == {part for floor in FLOORS for part in floor} | {"tools"}
+    up = [f"{module} imports {dep}" for module, deps in sorted(graph.items()) for dep in sorted(deps)
+          if floor_of(dep) > floor_of(module)]
+    assert not up, "\n".join(up)
+    assert floor_of("nmt_tf.serving.rest") > floor_of("nmt_tf.inference.search") > floor_of("nmt_tf.core.files")
+
+
+def test_the_top_of_the_package_holds_the_tools_api_config_and_flags():
+    top = sorted(m for m in import_graph() if m.count(".") == 1 and part_of(m) in ("tools", "nmt_tf.config",
+                                                                                   "nmt_tf.flags"))
+    assert len(top) <= 16, top
+    tools = tool_modules(import_graph())
+    assert set(top) - tools == {"nmt_tf.api", "nmt_tf.config", "nmt_tf.flags"}, set(top) - tools
+
+
+def test_the_architecture_page_draws_the_floors_as_they_are():
+    page = open(os.path.join(REPO, "docs", "architecture.md"), encoding="utf-8").read()
+    assert drawing(import_graph()) in page, "docs/architecture.md: paste `python tests/test_structure.py`'s drawing"
 
 
 def test_the_cycle_finder_finds_a_circle():
@@ -87,8 +159,9 @@ def reaches(graph, start, target):
 
 def test_translation_export_and_serving_do_not_import_the_training_tool():
     graph = import_graph()
-    for module in ("nmt_tf.translation_graph", "nmt_tf.restore", "nmt_tf.export", "nmt_tf.serve", "nmt_tf.serving", "nmt_tf.rest",
-                   "nmt_tf.translate", "nmt_tf.evaluate", "nmt_tf.models"):
+    for module in ("nmt_tf.inference.translation_graph", "nmt_tf.inference.restore", "nmt_tf.export", "nmt_tf.serve",
+                   "nmt_tf.serving.versions", "nmt_tf.serving.rest", "nmt_tf.translate", "nmt_tf.evaluate",
+                   "nmt_tf.models"):
         assert not reaches(graph, module, "nmt_tf.train"), module
 
 
@@ -168,9 +241,9 @@ def test_the_library_defines_and_reads_no_command_line_flag():
     graph = import_graph()
     command_line = tool_modules(graph) | {"nmt_tf.flags"}
     library = sorted(m for m in set(graph) - command_line if m != "nmt_tf.presets.__main__")
-    assert {"nmt_tf.translation_graph", "nmt_tf.restore", "nmt_tf.callbacks", "nmt_tf.fine_tune", "nmt_tf.presets", "nmt_tf.api",
-            "nmt_tf.training", "nmt_tf.evaluation", "nmt_tf.exporter", "nmt_tf.server", "nmt_tf.translation",
-            "nmt_tf.scoring", "nmt_tf.visualization"} <= set(library)
+    assert {"nmt_tf.inference.translation_graph", "nmt_tf.inference.restore", "nmt_tf.training.callbacks", "nmt_tf.training.fine_tune", "nmt_tf.presets", "nmt_tf.api",
+            "nmt_tf.training.job", "nmt_tf.evaluation.quality", "nmt_tf.exporting.saved_model", "nmt_tf.serving.server", "nmt_tf.inference.translation",
+            "nmt_tf.inference.scoring", "nmt_tf.evaluation.visualization"} <= set(library)
     assert not [m for m in library if reaches(graph, m, "nmt_tf.flags")]
     code = (f"import importlib\nfor m in {library!r}: importlib.import_module(m)\n"
             "from absl import flags\n"
@@ -223,7 +296,7 @@ def tensorflow_at_import(paths) -> set[str]:
     module-level imports, directly or through other nmt_tf modules)."""
     direct = {m: {name for _, name in imports_of(p, at_top=True)} for m, p in paths.items()}
 
-    def own(name):       # "nmt_tf.text.PAD_ID" -> "nmt_tf.text"; "nmt_tf.data" stays
+    def own(name):       # "nmt_tf.data.text.PAD_ID" -> "nmt_tf.data.text"; "nmt_tf.data.pipeline" stays
         while name and name not in paths:
             name = name.rpartition(".")[0]
         return name or None
@@ -247,15 +320,16 @@ def test_imports_inside_functions_are_only_those_that_must_wait():
     is imported at the top of the module."""
     paths = module_paths()
     heavy = tensorflow_at_import(paths)
-    assert {"nmt_tf.data", "nmt_tf.text", "nmt_tf.models.base"} <= heavy      # the finder finds them
-    assert not {"nmt_tf.translation_graph", "nmt_tf.restore", "nmt_tf.saved_models", "nmt_tf.flags", "nmt_tf.files"} & heavy
+    assert {"nmt_tf.data.pipeline", "nmt_tf.data.text", "nmt_tf.models.base"} <= heavy      # the finder finds them
+    assert not {"nmt_tf.inference.translation_graph", "nmt_tf.inference.restore", "nmt_tf.inference.saved_models",
+                "nmt_tf.flags", "nmt_tf.core.files"} & heavy
     late = []
     for module, path in sorted(paths.items()):
         for line, name in imports_of(path, at_top=False):
             root = name.split(".")[0]
             target = name if name in paths else name.rpartition(".")[0]
             may_wait = root in SLOW_OPTIONAL or (module not in heavy and (root in LOADS_TENSORFLOW or target in heavy))
-            # The package's lazy attributes (PEP 562): `import nmt_tf.text` must not import the Python API.
+            # The package's lazy attributes (PEP 562): `import nmt_tf.data.text` must not import the Python API.
             may_wait = may_wait or (module == "nmt_tf" and name in ("nmt_tf.api",))
             if not may_wait:
                 late.append(f"{os.path.relpath(path, REPO)}:{line} imports {name} inside a function")
@@ -274,3 +348,7 @@ def test_importing_a_tool_does_not_load_tensorflow():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+if __name__ == "__main__":
+    print(drawing(import_graph()))

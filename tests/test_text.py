@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import UNICODE_SEPARATORS, read_multi30k
-from nmt_tf import text
+from nmt_tf.data import text
 
 
 def words(sentence, lang):
@@ -146,7 +146,7 @@ def test_the_model_input_convention():
 
 def test_every_registered_tokenizer_is_a_tokenizer_and_a_flag_choice():
     from nmt_tf import flags
-    from nmt_tf.tokenizers import TOKENIZERS, tokenizer_class
+    from nmt_tf.data.tokenizers import TOKENIZERS, tokenizer_class
 
     assert flags.FLAGS["tokenizer"].parser.enum_values == list(TOKENIZERS)
     for name in TOKENIZERS:

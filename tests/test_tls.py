@@ -12,9 +12,10 @@ import grpc
 import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
-
-from nmt_tf import rest, server as nmt_server, tls
 from test_serve import request
+
+from nmt_tf.serving import rest, tls
+from nmt_tf.serving import server as nmt_server
 
 
 def make_cert(folder, name):

@@ -11,11 +11,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (REPO, assert_same_checkpoint_weights, checkpoint_weights, run_cli, smoke_train_args, start_cli,
-                      wait_until)
-from nmt_tf import flags, training
+from conftest import (
+    REPO,
+    assert_same_checkpoint_weights,
+    checkpoint_weights,
+    run_cli,
+    smoke_train_args,
+    start_cli,
+    wait_until,
+)
 from nmt_tf import config as nmt_config
+from nmt_tf import flags
 from nmt_tf.config import TrainingConfig
+from nmt_tf.training import job as training
 
 QUIET = dict(log=lambda *a: None)
 
@@ -131,7 +139,7 @@ def test_an_interrupted_and_resumed_run_evaluates_when_an_uninterrupted_one_does
     """A signal stops with a checkpoint but no dev evaluation: the resumed run evaluates
     at the epoch ends only, so the plateau's patience and best/ see what an
     uninterrupted run sees (the stop used to add an evaluation)."""
-    from nmt_tf import callbacks as cb
+    from nmt_tf.training import callbacks as cb
 
     original = cb.TrainingController.on_train_batch_end
 
@@ -174,7 +182,7 @@ def test_death_between_the_last_batch_and_the_epoch_end_checkpoint_resumes_exact
     """The checkpoint of an epoch's last batch comes before the epoch-end one (same
     step); a run that dies between them finishes that epoch on resume with no extra
     update. (CI once saw the SIGKILL test land here: 31 updates instead of 30.)"""
-    from nmt_tf import callbacks as cb
+    from nmt_tf.training import callbacks as cb
 
     class Died(Exception):
         pass
@@ -215,8 +223,8 @@ def test_train_gives_back_the_callers_signal_handlers_and_dtype_policy(tiny_conf
     run's graphs alive), also when it fails."""
     import keras
 
-    from nmt_tf import custom_gradients
-    from nmt_tf.data import CorpusError
+    from nmt_tf.core import custom_gradients
+    from nmt_tf.data.pipeline import CorpusError
 
     def process_state():
         return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), custom_gradients.registered()
@@ -237,7 +245,7 @@ def test_train_gives_back_the_callers_signal_handlers_and_dtype_policy(tiny_conf
 
 def _trained_weights(model_dir, checkpoint):
     """The trainable weights of a model directory's checkpoint (best, last or a path), in model order."""
-    from nmt_tf.restore import restore_model
+    from nmt_tf.inference.restore import restore_model
 
     model = restore_model(model_dir, checkpoint, log=lambda *a: None).model
     return [np.array(v) for v in model.trainable_variables]
@@ -300,7 +308,7 @@ def test_a_start_that_fails_on_its_data_leaves_nothing_a_retry_would_trip_over(t
     """Unusable data: no model directory is left behind (or, if the user made it, only
     what was there); the corrected retry, with other sizes, is accepted. Resuming with
     other data says so."""
-    from nmt_tf.data import CorpusError
+    from nmt_tf.data.pipeline import CorpusError
 
     short = tmp_path / "short.en"
     short.write_text("one\ntwo\n")
@@ -338,7 +346,7 @@ def test_resume_takes_unspecified_flags_from_the_model_dir(tiny_config, tmp_path
 
 
 def test_the_epochs_of_a_run_share_one_traced_encoder(tiny_config, tmp_path, monkeypatch):
-    from nmt_tf import data
+    from nmt_tf.data import pipeline as data
 
     built = []
 
@@ -423,8 +431,8 @@ class ScriptedDevLoss:
 def test_learning_rate_halves_on_plateaus_and_patience_stops(tiny_config, tmp_path):
     import keras
 
-    from nmt_tf import callbacks
     from nmt_tf.models.rnnsearch import RNNSearch
+    from nmt_tf.training import callbacks
 
     model = RNNSearch(10, 10, 4, 4, 4, 2)
     model.build()
@@ -483,7 +491,7 @@ def test_fine_tuning_starts_from_the_source_weights_and_keeps_its_vocabularies(t
     for name in ("vocab.src.txt", "vocab.tgt.txt"):
         with open(os.path.join(source, name)) as a, open(os.path.join(tuned, name)) as b:
             assert a.read() == b.read()
-    from nmt_tf.restore import restore_model
+    from nmt_tf.inference.restore import restore_model
 
     weights = lambda directory, which: {v.path: v.numpy() for v in restore_model(
         directory, which, log=lambda *a: None).model.weights}

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from nmt_tf import flags, training
+from nmt_tf import flags
+from nmt_tf.training import job as training
 
 RECIPE = os.path.join(REPO, "pipelines", "wmt14_en_fr")
 

@@ -13,7 +13,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nmt_tf.serving import ModelRegistry  # noqa: E402
+from nmt_tf.serving.versions import ModelRegistry  # noqa: E402
 
 
 def rss_mb() -> float:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from nmt_tf import hardware
+from nmt_tf.core import hardware
 from nmt_tf.layers.attention import AdditiveAttention, score_bias
 from nmt_tf.layers.gru import ConditionalGRUCell, GRUCell, TransitionGRUCell, gru_update, recurrent_dropout_mask
 from nmt_tf.layers.ops import AfterLoopGradient, project, step_kernel, step_matmul

@@ -37,10 +37,19 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from nmt_tf import hardware
+from nmt_tf.core import hardware
 from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
-from nmt_tf.layers.ops import (freeze_values, frozen_values, gate_layer_norm, layer_norm, project, sigmoid,
-                               step_kernel, step_matmul, tanh)
+from nmt_tf.layers.ops import (
+    freeze_values,
+    frozen_values,
+    gate_layer_norm,
+    layer_norm,
+    project,
+    sigmoid,
+    step_kernel,
+    step_matmul,
+    tanh,
+)
 
 
 def recurrent_dropout_mask(shape, rate: float, seed_generator, dtype, training: bool = True):
@@ -176,7 +185,7 @@ def masked_gru_scan(x_proj, mask, recurrent_kernel, h0, state_mask=None, recurre
         normalisation (x_proj comes normalised).
       transposed_products: multiply by stored transposes of U_rz and U
         (`nmt_tf.layers.ops.StepKernel`; training, where
-        `nmt_tf.hardware.transposed_step_products` says it is faster).
+        `nmt_tf.core.hardware.transposed_step_products` says it is faster).
 
     Returns:
       [T, ..., n] the states.

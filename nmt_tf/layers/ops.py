@@ -15,7 +15,7 @@ class StepKernel:
     with the kernel as stored (x K) and at 161-165 with a stored transpose
     (x (K^T)^T) on an AVX2 CPU (Zen 3, 2026-11-25); the backward's input
     gradient dy K^T is already of the fast kind. Eigen is the other way round
-    (156 against 62), so `nmt_tf.hardware.transposed_step_products` decides.
+    (156 against 62), so `nmt_tf.core.hardware.transposed_step_products` decides.
     """
 
     def __init__(self, kernel):

@@ -16,8 +16,7 @@ import dataclasses
 import importlib
 from typing import NamedTuple
 
-from nmt_tf.settings import ConfigError, check_limits, setting
-
+from nmt_tf.core.settings import ConfigError, check_limits, setting
 
 # Every dropout rate of ModelConfig: what --early_dropout_epochs scales
 # (Seq2SeqModel.scale_dropout), and what R-drop needs one of.

@@ -64,7 +64,7 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
       decode_step(previous_ids [batch, K], state [batch, K, d], inputs, weights)
           -> (log-probs [batch, K, K_y], state [batch, K, d], alpha [batch, K, Tx]),
 
-    which with `step_weights()` here is the interface of nmt_tf.search; search
+    which with `step_weights()` here is the interface of nmt_tf.inference.search; search
     takes `step_weights()` and `search_inputs` once, outside its loop.
 
     Metrics (reset every epoch by Keras): `loss` is the NLL per target token
@@ -198,7 +198,7 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
         `factor` (1 restores them): the Dropout layers' and the recurrent
         dropout of every GRU and decoder. Traced functions keep the rates
         they were traced with, so the caller retraces the training function
-        (training.py, --early_dropout_epochs)."""
+        (nmt_tf/training/job.py, --early_dropout_epochs)."""
         configured = [(self.embedding_dropout, self.dropout), (self.readout_dropout, self.dropout),
                       (self.annotation_dropout, self.annotation_dropout_rate),
                       (self.source_word_dropout, self.source_word_dropout_rate),

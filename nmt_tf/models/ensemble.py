@@ -11,11 +11,11 @@ signature) averages the members' token log-probabilities the same way. The
 attention of an ensemble is the mean of the members' (RNNencdec members have
 none: zeros).
 
-An `Ensemble` offers what nmt_tf.search and nmt_tf.translation_graph need of a model
+An `Ensemble` offers what nmt_tf.inference.search and nmt_tf.inference.translation_graph need of a model
 (`step_weights`, `search_inputs`, `decode_step`, `target_log_probs`,
 `freeze_step_weights`), so an exported SavedModel runs the ensemble inside
 its graph and TF Serving serves it as one model. The members must share
-their vocabularies (`nmt_tf.restore.restore_ensemble` checks); they may
+their vocabularies (`nmt_tf.inference.restore.restore_ensemble` checks); they may
 differ in architecture and size.
 """
 

@@ -28,11 +28,11 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from nmt_tf.data.text import PAD_ID
 from nmt_tf.layers import GRU, ContextDecoder, GatedRecursiveConvolution
 from nmt_tf.layers.initializers import weight_init
 from nmt_tf.models.base import Seq2SeqModel, count_parameters
 from nmt_tf.models.search_step import by_sentence
-from nmt_tf.text import PAD_ID
 
 ENCODERS = ("rnn", "grconv")
 

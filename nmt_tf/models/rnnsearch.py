@@ -27,11 +27,11 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from nmt_tf.data.text import PAD_ID
 from nmt_tf.layers import AttentionDecoder, BidirectionalGRU, CGRUDecoder, score_bias
 from nmt_tf.layers.initializers import weight_init
 from nmt_tf.models.base import Seq2SeqModel, count_parameters
 from nmt_tf.models.search_step import by_sentence
-from nmt_tf.text import PAD_ID
 
 # decoder= name -> its layer: the paper's, or Nematus' conditional GRU.
 DECODERS = {"bahdanau": AttentionDecoder, "cgru": CGRUDecoder}

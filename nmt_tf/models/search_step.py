@@ -1,12 +1,12 @@
 """The search side of the encoder-decoder models: what a beam-search step
-reads from a model (nmt_tf.search's interface with it), and the export's
+reads from a model (nmt_tf.inference.search's interface with it), and the export's
 speed-ups of it.
 
 `SearchStep` is a part of `nmt_tf.models.base.Seq2SeqModel`. It gives
 search the matrices of one step, split and cast once (`step_weights`), the
 step's output distribution (`step_log_probs`, the output layer in
 `OUTPUT_BLOCKS` column blocks) and the previous words' terms
-(`previous_word_terms`). For an export (nmt_tf.exporter), whose weights
+(`previous_word_terms`). For an export (nmt_tf.exporting.saved_model), whose weights
 never change, `freeze_step_weights` keeps those matrices, and the products
 of every target word's embedding (`token_products`), as variables of their
 own; `restrict_output` cuts the output layer to a vocabulary shortlist.

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from nmt_tf.text import PAD_ID
+from nmt_tf.data.text import PAD_ID
 
 
 def token_losses(labels, logits, label_smoothing: float = 0.0):
@@ -248,11 +248,11 @@ class TrainingStep:
         self.target_token_count.update_state(tokens / replicas)   # each replica adds its share
         # The optimizer itself, inside Keras' LossScaleOptimizer (mixed_float16).
         optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        takes_sums = getattr(optimizer, "accepts_global_norm", False)     # nmt_tf.optimizers
+        takes_sums = getattr(optimizer, "accepts_global_norm", False)     # nmt_tf.training.optimizers
         if replicas > 1:
             if not takes_sums:
                 raise ValueError("Training under a distribution strategy needs an optimizer of "
-                                 f"nmt_tf.optimizers; got {type(optimizer).__name__}.")
+                                 f"nmt_tf.training.optimizers; got {type(optimizer).__name__}.")
             present = [i for i, g in enumerate(gradients) if g is not None]
             summed, (nll_sum, sentences, epoch_nll, epoch_tokens) = replica.all_reduce(
                 tf.distribute.ReduceOp.SUM,
@@ -282,7 +282,7 @@ class TrainingStep:
         logs = {**epoch_logs, "batch_loss": nll_sum / tf.maximum(tokens, 1.0), "batch_tokens": tokens,
                 "batch_sentences": sentences, "grad_norm": grad_norm}
         if _across_workers(tf.distribute.get_strategy()):
-            votes = getattr(self, "stop_votes", None)       # nmt_tf.callbacks.StopVotes
+            votes = getattr(self, "stop_votes", None)       # nmt_tf.training.callbacks.StopVotes
             if votes is not None:
                 # The largest vote of each kind (all_reduce has no MAX: gather them).
                 every = replica.all_gather(tf.reshape(tf.stack([votes.signal, votes.hours]), [1, 2]), axis=0)

@@ -49,15 +49,15 @@ import time
 import ml_dtypes
 import numpy as np
 
-from nmt_tf import exporter
-from nmt_tf.files import sha256
-from nmt_tf.litert_export import export_litert
-from nmt_tf.litert_runtime import MANIFEST as LITERT_MANIFEST
 from nmt_tf import config as nmt_config
-from nmt_tf import model_dir as layout
+from nmt_tf.core import model_dir as layout
+from nmt_tf.core.files import sha256
+from nmt_tf.core.precision import dtype_policy
+from nmt_tf.exporting import saved_model as exporter
+from nmt_tf.exporting.litert import export_litert
+from nmt_tf.inference.litert_runtime import MANIFEST as LITERT_MANIFEST
+from nmt_tf.inference.restore import restore_model
 from nmt_tf.models import build_model, is_random_state
-from nmt_tf.precision import dtype_policy
-from nmt_tf.restore import restore_model
 
 PRESETS_DIR = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_DIR = os.path.dirname(PRESETS_DIR)
@@ -251,7 +251,8 @@ def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
     the averaged/ checkpoint."""
     import tensorflow as tf
 
-    from nmt_tf import checkpoints, data
+    from nmt_tf.core import checkpoints
+    from nmt_tf.data import pipeline as data
 
     os.makedirs(out)
     for name in layout.RUN_FILES:
@@ -345,7 +346,7 @@ def create(model_dir_path: str, out_dir: str, name: str, weights="averaged", wei
            export_settings: dict | None = None, description: str = "", log=print) -> dict:
     """Writes a preset of a trained model directory to `out_dir` (which must
     not hold one yet) and returns its manifest. `weights`: a
-    `nmt_tf.checkpoints.WeightsChoice` or a --checkpoint value;
+    `nmt_tf.core.checkpoints.WeightsChoice` or a --checkpoint value;
     `export_settings`: SearchOptions fields and max_input_length for the
     SavedModel that `build` makes (defaults: beam 10, n-best 5, 100 tokens)."""
     if os.path.exists(os.path.join(out_dir, MANIFEST)):
@@ -410,7 +411,7 @@ def _litert_cache(name: str, weights: str, cache_dir: str | None) -> tuple[dict,
 
 def build_litert(name: str, weights: str = "int8", cache_dir: str | None = None, log=print) -> str:
     """The LiteRT model folder of preset `name` with `weights` storage
-    (nmt_tf.litert_export.WEIGHT_STORAGE), built on first use beside the
+    (nmt_tf.exporting.litert.WEIGHT_STORAGE), built on first use beside the
     preset's SavedModel (<build>/litert-<weights>/1) and cached: later uses
     find it there without TensorFlow. The first build needs TensorFlow."""
     manifest, target, model = _litert_cache(name, weights, cache_dir)

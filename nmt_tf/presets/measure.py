@@ -4,7 +4,7 @@
 as `presets.build` does) and scores fixed sentence pairs with its score
 signature; tests/test_model_of_record.py holds the shipped model to what it
 wrote (python -m nmt_tf.presets --measure_checks=...). It calls the
-signatures through nmt_tf.client, in batches as nmt_tf.api does, and not
+signatures through nmt_tf.inference.client, in batches as nmt_tf.api does, and not
 through nmt_tf.api, which stands above the presets (it imports them).
 """
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 
-from nmt_tf import metrics, presets
-from nmt_tf.client import SignatureClient
-from nmt_tf.files import InputError, input_lines
-from nmt_tf.line_batches import batches_by_length, rows_by_line, translate_lines
+from nmt_tf import presets
+from nmt_tf.core.files import InputError, input_lines
+from nmt_tf.evaluation import metrics
+from nmt_tf.inference.client import SignatureClient
+from nmt_tf.inference.line_batches import batches_by_length, rows_by_line, translate_lines
 
 
 def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_source: str, pairs_target: str,
@@ -27,7 +28,7 @@ def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_sourc
     `bleu_reference`, through its SavedModel (built as `presets.build`
     does), and the score signature's log-probabilities of the first `pairs`
     lines of `pairs_source` / `pairs_target`. The files are read as a
-    tool's input is (nmt_tf.files.input_lines), errors naming the
+    tool's input is (nmt_tf.core.files.input_lines), errors naming the
     --measure_checks flag that gives each; checks.json names them by base
     name, as the test reads them from the project's data folder. Returns
     the checks."""

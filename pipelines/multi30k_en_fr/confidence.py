@@ -132,9 +132,9 @@ def main():
     from sklearn.metrics import roc_auc_score
 
     from nmt_tf import presets
-    from nmt_tf.hardware import vector_flags
-    from nmt_tf.host_text import SentencePieceSource
-    from nmt_tf.saved_models import load_saved_model
+    from nmt_tf.core.hardware import vector_flags
+    from nmt_tf.inference.host_text import SentencePieceSource
+    from nmt_tf.inference.saved_models import load_saved_model
 
     start = time.monotonic()
     saved_model = presets.build("multi30k_en_fr", log=lambda *a: print(*a, file=sys.stderr))

@@ -43,7 +43,7 @@ VAL = (os.path.join(REPO, "data", "multi30k", "val.en.gz"), os.path.join(REPO, "
 
 def cpu_flags() -> str:
     sys.path.insert(0, REPO)
-    from nmt_tf.hardware import vector_flags
+    from nmt_tf.core.hardware import vector_flags
 
     return " ".join(vector_flags())
 
@@ -83,7 +83,7 @@ def translate(saved_model: str, source: str, output: str) -> float:
 
 def bleu(hypotheses: str, reference: str) -> dict:
     sys.path.insert(0, REPO)
-    from nmt_tf.metrics import corpus_scores
+    from nmt_tf.evaluation.metrics import corpus_scores
 
     with open(hypotheses, encoding="utf-8") as f:
         hyp = f.read().splitlines()

@@ -81,9 +81,9 @@ def whole_word(word: str, text: str) -> bool:
 
 def main(argv):
     import nmt_tf
-    from nmt_tf.glossary import Glossary
-    from nmt_tf.hardware import vector_flags
-    from nmt_tf.metrics import corpus_scores
+    from nmt_tf.core.hardware import vector_flags
+    from nmt_tf.evaluation.metrics import corpus_scores
+    from nmt_tf.inference.glossary import Glossary
 
     if not os.path.exists(GLOSSARY):
         print(f"Learning the glossary into {GLOSSARY} ...", file=sys.stderr)

@@ -37,7 +37,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from nmt_tf.files import open_binary  # noqa: E402  (TensorFlow-free)
+from nmt_tf.core.files import open_binary  # noqa: E402  (TensorFlow-free)
 
 _SEG = re.compile(rb"<seg[^>]*>(.*)</seg>", re.IGNORECASE)
 

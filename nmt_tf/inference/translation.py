@@ -1,0 +1,185 @@
+"""Translating streams of lines: the library behind `python -m nmt_tf.translate`
+(whose help describes the input and output formats), usable from Python
+without command-line flags:
+
+    import sys
+    from nmt_tf.inference import translation
+    from nmt_tf.inference.client import SignatureClient
+    client = SignatureClient("serving_default", saved_model="exports/nmt/1",
+                             outputs=translation.needed_outputs(1, False, False))
+    translation.translate_lines(client, translation.read_lines("input.en"), sys.stdout, batch_size=64,
+                                n_best=1, with_scores=False, with_alignments=False)
+
+`translate_lines` sends lines to a signature (locally or on a server) in
+batches of similar length and writes one line per input line, in order:
+the translation, or a JSON object with scores, n-best lists and
+alignments (`format_result`). `steered_lines` gives lines their target
+prefixes and required terms for the translate_constrained signature. For
+translations as Python objects, use `nmt_tf.Translator`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from nmt_tf.core.files import InputError, input_lines
+from nmt_tf.core.progress import Progress
+from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line
+from nmt_tf.inference.translation_graph import MAX_REQUIRED_TERMS
+
+CONSTRAINED_SIGNATURE = "translate_constrained"
+
+
+class TranslationError(RuntimeError):
+    """A problem the user can fix, in one sentence."""
+
+
+def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool, steered: bool = False) -> list[str]:
+    """The outputs that `format_result` writes for these flags (`steered`: of
+    the translate_constrained signature)."""
+    outputs = ["translation", "truncated"] + (["terms_met"] if steered else [])
+    if with_scores:
+        outputs += ["score", "log_prob"]
+    if n_best > 1:
+        outputs += ["nbest_translations", "nbest_scores"]
+    if with_alignments:
+        outputs += ["source_tokens", "target_tokens", "alignment"]
+    return outputs
+
+
+def read_lines(path: str | None, flag: str = "input"):
+    """Lines as bytes, without the newline (undecodable bytes pass through);
+    gzip data is decompressed, from a file or from standard input
+    (files.input_lines, its errors as TranslationErrors naming `--flag`)."""
+    try:
+        yield from input_lines(path, flag)
+    except InputError as e:
+        raise TranslationError(str(e)) from None
+
+
+def _beside(lines, path: str | None, flag: str):
+    """(line, line i of `path` or b"") pairs; unequal counts are a
+    TranslationError naming the file."""
+    other = read_lines(path, flag) if path else None
+    count = 0
+    for count, line in enumerate(lines, 1):
+        value = next(other, None) if other else b""
+        if value is None:
+            raise TranslationError(f"{path} (--{flag}) has {count - 1} lines, fewer than the input")
+        yield line, value
+    if other and next(other, None) is not None:
+        raise TranslationError(f"{path} (--{flag}) has more lines than the input ({count})")
+
+
+def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None = None, glossary=None,
+                  warn=lambda message: print(message, file=sys.stderr)):
+    """(line, target prefix, required terms) items for the translate_constrained
+    signature: the prefixes and terms from the lines of their files, and the
+    glossary's (a `nmt_tf.inference.glossary.Glossary`) terms of each line; the lines
+    themselves when none of these is given. A line with more than
+    MAX_REQUIRED_TERMS terms keeps its first ones (its own before the
+    glossary's), with a warning naming it."""
+    if not (prefix_path or terms_path or glossary):
+        yield from lines
+        return
+    pairs = _beside(_beside(lines, prefix_path, "target_prefix"), terms_path, "required_terms")
+    for number, ((line, prefix), terms) in enumerate(pairs, 1):
+        wanted = [t for t in terms.decode("utf-8", errors="replace").split("\t") if t.strip()]
+        if glossary is not None:
+            wanted += glossary.terms(line.decode("utf-8", errors="replace"))
+        wanted = list(dict.fromkeys(wanted))
+        if len(wanted) > MAX_REQUIRED_TERMS:
+            warn(f"warning: line {number} has {len(wanted)} required terms; the model takes {MAX_REQUIRED_TERMS}, "
+                 f"the first ones (dropped: {', '.join(wanted[MAX_REQUIRED_TERMS:])})")
+            wanted = wanted[:MAX_REQUIRED_TERMS]
+        yield line, prefix, "\t".join(wanted).encode("utf-8")
+
+
+def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool) -> str:
+    """One output line for row i of a batch result."""
+    translation = as_text(out["translation"][i])
+    if not (with_scores or with_alignments or n_best > 1):
+        return translation
+    record = {"translation": translation}
+    if "terms_met" in out:
+        record["terms_met"] = bool(out["terms_met"][i])
+    if "terms_spellable" in out:        # False: a term has a token outside the target vocabulary
+        record["terms_spellable"] = bool(out["terms_spellable"][i])
+    if with_scores:
+        record["score"] = float(out["score"][i])
+        record["log_prob"] = float(out["log_prob"][i])
+
+    if n_best > 1:
+        record["nbest"] = [{"translation": as_text(t), "score": float(s)}
+                           for t, s in zip(out["nbest_translations"][i][:n_best], out["nbest_scores"][i][:n_best])
+                           if s > -1e8]
+    if with_alignments:
+        src = [as_text(t) for t in out["source_tokens"][i] if t]
+        tgt = [as_text(t) for t in out["target_tokens"][i] if t]
+        record["source_tokens"], record["target_tokens"] = src, tgt
+        record["alignment"] = [[round(float(a), 4) for a in row[:len(src)]]
+                               for row in out["alignment"][i][:len(tgt)]]
+        record["truncated"] = bool(out["truncated"][i])
+    return json.dumps(record, ensure_ascii=False)
+
+
+def signature_inputs(batch: list) -> dict:
+    """A batch of (line,) or (line, prefix, terms) items as the signature's inputs."""
+    inputs = {"text": [item[0] for item in batch]}
+    if batch and len(batch[0]) > 1:
+        inputs["target_prefix"] = [item[1] for item in batch]
+        inputs["required_terms"] = [item[2] for item in batch]
+    return inputs
+
+
+def translate_lines(client, lines, out, batch_size: int, n_best: int, with_scores: bool,
+                    with_alignments: bool, progress: Progress | None = None, sort_window: int = 1,
+                    parallel_batches: int = 1) -> int:
+    """Translates an iterable of byte lines into the text stream `out` with a
+    `nmt_tf.inference.client.SignatureClient` of the serving_default signature; returns lines done.
+    Items may also be (line, target prefix, required terms) (`steered_lines`),
+    for a client of the translate_constrained signature.
+
+    Lines are read `sort_window` at a time (at least `batch_size`); a window
+    is translated in batches of `batch_size` lines of similar length (by
+    words, shortest first; with a window of one batch, in input order) and
+    written in input order. `parallel_batches` batches are translated at
+    once (requests in flight, or signature calls on as many threads)."""
+    exported = client.output_size("nbest_scores", 1)
+    if n_best > exported:
+        raise TranslationError(f"--n_best={n_best} but the model was exported with n-best "
+                               f"{exported} (re-export with --n_best={n_best})")
+    window_size = max(sort_window, batch_size)
+    done, window = 0, []
+
+    def flush():
+        nonlocal done
+        batched = batches_by_length(lambda batch: client(**signature_inputs(batch)), window, batch_size,
+                                    parallel_batches, by_length=window_size > batch_size,
+                                    length=lambda item: len(item[0].split()))
+        for i, (result, row) in enumerate(rows_by_line(batched, len(window), progress and progress.update)):
+            plain = not (with_alignments or with_scores or n_best > 1)
+            if plain and result["truncated"][row]:
+                print(f"warning: line {done + i + 1} (or its target prefix) was longer than the model's input "
+                      "limit and was cut",
+                      file=sys.stderr)
+            if plain and "terms_met" in result and not result["terms_met"][row]:
+                unspellable = "terms_spellable" in result and not result["terms_spellable"][row]
+                print(f"warning: line {done + i + 1}: " + (
+                    "a required term cannot be spelled with the model's target vocabulary (a token of it is "
+                    "[UNK], or it holds a control character); it was left out" if unspellable else
+                    "its required terms did not fit in the length limit; its translation is the best partial one"),
+                    file=sys.stderr)
+            out.write(format_result(result, row, n_best, with_scores, with_alignments) + "\n")
+        out.flush()
+        done += len(window)
+        window.clear()
+
+    for line in lines:
+        window.append(line if isinstance(line, tuple) else (line,))
+        if len(window) == window_size:
+            flush()
+    if window:
+        flush()
+    return done

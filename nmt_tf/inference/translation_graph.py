@@ -1,0 +1,393 @@
+"""The translation graph: the functions nmt_tf.export saves as signatures.
+
+`TranslationGraph` wraps a model and its tokenizers into the serving
+functions (raw text in; detokenized text, scores, tokens and alignments
+out; the steered `translate_constrained`; `score`), so nmt_tf.evaluate,
+nmt_tf.visualize and the training callbacks translate with the same graph
+code that TF Serving runs. `UnkReplacement` is the in-graph [UNK]
+replacement from attention. The model it wraps comes from
+nmt_tf.inference.restore; lines are fed through it by nmt_tf.inference.line_batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+MAX_REQUIRED_TERMS = 16      # per sentence: each term adds a bank to its beam (nmt_tf.inference.constraints)
+
+
+class UnkReplacement:
+    """[UNK] replacement from attention (Luong et al. 2015; Jean et al. 2015),
+    in TF ops: each generated [UNK] becomes the source token it attended to
+    most (the largest alpha_ij over the source words, [EOS] excluded), or
+    that token's translation when `dictionary` has one.
+
+    Args:
+      dictionary: optional path of a "source<TAB>target" file, one entry per
+        line and per source word (checked: a malformed or repeated entry is a
+        ValueError naming its line); an export keeps it as an asset.
+
+    Meant for word models, where [UNK] stands for a rare word (names,
+    numbers) that often passes unchanged; with sub-word models [UNK] is rare.
+    """
+
+    @classmethod
+    def of(cls, decoding):
+        """The replacement a `nmt_tf.config.DecodingConfig` asks for
+        (--replace_unk, --unk_dictionary), or None."""
+        return cls(decoding.unk_dictionary) if decoding.replace_unk else None
+
+    def __init__(self, dictionary: str | None = None):
+        import tensorflow as tf
+
+        self.dictionary = dictionary
+        self.table = None
+        if dictionary:
+            check_dictionary(dictionary)
+            self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+                dictionary, tf.string, 0, tf.string, 1, delimiter="\t"), default_value="")
+
+    def __call__(self, ids, alignments, source_tokens):
+        """ids [B, N, T] int, alignments [B, N, T, S] float, source_tokens [B, S]
+        string ("" padding, "[EOS]" last) -> [B, N, T] string tokens with the
+        replacements (other positions: ""; the caller keeps the ids' own there)."""
+        import tensorflow as tf
+
+        from nmt_tf.data.text import EOS
+
+        shape = tf.shape(ids)
+        words = (source_tokens != "") & (source_tokens != EOS)                                   # [B, S]
+        scores = tf.where(words[:, None, None, :], alignments, -1.0)
+        position = tf.reshape(tf.argmax(scores, axis=-1, output_type=tf.int32), [shape[0], -1])
+        copied = tf.reshape(tf.gather(source_tokens, position, batch_dims=1), shape)
+        if self.table is not None:
+            translated = self.table.lookup(copied)
+            copied = tf.where(translated != "", translated, copied)
+        # A source of no words (all padding) has nothing to copy.
+        return tf.where(tf.reduce_any(words, axis=1)[:, None, None], copied, "")
+
+
+def read_dictionary(path: str, flag: str = "unk_dictionary") -> dict[str, str]:
+    """The entries of a "source<TAB>target" dictionary file (UTF-8, one entry
+    per line, ended by a line feed; no source word twice, no empty field, no
+    carriage return or other line break inside an entry), as {source:
+    target}; a file that breaks a rule is one ValueError naming it, its line
+    and `--flag`. The one reader of --unk_dictionary and --glossary files, so
+    that what is checked is what is read."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory, not a file (--{flag})")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist (--{flag})")
+    entries, seen = {}, {}
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path} line {number}: not UTF-8 (--{flag})") from None
+            if len(line.splitlines()) > 1 or line.endswith(("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85",
+                                                              "\u2028", "\u2029")):
+                raise ValueError(f"{path} line {number}: a line break other than a line feed inside the entry "
+                                 f"{line[:80]!r} (--{flag})")
+            fields = line.split("\t")
+            if len(fields) != 2 or not all(fields):
+                raise ValueError(f"{path} line {number}: expected 'source<TAB>target', got {line[:80]!r} (--{flag})")
+            if fields[0] in seen:
+                raise ValueError(f"{path} line {number}: {fields[0]!r} has an entry already (line {seen[fields[0]]}) "
+                                 f"(--{flag})")
+            seen[fields[0]] = number
+            entries[fields[0]] = fields[1]
+    return entries
+
+
+def check_dictionary(path: str, flag: str = "unk_dictionary") -> int:
+    """Checks a dictionary file as read_dictionary reads it; returns its number of entries."""
+    return len(read_dictionary(path, flag))
+
+
+class TranslationGraph:
+    """Builds the serving functions around a model and its tokenizers.
+
+    `module()` returns the tf.Module that is saved: it holds the model's
+    weights (as plain tf.Variables), the tokenizers' tables (vocabularies as
+    assets) and the two tf.functions.
+    """
+
+    def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int,
+                 unk_replacement: UnkReplacement | None = None, shortlist=None):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.model = model
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer
+        self.options = options
+        self.max_input_length = max_input_length
+        self.unk_replacement = unk_replacement
+        self.shortlist = shortlist          # nmt_tf.data.lexicon.LexicalShortlist, for options.shortlist_size
+
+    def _ids(self, tokenizer, text, add_bos=False):
+        """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
+        from nmt_tf.data.text import with_bos, with_eos
+
+        tf = self.tf
+        tokens = tokenizer.tokenize(text)
+        lengths = tokens.row_lengths()
+        tokens = tokens[:, :self.max_input_length]
+        ids = tokenizer.lookup(tokens)
+        shifted = with_bos(ids) if add_bos else None
+        display = with_eos(tokens).to_tensor("")
+        return with_eos(ids), shifted, display, lengths > self.max_input_length, tf.equal(lengths, 0)
+
+    def _dense(self, ragged):
+        """Ragged ids -> [B, L] padded with 0, L >= 1 (an empty batch still has one column)."""
+        from nmt_tf.data.text import PAD_ID
+
+        dense = ragged.to_tensor(PAD_ID)
+        return self.tf.pad(dense, [[0, 0], [0, self.tf.maximum(0, 1 - self.tf.shape(dense)[1])]])
+
+    def translate(self, text):
+        return self._translate(text)
+
+    def translate_constrained(self, text, target_prefix, required_terms):
+        """`translate` steered, per sentence i:
+        - target_prefix[i] ("": none; trailing whitespace dropped): every
+          hypothesis starts with the prefix's tokens (forced), the search is
+          free after them (nmt_tf.inference.search), and the translation starts with
+          the prefix byte for byte; a prefix of more than max_input_length
+          tokens is cut there, and `truncated` is true;
+        - required_terms[i]: target terms separated by tabs ("": none), at
+          most MAX_REQUIRED_TERMS; every returned hypothesis contains each
+          (lexically constrained beam search, nmt_tf.inference.constraints), unless
+          they do not fit in the length limit: then the best partial
+          hypothesis, with terms_met False.
+        Adds the outputs terms_met [batch] and nbest_terms_met [batch, N].
+        An empty source gives an empty translation, prefix or not. Searches
+        the whole target vocabulary (no shortlist)."""
+        tf = self.tf
+        for name, value in (("target_prefix", target_prefix), ("required_terms", required_terms)):
+            tf.debugging.assert_equal(tf.size(text), tf.size(value),
+                                      message=f"text and {name} must have the same number of sentences")
+        return self._translate(text, target_prefix, required_terms)
+
+    def _required_terms(self, required_terms):
+        """Tab-separated terms -> (ids [B, C, L] 0-padded, their tokens [B, C, L]
+        "" padded, spellable [B]), C <= MAX_REQUIRED_TERMS. A term the model
+        cannot write is left out of the search, and its sentence's
+        `spellable` is False (issue 95: three foreign terms came back as one
+        repeated [UNK], terms_met true): one that holds a control character
+        (tokenization would drop it), and one with an [UNK] token, unless
+        the tokenizer is word-level, where an unknown word is written as the
+        term's own text (as [UNK] replacement writes it) and only a second
+        such term of the same sentence is refused (one [UNK] would meet both)."""
+        from nmt_tf.data.text import UNK_ID
+
+        tf = self.tf
+        terms = tf.strings.strip(tf.strings.split(required_terms, "\t"))
+        terms = tf.ragged.boolean_mask(terms, terms != "")
+        tf.debugging.assert_less_equal(
+            tf.reduce_max(tf.concat([terms.row_lengths(), [0]], 0)), tf.constant(MAX_REQUIRED_TERMS, tf.int64),
+            message=f"more than {MAX_REQUIRED_TERMS} required terms for one sentence")
+        tokens = self.target_tokenizer.tokenize(terms.flat_values)[:, :self.max_input_length]
+        ids = self._target_ids(tokens)
+        has_unk = tf.reduce_any(ids == UNK_ID, axis=1)                                              # [terms]
+        if getattr(self.target_tokenizer, "word_level", False):
+            # the sentence's second and later terms with an unknown word
+            dense = terms.with_flat_values(has_unk).to_tensor(False)                                # [B, C]
+            later = dense & (tf.math.cumsum(tf.cast(dense, tf.int32), axis=1) > 1)
+            has_unk = tf.boolean_mask(later, tf.sequence_mask(terms.row_lengths(), tf.shape(dense)[1]))
+        unspellable = has_unk | tf.strings.regex_full_match(terms.flat_values, r"(?s).*\pC.*")
+        keep = tokens.with_flat_values(tf.repeat(~unspellable, tokens.row_lengths()))
+        ids, tokens = tf.ragged.boolean_mask(ids, keep), tf.ragged.boolean_mask(tokens, keep)
+        spellable = ~tf.reduce_any(terms.with_flat_values(unspellable), axis=1)
+        at_least_one = lambda x: tf.pad(x, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(x)[1])],
+                                            [0, tf.maximum(0, 1 - tf.shape(x)[2])]])      # no terms: one empty
+        return (at_least_one(terms.with_flat_values(ids).to_tensor(0)),
+                at_least_one(terms.with_flat_values(tokens).to_tensor("")), spellable)
+
+    def _target_ids(self, tokens):
+        """Ragged target tokens -> ids, a special token's text in them read as a
+        word like any other ([UNK]), not as padding or an end."""
+        from nmt_tf.data.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+        tf = self.tf
+        return tf.ragged.map_flat_values(lambda x: tf.where((x == PAD_ID) | (x == BOS_ID) | (x == EOS_ID), UNK_ID, x),
+                                         self.target_tokenizer.lookup(tokens))
+
+    def _prefix(self, target_prefix):
+        """Target prefixes -> (ids [B, P] 0-padded, their tokens [B, P] "" padded,
+        the prefixes themselves without trailing whitespace [B], whether each
+        was cut to max_input_length tokens [B])."""
+        given = self.tf.strings.regex_replace(target_prefix, r"\s+$", "")
+        whole = self.target_tokenizer.tokenize(given)
+        cut = whole.row_lengths() > self.max_input_length
+        tokens = whole[:, :self.max_input_length]
+        return self._dense(self._target_ids(tokens)), tokens.to_tensor(""), given, cut
+
+    def _translate(self, text, target_prefix=None, required_terms=None):
+        from nmt_tf.data.text import PAD_ID, UNK_ID
+        from nmt_tf.inference.search import search
+
+        tf = self.tf
+        source, _, source_tokens, truncated, empty = self._ids(self.source_tokenizer, text)
+        source = self._dense(source)
+        options, shortlist, prefix_ids, term_ids = self.options, self.shortlist, None, None
+        if target_prefix is not None:
+            options, shortlist = dataclasses.replace(options, shortlist_size=0), None
+            prefix_ids, prefix_tokens, given, prefix_cut = self._prefix(target_prefix)
+            truncated = truncated | prefix_cut         # issue 95: a cut prefix said truncated=false
+            term_ids, term_tokens, spellable = self._required_terms(required_terms)
+        out = search(self.model, source, options, shortlist, prefix_ids, term_ids,
+                     None if term_ids is None else self.target_tokenizer.word_continuation())
+        batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
+        flat = tf.reshape(out["tokens"], [batch * n, -1])
+        replaced = None
+        if self.unk_replacement is not None or target_prefix is not None:
+            tokens = self.target_tokenizer.id_to_token(out["tokens"])
+            if self.unk_replacement is not None:
+                replacements = self.unk_replacement(out["tokens"], out["alignments"], source_tokens)
+                tokens = tf.where((out["tokens"] == UNK_ID) & (replacements != ""), replacements, tokens)
+            if target_prefix is not None:
+                # The prefix and the required terms show their own tokens (a word outside the vocabulary too).
+                tokens = _overlay_terms(tf, _overlay(tf, tokens, prefix_tokens), out["tokens"], term_ids,
+                                        term_tokens)
+            replaced = tf.reshape(tokens, tf.shape(flat))
+        texts = tf.reshape(self.target_tokenizer.decode(flat, replaced), [batch, n])
+        if target_prefix is not None:
+            shown = self.target_tokenizer.detokenize(tf.RaggedTensor.from_tensor(prefix_tokens, padding=""))
+            # A prefix cut to max_input_length tokens is what was forced: the user's text past the cut is not there.
+            texts = _splice_prefix(tf, texts, shown, tf.where(prefix_cut, shown, given))
+        keep = ~empty
+        texts = tf.where(keep[:, None], texts, "")
+        scores = tf.where(keep[:, None], out["scores"], 0.0)
+        best = out["tokens"][:, 0]
+        target_tokens = tf.where((best != PAD_ID) & keep[:, None],
+                                 self.target_tokenizer.id_to_token(best), "")
+        alignment = out["alignments"][:, 0] * tf.cast(keep, tf.float32)[:, None, None]
+        return {
+            "translation": texts[:, 0], "score": scores[:, 0],
+            "log_prob": tf.where(keep, out["log_probs"][:, 0], 0.0),
+            "source_tokens": source_tokens, "target_tokens": target_tokens,
+            "alignment": alignment, "truncated": truncated,
+            "nbest_translations": texts, "nbest_scores": scores,
+            **({} if "terms_met" not in out else {"terms_met": (out["terms_met"][:, 0] & spellable) | empty,
+                                                  "nbest_terms_met": (out["terms_met"] & spellable[:, None])
+                                                  | empty[:, None],
+                                                  "terms_spellable": spellable}),
+        }
+
+    def score(self, source, target):
+        from nmt_tf.data.text import PAD_ID
+
+        tf = self.tf
+        source_ids, _, _, src_truncated, _ = self._ids(self.source_tokenizer, source)
+        labels, target_in, _, tgt_truncated, _ = self._ids(self.target_tokenizer, target, add_bos=True)
+        x = {"source_ids": self._dense(source_ids), "target_ids": self._dense(target_in)}
+        labels = self._dense(labels)
+        token_log_probs = self.model.target_log_probs(x, labels)
+        length = tf.reduce_sum(tf.cast(labels != PAD_ID, tf.int32), axis=1)
+        log_prob = tf.reduce_sum(token_log_probs, axis=1)
+        return {"log_prob": log_prob,
+                "log_prob_per_token": log_prob / tf.cast(tf.maximum(length, 1), tf.float32),
+                "target_length": length, "token_log_probs": token_log_probs,
+                "truncated": src_truncated | tgt_truncated}
+
+    def module(self):
+        tf = self.tf
+        module = tf.Module()
+        # Keras 3 wraps every tf.Variable, and tf.saved_model.save gives the
+        # wrapper a *copy* of it ("Variable_N") as the target of the restore
+        # op, while the signatures read the wrapped variable. TF2 loading
+        # copes; the session loader of tensorflow_model_server (and
+        # `saved_model_cli run`) restores the copies and the signatures fail
+        # on uninitialized variables (keras-team/keras#20095). Tracking the
+        # tf.Variables themselves, not the Keras model, makes the restored
+        # variables the ones the graph reads.
+        module.model_variables = tf_variables(self.model)
+        if self.shortlist is not None:
+            module.lexical_shortlist = self.shortlist.module      # its tables become variables of the export
+        module.source_tokenizer = self.source_tokenizer
+        module.target_tokenizer = self.target_tokenizer
+        if self.unk_replacement is not None and self.unk_replacement.table is not None:
+            module.unk_dictionary = self.unk_replacement.table      # the dictionary file becomes an asset
+        functions = self.functions()
+        module.translate = functions["translate"]
+        if self.shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export drops
+            module.translate_constrained = functions["translate_constrained"]
+        module.score = functions["score"]
+        return module
+
+    def functions(self) -> dict:
+        """translate, translate_constrained and score as tf.functions over
+        [batch] string vectors, named as the signatures' inputs. Autograph is
+        off: the search is written in tf.cond and tf.while_loop, so converting
+        its source changed nothing and cost ~40 % of an export's time."""
+        tf = self.tf
+        strings = lambda *names: [tf.TensorSpec([None], tf.string, name=name) for name in names]
+        return {"translate": tf.function(self.translate, autograph=False, input_signature=strings("text")),
+                "translate_constrained": tf.function(self.translate_constrained, autograph=False,
+                                                     input_signature=strings("text", "target_prefix",
+                                                                             "required_terms")),
+                "score": tf.function(self.score, autograph=False, input_signature=strings("source", "target"))}
+
+
+def _overlay(tf, tokens, prefix_tokens):
+    """tokens [B, N, T] string with each row's first positions replaced by
+    prefix_tokens [B, P] where those are not ""."""
+    width = tf.shape(tokens)[2]
+    prefix = tf.pad(prefix_tokens, [[0, 0], [0, tf.maximum(0, width - tf.shape(prefix_tokens)[1])]])[:, :width]
+    return tf.where(prefix[:, None, :] != "", prefix[:, None, :], tokens)
+
+
+def _overlay_terms(tf, tokens, ids, term_ids, term_tokens):
+    """tokens [B, N, T] string with every run of output ids (ids [B, N, T])
+    that spells a required term (term_ids [B, C, L], 0-padded) written with
+    the term's own tokens (term_tokens [B, C, L]): a term word outside the
+    vocabulary, generated as [UNK], shows as the user wrote it."""
+    from nmt_tf.inference.constraints import term_starts
+
+    steps, width = tf.shape(ids)[2], tf.shape(term_ids)[2]
+    lengths = tf.reduce_sum(tf.cast(term_ids != 0, tf.int32), axis=2)                                # [B, C]
+    starts = term_starts(ids, term_ids, lengths)                                                      # [B, N, T, C]
+    offset = tf.range(width)
+    start = tf.range(steps)[:, None] - offset[None, :]                                                # [T, L]
+    covered = (tf.gather(starts, tf.maximum(start, 0), axis=2)                                        # [B, N, T, L, C]
+               & (start >= 0)[None, None, :, :, None]
+               & (offset[None, None, None, :, None] < lengths[:, None, None, None, :]))
+    shape = tf.shape(covered)
+    flat = tf.reshape(covered, tf.concat([shape[:3], [-1]], 0))
+    strings = tf.broadcast_to(tf.transpose(term_tokens, [0, 2, 1])[:, None, None], shape)
+    chosen = tf.gather(tf.reshape(strings, tf.shape(flat)), tf.argmax(tf.cast(flat, tf.int32), axis=3,
+                                                                       output_type=tf.int32), batch_dims=3)
+    return tf.where(tf.reduce_any(flat, axis=3), chosen, tokens)
+
+
+def _splice_prefix(tf, texts, shown, given):
+    """texts [B, N] that start with shown[b] (the prefix as the detokenizer
+    writes it) start with given[b] (the prefix as the user wrote it) instead;
+    others are left as they are."""
+    # (Clipped to each text's length: substr fails past the end, e.g. on a sentence's missing n-th hypothesis.)
+    length = tf.minimum(tf.broadcast_to(tf.strings.length(shown)[:, None], tf.shape(texts)), tf.strings.length(texts))
+    starts = tf.strings.substr(texts, tf.zeros_like(length), length) == shown[:, None]
+    rest = tf.strings.substr(texts, length, tf.fill(tf.shape(texts), -1))
+    return tf.where(starts, given[:, None] + rest, texts)
+
+
+def tf_variables(model) -> list:
+    """The tf.Variables under a Keras 3 model's variables (TensorFlow backend),
+    of every member of an ensemble."""
+    import tensorflow as tf
+
+    if hasattr(model, "members"):
+        return [v for member in model.members for v in tf_variables(member)]
+    out = [v.value for v in model.variables]
+    wrong = [v.path for v, value in zip(model.variables, out) if not isinstance(value, tf.Variable)]
+    if wrong:
+        raise TypeError(f"not backed by a tf.Variable (is KERAS_BACKEND tensorflow?): {wrong[:3]}")
+    return out
+
+
+def compiled_translate(translator: TranslationGraph):
+    """`translator.translate` as a tf.function over a [batch] string vector."""
+    return translator.functions()["translate"]

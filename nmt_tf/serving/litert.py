@@ -1,0 +1,79 @@
+"""A LiteRT model folder served by nmt_tf.serve --runtime=litert, without TensorFlow.
+
+`LiteRTVersion` is a served version (nmt_tf.serving.versions.ServedVersion) of a
+folder written by `nmt_tf.export --format=litert`: the registry loads,
+replaces and unloads it as it does a SavedModel version, and the gRPC and
+REST front ends, the batching and the page call it the same way. It serves
+the serving_default signature only, with the SavedModel's inputs, outputs,
+dtypes and shapes (its SignatureDef is declared here, as GetModelMetadata
+shows it); the score, prefix and constrained signatures are the SavedModel's
+alone. Each request in flight takes an interpreter of its own
+(nmt_tf.inference.litert_runtime.LiteRTClient), up to one per core.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nmt_tf.inference.litert_runtime import MANIFEST, LiteRTClient
+from nmt_tf.serving import api_protos as serving_protos
+from nmt_tf.serving.versions import DEFAULT_SIGNATURE, SearchCost, ServedVersion, alignment_bound
+
+# serving_default's outputs as the SavedModel export declares them: (dtype, shape; -1 unknown, "n" n-best).
+_OUTPUTS = {
+    "translation": ("DT_STRING", [-1]), "score": ("DT_FLOAT", [-1]), "log_prob": ("DT_FLOAT", [-1]),
+    "source_tokens": ("DT_STRING", [-1, -1]), "target_tokens": ("DT_STRING", [-1, -1]),
+    "alignment": ("DT_FLOAT", [-1, -1, -1]), "truncated": ("DT_BOOL", [-1]),
+    "nbest_translations": ("DT_STRING", [-1, "n"]), "nbest_scores": ("DT_FLOAT", [-1, "n"]),
+}
+WARM_UP_LINE = b"A man in a blue shirt is standing on a ladder."
+
+
+def serving_default_signature(n_best: int):
+    """The SignatureDef of serving_default, as the SavedModel export has it."""
+    signature = serving_protos.SignatureDef(method_name="tensorflow/serving/predict")
+
+    def declare(info, name: str, dtype: str, shape: list) -> None:
+        info.name = name
+        info.dtype = getattr(serving_protos.DT, dtype)
+        for size in shape:
+            info.tensor_shape.dim.add(size=n_best if size == "n" else size)
+
+    declare(signature.inputs["text"], "text", "DT_STRING", [-1])
+    for alias, (dtype, shape) in _OUTPUTS.items():
+        declare(signature.outputs[alias], alias, dtype, shape)
+    return signature
+
+
+class LiteRTVersion(ServedVersion):
+    """One LiteRT model folder as a served version. A damaged folder (a file
+    whose SHA-256 is not the manifest's, a model LiteRT cannot load) fails
+    to load, and the versions already served go on."""
+
+    MARKER = MANIFEST
+    KIND = "LiteRT model"
+
+    def __init__(self, path: str, version: int, threads: int = 1):
+        super().__init__(path, version)
+        self.client = LiteRTClient(path, num_threads=threads, interpreters=max(1, os.cpu_count() or 1))
+        model = self.client.model
+        manifest, search = model.manifest, model.search
+        self.signature_defs = {DEFAULT_SIGNATURE: serving_default_signature(self.client.options["n_best"])}
+        self.signatures = [DEFAULT_SIGNATURE]
+        self.alignment_shape = alignment_bound(model.max_input_length, search)
+        self.search_cost = SearchCost.of_settings(search, model.max_input_length, 1, model.pieces)
+        self.metadata = {key: manifest[key] for key in ("src_lang", "tgt_lang", "model", "architecture",
+                                                        "max_input_length") if key in manifest}
+        self.client([WARM_UP_LINE])
+        self.warmed_up = 1
+
+    def run(self, signature: str, feeds: dict, outputs) -> dict:
+        self.acquire()
+        try:
+            result = self.client(feeds["text"].reshape(-1))
+        finally:
+            self.release()
+        return {alias: result[alias] for alias in outputs}
+
+    def _free(self) -> None:
+        self.client = None
