@@ -62,6 +62,8 @@ class Translation:
     alignment: np.ndarray                     # [len(target_tokens), len(source_tokens)] attention weights
     truncated: bool                           # the source (or its target prefix) was cut to the model's input limit
     terms_met: bool | None = None             # with required_terms: all of them are in `text`
+    confidence: float | None = None           # the probability that `text` is acceptable (a calibrated model), or
+                                              # None: the model has no calibrator (docs/translating.md, "Confidence")
 
 
 @dataclasses.dataclass
@@ -166,7 +168,8 @@ class Translator:
                                      precision=decoding.precision)
             graph = TranslationGraph(restored.model, restored.source_tokenizer, restored.target_tokenizer, options,
                                      decoding.max_input_length,
-                                     shortlist=for_search(model_dir, restored.model, options))
+                                     shortlist=for_search(model_dir, restored.model, options),
+                                     confidence=exporter.graph_confidence([model_dir], log or (lambda *a: None)))
         functions = graph.functions()
         translate, score, constrained = (functions[name] for name in ("translate", "score", "translate_constrained"))
         metadata = exporter.metadata(restored.config, decoding, restored.checkpoint)
@@ -274,4 +277,5 @@ def _translation(out: dict, row: int, n_best: int) -> Translation:
                                                   out["nbest_scores"][row][:n_best]) if s > -1e8]
     return Translation(as_text(out["translation"][row]), float(out["score"][row]), float(out["log_prob"][row]), nbest,
                        source, target, np.asarray(out["alignment"][row][:len(target), :len(source)]),
-                       bool(out["truncated"][row]), bool(out["terms_met"][row]) if "terms_met" in out else None)
+                       bool(out["truncated"][row]), bool(out["terms_met"][row]) if "terms_met" in out else None,
+                       float(out["confidence"][row]) if "confidence" in out else None)

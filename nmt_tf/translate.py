@@ -40,8 +40,9 @@ signature, which searches the whole target vocabulary (an export made with
 --shortlist_size has no such signature).
 
 Output: plain text, one translation per line. With --with_scores,
---with_alignments or --n_best > 1, one JSON object per line instead:
-  {"translation": ..., "score": ..., "log_prob": ...,            (--with_scores)
+--with_alignments, --with_confidence or --n_best > 1, one JSON object per line instead:
+  {"translation": ..., "confidence": 0.93,                        (--with_confidence)
+   "score": ..., "log_prob": ...,                                 (--with_scores)
    "nbest": [{"translation": ..., "score": ...}, ...],            (--n_best > 1)
    "source_tokens": [...], "target_tokens": [...],
    "alignment": [[...], ...], "truncated": false}                 (--with_alignments)
@@ -79,6 +80,10 @@ from nmt_tf.inference.translation import (
 absl_flags.DEFINE_integer("model_version", 0, "Model version on the server (0: the latest).", lower_bound=0)
 absl_flags.DEFINE_boolean("with_scores", False, "Write JSON lines with the scores.")
 absl_flags.DEFINE_boolean("with_alignments", False, "Write JSON lines with tokens and the attention matrix.")
+absl_flags.DEFINE_boolean("with_confidence", False,
+                          "Write JSON lines with each translation's confidence: the probability, calibrated on a dev "
+                          "set, that it is acceptable (the presets have one; an export of a model directory that "
+                          "holds a confidence.json; docs/translating.md, 'Confidence').")
 absl_flags.DEFINE_string(
     "target_prefix", None,
     "A file (plain or gzip) with one target prefix per input line (empty line: none): each translation starts "
@@ -118,7 +123,8 @@ def main(argv):
     try:
         steering = FLAGS.target_prefix or FLAGS.required_terms or FLAGS.glossary
         glossary = Glossary(FLAGS.glossary) if FLAGS.glossary else None
-        outputs = needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments, bool(steering))
+        outputs = needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments, bool(steering),
+                                 with_confidence=FLAGS.with_confidence)
         if litert:
             if steering:
                 raise ValueError("--runtime=litert has no target prefixes or required terms yet: translate them "
@@ -138,7 +144,7 @@ def main(argv):
                                                   FLAGS.required_terms, glossary), out,
                             FLAGS.lines_per_batch, FLAGS.n_best,
                             FLAGS.with_scores, FLAGS.with_alignments, progress, FLAGS.sort_window,
-                            FLAGS.parallel_batches)
+                            FLAGS.parallel_batches, with_confidence=FLAGS.with_confidence)
         finally:
             progress.close()
             if FLAGS.output:

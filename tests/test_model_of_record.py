@@ -58,3 +58,16 @@ def test_the_model_card_gives_every_file_with_its_sha256_and_the_preset_fits_in_
         assert presets.sha256(os.path.join(folder, name)) == digest, name
     presets.verify(folder)
     assert sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)) <= 25 * 2**20
+
+
+def test_the_shipped_confidence_tells_captions_from_everyday_text(translator):
+    """The preset's calibrator (confidence.json, fitted on val): a caption of
+    the training kind is trusted, a business message is not; the LiteRT
+    runtime computes the same confidence from its own outputs."""
+    sentences = ["Two men are playing soccer on a field.", "Please send me the invoice by Friday.", ""]
+    graph = [t.confidence for t in translator.translate(sentences)]
+    assert graph[0] > 0.8 and graph[1] < 0.5 and graph[2] == 1.0, graph
+    import nmt_tf
+
+    litert = [t.confidence for t in nmt_tf.Translator.from_preset(PRESET, runtime="litert").translate(sentences)]
+    assert litert == pytest.approx(graph, abs=0.05)

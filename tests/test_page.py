@@ -170,6 +170,7 @@ def test_a_sentence_is_translated_with_its_nbest_list_and_heatmap(server, browse
     assert len(browser.find_elements(By.CSS_SELECTOR, "#heatmap thead th")) == len(source_tokens) + 1
     assert len(browser.find_elements(By.CSS_SELECTOR, "#nbest li")) == sum(s > -1e8 for s in expected["nbest_scores"][0])
     assert "ms from pressing Enter" in browser.find_element(By.ID, "timing").text
+    assert browser.find_element(By.ID, "confidence").get_attribute("hidden")        # no calibrator, no line
     row = browser.find_elements(By.CSS_SELECTOR, "#heatmap tbody th")[0]
     ActionChains(browser).move_to_element(row).perform()
     assert "active" in row.get_attribute("class")
@@ -230,3 +231,33 @@ def test_a_stopped_server_and_a_failing_one_get_a_message(exported, tmp_path_fac
         failing.stop()
         registry.stop()
         srv.stop(grace=0)
+
+
+def test_a_low_confidence_is_shown_as_a_warning(trained_model_dir, tmp_path, browser):
+    """An export whose model directory has a calibrator answers a confidence;
+    under 0.5 the page says not to rely on the translation."""
+    from selenium.webdriver.common.by import By
+
+    from nmt_tf.config import ExportConfig, SearchOptions
+    from nmt_tf.exporting import saved_model as exporter
+    from nmt_tf.inference import confidence
+
+    model_dir = str(tmp_path / "model")
+    shutil.copytree(trained_model_dir[0], model_dir)
+    zero = (0.0,) * len(confidence.FEATURES)
+    for intercept, expected in ((-3.0, "Low confidence (5 %)"), (3.0, "Confidence 95 %")):
+        confidence.Calibrator(zero, (1.0,) * len(zero), zero, intercept, (), 5, "test", "test").save(
+            confidence.path_in(model_dir))
+        base = str(tmp_path / f"export{intercept}")
+        exporter.export(model_dir, base, ExportConfig(SearchOptions(beam_size=2, n_best=2), max_input_length=20),
+                        log=lambda *a: None)
+        srv, registry, _ = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=2,
+                                                   log=lambda *a: None)
+        servers = (srv, registry, rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2))
+        try:
+            submit(browser, f"http://127.0.0.1:{servers[2].port}/", SENTENCE)
+            line = browser.find_element(By.ID, "confidence")
+            assert not line.get_attribute("hidden") and line.text.startswith(expected), line.text
+            assert ("low" in line.get_attribute("class")) == (intercept < 0)
+        finally:
+            stop(servers)

@@ -17,6 +17,8 @@
     train_summary.json        steps, epochs, time, NLL, tokens/s, status
     eval/<source name>/       nmt_tf.evaluate's default output folder
     lexical_shortlist.npz     nmt_tf.shortlist's lexical table (--shortlist_size)
+    confidence.json           a confidence calibrator fitted on a dev set
+                              (nmt_tf.inference.confidence); an export gets a confidence output
     prepared/                 the training corpus tokenized into TFRecord shards
                               (--prepared_shards), with manifest.json
     workers/<task>_<id>/      what a worker other than the chief writes under
@@ -35,7 +37,7 @@ CONFIG_JSON, FLAGS_TXT, MODEL_CONFIG = "config.json", "flags.txt", "model_config
 FLAGS_JSON = "flags.json"          # a run's configuration before config.json (still read)
 CORPUS_STATS, DEV_CORPUS_STATS, TRAIN_SUMMARY = "corpus_stats.json", "corpus_stats.dev.json", "train_summary.json"
 CHECKPOINTS, BEST, AVERAGED, DAMAGED, LOGS, EVAL = "checkpoints", "best", "averaged", "damaged", "logs", "eval"
-WORKERS, PREPARED, LEXICAL_TABLE = "workers", "prepared", "lexical_shortlist.npz"
+WORKERS, PREPARED, LEXICAL_TABLE, CONFIDENCE = "workers", "prepared", "lexical_shortlist.npz", "confidence.json"
 VOCABULARIES = ("vocab.src.txt", "vocab.tgt.txt")
 SENTENCEPIECE_MODELS = ("sentencepiece.src.model", "sentencepiece.tgt.model")
 WORD_SHORTLISTS = ("words.src.txt", "words.tgt.txt")
@@ -52,7 +54,7 @@ def pair(model_dir: str, names: tuple[str, str]) -> tuple[str, str]:
 
 
 # What a preset carries of its run (those that exist), besides the weights.
-RUN_FILES = (CONFIG_JSON, FLAGS_JSON, *VOCABULARIES, *SENTENCEPIECE_MODELS, *WORD_SHORTLISTS)
+RUN_FILES = (CONFIG_JSON, FLAGS_JSON, *VOCABULARIES, *SENTENCEPIECE_MODELS, *WORD_SHORTLISTS, CONFIDENCE)
 
 
 def eval_dir(model_dir: str, source_name: str) -> str:

@@ -36,9 +36,11 @@ import tempfile
 
 from nmt_tf.config import ExportConfig
 from nmt_tf.core import custom_gradients
+from nmt_tf.core import model_dir as layout
 from nmt_tf.core.files import WriteFailed, sha256
 from nmt_tf.core.model_dir import SENTENCEPIECE_MODELS
 from nmt_tf.exporting.saved_model import metadata, next_version, remove_stale_temporaries
+from nmt_tf.inference import confidence
 from nmt_tf.inference.litert_runtime import FORMAT_VERSION, MANIFEST
 from nmt_tf.inference.restore import restore_model
 from nmt_tf.inference.translation_graph import tf_variables
@@ -122,6 +124,11 @@ def _copy_tokenizer(model_dir: str, out: str) -> dict:
     for key, name in zip(("source_sentencepiece", "target_sentencepiece"), SENTENCEPIECE_MODELS):
         shutil.copy(os.path.join(model_dir, name), os.path.join(out, name))
         files[key] = name
+    calibrator = confidence.path_in(model_dir)
+    if os.path.exists(calibrator):           # the runtime computes the confidence from its outputs
+        confidence.load(calibrator)          # a damaged one fails the export, not the first request
+        shutil.copy(calibrator, os.path.join(out, layout.CONFIDENCE))
+        files["confidence"] = layout.CONFIDENCE
     return files
 
 

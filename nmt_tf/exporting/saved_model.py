@@ -19,6 +19,7 @@ from nmt_tf.config import DecodingConfig, ExportConfig
 from nmt_tf.core import custom_gradients
 from nmt_tf.core.files import WriteFailed, sha256
 from nmt_tf.data.lexicon import for_search
+from nmt_tf.inference import confidence
 from nmt_tf.inference.restore import restore_ensemble
 from nmt_tf.inference.saved_models import EXPORT_METADATA
 from nmt_tf.inference.translation_graph import TranslationGraph, UnkReplacement
@@ -147,6 +148,19 @@ def export(model_dir, export_dir: str, config: ExportConfig | None = None, versi
         return _export(model_dir, export_dir, config, version, log)
 
 
+def graph_confidence(model_dirs: list, log):
+    """The model directory's confidence calibrator as TF ops (a `confidence`
+    output), or None: when it has none, or for an ensemble (a calibrator
+    fitted on one model's signals does not describe several)."""
+    found = confidence.find(model_dirs[0])
+    if found is None:
+        return None
+    if len(model_dirs) > 1:
+        log(f"{confidence.path_in(model_dirs[0])} is left out: it was fitted on one model, not this ensemble")
+        return None
+    return confidence.GraphConfidence(found)
+
+
 def _export(model_dir, export_dir: str, config: ExportConfig | None, version: int, log) -> str:
     import tensorflow as tf
 
@@ -172,7 +186,7 @@ def _export(model_dir, export_dir: str, config: ExportConfig | None, version: in
     step_weights = (model.freeze_step_weights(config.freeze_token_products, output_layer=shortlist is None)
                     if config.freeze_step_weights else [])
     module = TranslationGraph(model, src_tok, tgt_tok, options, config.max_input_length, unk_replacement,
-                              shortlist).module()
+                              shortlist, graph_confidence(model_dirs, log)).module()
     module.step_weights = step_weights
     # The tf.functions, not concrete functions: tf.saved_model.save traces them in its own context,
     # where a function traced before would be traced again (the save's variable policy is part of the

@@ -78,6 +78,10 @@ class SignatureClient:
         except grpc.RpcError as e:
             raise ClientError(f"{self.where}: {e.code().name}: {e.details()}") from e
 
+    def has_output(self, output: str) -> bool:
+        """Whether the signature has this output (`confidence`: only an export with a calibrator)."""
+        return output in self._shapes
+
     def output_size(self, output: str, axis: int) -> int | None:
         """The static size of one axis of an output (e.g. the n-best size an
         export fixed), or None when it varies."""

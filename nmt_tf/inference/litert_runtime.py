@@ -28,6 +28,8 @@ import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
 from nmt_tf.core.files import sha256
+from nmt_tf.inference import confidence
+from nmt_tf.inference.confidence import confidence_of_outputs
 from nmt_tf.inference.host_text import SentencePieceSource
 
 FORMAT_VERSION = 1
@@ -119,6 +121,12 @@ class LiteRTModel:
                                    f"has {manifest['vocab_size']} outputs")
         self.search = dict(manifest["search"])
         self.max_input_length = int(manifest["max_input_length"])
+        self.calibrator = None          # a calibrated confidence output (nmt_tf.inference.confidence)
+        if "confidence" in manifest["files"]:
+            try:
+                self.calibrator = confidence.load(os.path.join(folder, manifest["files"]["confidence"]))
+            except confidence.CalibratorError as e:
+                raise LiteRTModelError(str(e)) from None
 
     # -- source side --------------------------------------------------------
 
@@ -410,6 +418,10 @@ def _scatter(batch: int, rows: np.ndarray, values: np.ndarray, fill) -> np.ndarr
     return out
 
 
+OUTPUTS = ("translation", "score", "log_prob", "source_tokens", "target_tokens", "alignment", "truncated",
+           "nbest_translations", "nbest_scores")
+
+
 class LiteRTClient:
     """The serving_default signature of a LiteRT model folder, called like
     `nmt_tf.inference.client.SignatureClient`: string vectors in, the SavedModel's
@@ -442,6 +454,9 @@ class LiteRTClient:
                 return self._free.pop()
             self._made += 1
         return LiteRTModel(self._folder, self._threads)
+
+    def has_output(self, output: str) -> bool:
+        return output in OUTPUTS or (output == "confidence" and self.model.calibrator is not None)
 
     def output_size(self, output: str, axis: int) -> int | None:
         if output in ("nbest_translations", "nbest_scores") and axis == 1:
@@ -484,6 +499,8 @@ class LiteRTClient:
             "truncated": np.array([cut for _, _, cut in sources], bool),
             "nbest_translations": texts, "nbest_scores": scores,
         }
+        if model.calibrator is not None and (self.outputs is None or "confidence" in self.outputs):
+            result["confidence"] = confidence_of_outputs(result, model.calibrator).astype(np.float32)
         return {name: value for name, value in result.items() if self.outputs is None or name in self.outputs}
 
 

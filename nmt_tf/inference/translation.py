@@ -35,10 +35,13 @@ class TranslationError(RuntimeError):
     """A problem the user can fix, in one sentence."""
 
 
-def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool, steered: bool = False) -> list[str]:
+def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool, steered: bool = False, *,
+                   with_confidence: bool = False) -> list[str]:
     """The outputs that `format_result` writes for these flags (`steered`: of
     the translate_constrained signature)."""
     outputs = ["translation", "truncated"] + (["terms_met"] if steered else [])
+    if with_confidence:
+        outputs += ["confidence"]
     if with_scores:
         outputs += ["score", "log_prob"]
     if n_best > 1:
@@ -96,12 +99,15 @@ def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None 
         yield line, prefix, "\t".join(wanted).encode("utf-8")
 
 
-def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool) -> str:
+def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool, *,
+                  with_confidence: bool = False) -> str:
     """One output line for row i of a batch result."""
     translation = as_text(out["translation"][i])
-    if not (with_scores or with_alignments or n_best > 1):
+    if not (with_scores or with_alignments or with_confidence or n_best > 1):
         return translation
     record = {"translation": translation}
+    if with_confidence:
+        record["confidence"] = round(float(out["confidence"][i]), 4)
     if "terms_met" in out:
         record["terms_met"] = bool(out["terms_met"][i])
     if "terms_spellable" in out:        # False: a term has a token outside the target vocabulary
@@ -135,7 +141,7 @@ def signature_inputs(batch: list) -> dict:
 
 def translate_lines(client, lines, out, batch_size: int, n_best: int, with_scores: bool,
                     with_alignments: bool, progress: Progress | None = None, sort_window: int = 1,
-                    parallel_batches: int = 1) -> int:
+                    parallel_batches: int = 1, *, with_confidence: bool = False) -> int:
     """Translates an iterable of byte lines into the text stream `out` with a
     `nmt_tf.inference.client.SignatureClient` of the serving_default signature; returns lines done.
     Items may also be (line, target prefix, required terms) (`steered_lines`),
@@ -145,7 +151,13 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
     is translated in batches of `batch_size` lines of similar length (by
     words, shortest first; with a window of one batch, in input order) and
     written in input order. `parallel_batches` batches are translated at
-    once (requests in flight, or signature calls on as many threads)."""
+    once (requests in flight, or signature calls on as many threads).
+    `with_confidence`: JSON lines with the export's calibrated confidence
+    (a model with a confidence.json; nmt_tf.inference.confidence)."""
+    if with_confidence and not client.has_output("confidence"):
+        raise TranslationError(f"{client.where} has no confidence output: export a model directory that holds "
+                               "a confidence calibrator (confidence.json; docs/translating.md, 'Confidence'), or "
+                               "use a preset that ships one")
     exported = client.output_size("nbest_scores", 1)
     if n_best > exported:
         raise TranslationError(f"--n_best={n_best} but the model was exported with n-best "
@@ -159,7 +171,7 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
                                     parallel_batches, by_length=window_size > batch_size,
                                     length=lambda item: len(item[0].split()))
         for i, (result, row) in enumerate(rows_by_line(batched, len(window), progress and progress.update)):
-            plain = not (with_alignments or with_scores or n_best > 1)
+            plain = not (with_alignments or with_scores or with_confidence or n_best > 1)
             if plain and result["truncated"][row]:
                 print(f"warning: line {done + i + 1} (or its target prefix) was longer than the model's input "
                       "limit and was cut",
@@ -171,7 +183,8 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
                     "[UNK], or it holds a control character); it was left out" if unspellable else
                     "its required terms did not fit in the length limit; its translation is the best partial one"),
                     file=sys.stderr)
-            out.write(format_result(result, row, n_best, with_scores, with_alignments) + "\n")
+            out.write(format_result(result, row, n_best, with_scores, with_alignments,
+                                    with_confidence=with_confidence) + "\n")
         out.flush()
         done += len(window)
         window.clear()

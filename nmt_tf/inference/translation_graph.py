@@ -115,7 +115,7 @@ class TranslationGraph:
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int,
-                 unk_replacement: UnkReplacement | None = None, shortlist=None):
+                 unk_replacement: UnkReplacement | None = None, shortlist=None, confidence=None):
         import tensorflow as tf
 
         self.tf = tf
@@ -126,6 +126,7 @@ class TranslationGraph:
         self.max_input_length = max_input_length
         self.unk_replacement = unk_replacement
         self.shortlist = shortlist          # nmt_tf.data.lexicon.LexicalShortlist, for options.shortlist_size
+        self.confidence = confidence        # nmt_tf.inference.confidence.GraphConfidence: a confidence output
 
     def _ids(self, tokenizer, text, add_bos=False):
         """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
@@ -265,9 +266,12 @@ class TranslationGraph:
         target_tokens = tf.where((best != PAD_ID) & keep[:, None],
                                  self.target_tokenizer.id_to_token(best), "")
         alignment = out["alignments"][:, 0] * tf.cast(keep, tf.float32)[:, None, None]
+        log_prob = tf.where(keep, out["log_probs"][:, 0], 0.0)
+        confidence = {} if self.confidence is None else {
+            "confidence": self.confidence(log_prob, best, source_tokens, alignment, scores, PAD_ID)}
         return {
             "translation": texts[:, 0], "score": scores[:, 0],
-            "log_prob": tf.where(keep, out["log_probs"][:, 0], 0.0),
+            "log_prob": log_prob, **confidence,
             "source_tokens": source_tokens, "target_tokens": target_tokens,
             "alignment": alignment, "truncated": truncated,
             "nbest_translations": texts, "nbest_scores": scores,
@@ -311,6 +315,8 @@ class TranslationGraph:
         module.target_tokenizer = self.target_tokenizer
         if self.unk_replacement is not None and self.unk_replacement.table is not None:
             module.unk_dictionary = self.unk_replacement.table      # the dictionary file becomes an asset
+        if self.confidence is not None:
+            module.confidence_tokens = self.confidence.table         # the calibrator's frequent source tokens
         functions = self.functions()
         module.translate = functions["translate"]
         if self.shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export drops

@@ -29,8 +29,10 @@ _OUTPUTS = {
 WARM_UP_LINE = b"A man in a blue shirt is standing on a ladder."
 
 
-def serving_default_signature(n_best: int):
-    """The SignatureDef of serving_default, as the SavedModel export has it."""
+def serving_default_signature(n_best: int, with_confidence: bool = False):
+    """The SignatureDef of serving_default, as the SavedModel export has it
+    (`with_confidence`: a model with a calibrator, whose export has a
+    confidence output)."""
     signature = serving_protos.SignatureDef(method_name="tensorflow/serving/predict")
 
     def declare(info, name: str, dtype: str, shape: list) -> None:
@@ -40,7 +42,8 @@ def serving_default_signature(n_best: int):
             info.tensor_shape.dim.add(size=n_best if size == "n" else size)
 
     declare(signature.inputs["text"], "text", "DT_STRING", [-1])
-    for alias, (dtype, shape) in _OUTPUTS.items():
+    outputs = {**_OUTPUTS, **({"confidence": ("DT_FLOAT", [-1])} if with_confidence else {})}
+    for alias, (dtype, shape) in outputs.items():
         declare(signature.outputs[alias], alias, dtype, shape)
     return signature
 
@@ -58,7 +61,8 @@ class LiteRTVersion(ServedVersion):
         self.client = LiteRTClient(path, num_threads=threads, interpreters=max(1, os.cpu_count() or 1))
         model = self.client.model
         manifest, search = model.manifest, model.search
-        self.signature_defs = {DEFAULT_SIGNATURE: serving_default_signature(self.client.options["n_best"])}
+        self.signature_defs = {DEFAULT_SIGNATURE: serving_default_signature(self.client.options["n_best"],
+                                                                            model.calibrator is not None)}
         self.signatures = [DEFAULT_SIGNATURE]
         self.alignment_shape = alignment_bound(model.max_input_length, search)
         self.search_cost = SearchCost.of_settings(search, model.max_input_length, 1, model.pieces)

@@ -1,37 +1,35 @@
-r"""Issue 93, first step: can the model's own signals say when a translation should not be trusted?
+r"""Issue 93: a calibrated confidence for the shipped preset, fitted on val.
 
-  python pipelines/multi30k_en_fr/confidence.py            # writes confidence/measured.json
+  python pipelines/multi30k_en_fr/confidence.py      # writes the preset's confidence.json, confidence/measured.json
 
 Translates val, test 2016 and test 2017 with the shipped preset (its
-SavedModel: beam 10, n-best 5, alignments; the score signature for each
-best translation's token log-probabilities), computes per sentence the
-signals below, and measures how well they predict the sentence's quality:
+SavedModel: beam 10, n-best 5, alignments), computes per sentence the six
+signals of nmt_tf.inference.confidence (which an export computes in its
+graph: mean token log-probability, n-best margin, attention coverage and
+entropy, length ratio, share of source pieces seen fewer than 5 times in
+training), and three more that need a second pass or the host:
 
-  lp_mean        log p(translation) / its tokens ([EOS] included)
-  lp_min         its least likely token's log-probability
+  lp_min         the best translation's least likely token (the score signature)
   nbest_agree    mean sentence chrF of the other n-best hypotheses against the best (0-1)
-  nbest_margin   the best hypothesis' score minus the second's
-  coverage_dev   mean |sum of a source token's attention - 1| over the source tokens
-  att_entropy    mean entropy of the attention rows / log(source tokens)
-  len_ratio      log(translation tokens / source tokens)
-  rare_pieces    share of the source's SentencePiece pieces seen fewer than 5 times in training
   unknown_words  share of the source's words outside the training word list (words.src.txt)
 
-"Acceptable" is fixed before looking at any result: sentence chrF (sacreBLEU,
-chrF2) of at least ACCEPTABLE_CHRF against the reference. A logistic
-regression of the standardised signals is fitted on val only (the
-calibrator); the baseline is the raw model score (lp_mean), mapped to a
+"Acceptable" was fixed before any result was seen: sentence chrF (sacreBLEU,
+chrF2) of at least ACCEPTABLE_CHRF against the reference. Two logistic
+regressions of the standardised signals are fitted on val only: the shipped
+calibrator (the six in-graph signals), written as the preset's
+confidence.json, and the nine-signal one of the first measurement, kept for
+comparison. The baseline is the raw model score (lp_mean), mapped to a
 probability by isotonic regression on val. On each test set: expected
 calibration error (10 equal-width bins), Spearman's rho with sentence chrF,
-and AUROC for flagging the worst 20 % by chrF; both for the calibrator and
-the baseline. Nothing is chosen on the test sets: they are only reported.
+and AUROC for flagging the worst 20 % by chrF. Nothing is chosen on the test
+sets: they are only reported.
 
 Out of domain: confidence/out_of_domain.en holds 202 everyday English
 sentences written for this (messages, instructions, numbers, prices,
 times, names, addresses; no reference translations: they are a class of
 their own, not judged acceptable or not). Their translations by the preset
 are written to confidence/out_of_domain.fr, and the AUROC of separating
-them from the test 2016 captions is reported for the calibrator, the raw
+them from the test 2016 captions is reported for the calibrators, the raw
 score and each signal.
 """
 
@@ -55,8 +53,7 @@ OUT = os.path.join(HERE, "confidence")
 SETS = {"val": "val", "test_2016": "test_2016_flickr", "test_2017": "test_2017_flickr"}
 ACCEPTABLE_CHRF = 50.0
 RARE_COUNT = 5
-FEATURES = ("lp_mean", "lp_min", "nbest_agree", "nbest_margin", "coverage_dev", "att_entropy", "len_ratio",
-            "rare_pieces", "unknown_words")
+EXTRA = ("lp_min", "nbest_agree", "unknown_words")
 WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -65,46 +62,36 @@ def read(name: str, lang: str) -> list[str]:
         return [line.rstrip("\n") for line in f]
 
 
-def signals(signatures, sources: list[str], piece_counts, known_words, pieces, batch: int = 64) -> list[dict]:
-    """The signals of each source's translation (module docstring), with the translation."""
-    import numpy as np
+def signals(signatures, sources: list[str], frequent, known_words, batch: int = 64) -> list[dict]:
+    """The signals of each source's translation (module docstring), with the
+    translation and the export's own confidence output when it has one."""
     import sacrebleu
     import tensorflow as tf
+
+    from nmt_tf.inference import confidence
 
     rows = []
     for start in range(0, len(sources), batch):
         chunk = sources[start:start + batch]
         out = {k: v.numpy() for k, v in signatures["serving_default"](text=tf.constant(chunk)).items()}
+        in_graph = confidence.signals_of_outputs(out, frequent)
         best = [t.decode() for t in out["translation"]]
         scored = signatures["score"](source=tf.constant(chunk), target=tf.constant(best))
         token_log_probs, target_length = scored["token_log_probs"].numpy(), scored["target_length"].numpy()
         for i, source in enumerate(chunk):
-            source_tokens = [t for t in out["source_tokens"][i] if t and t != b"[EOS]"]
-            target_tokens = [t for t in out["target_tokens"][i] if t]
-            s, t = len(source_tokens) + 1, len(target_tokens)
-            alpha = out["alignment"][i][:t, :s]
-            coverage = alpha.sum(0)[:s - 1] if s > 1 else np.zeros(1)
-            entropy = -(alpha * np.log(np.maximum(alpha, 1e-12))).sum(1).mean() / math.log(max(s, 2))
             others = [h.decode() for h, score in zip(out["nbest_translations"][i][1:], out["nbest_scores"][i][1:])
-                      if score > -1e8]
+                      if score > confidence.DEAD]
             agree = (sum(sacrebleu.sentence_chrf(h, [best[i]]).score for h in others) / (100 * len(others))
                      if others else 1.0)
-            scores = out["nbest_scores"][i]
-            source_pieces = pieces.pieces(source)
             words = WORD.findall(source)
             n = int(target_length[i])
             rows.append({
                 "translation": best[i],
-                "lp_mean": float(out["log_prob"][i]) / max(t, 1),
+                **dict(zip(confidence.FEATURES, in_graph[i].tolist())),
                 "lp_min": float(token_log_probs[i][:n].min()) if n else 0.0,
                 "nbest_agree": agree,
-                "nbest_margin": float(scores[0] - scores[1]) if len(scores) > 1 and scores[1] > -1e8 else 10.0,
-                "coverage_dev": float(np.abs(coverage - 1.0).mean()),
-                "att_entropy": float(entropy),
-                "len_ratio": math.log(max(t, 1) / max(s, 1)),
-                "rare_pieces": (sum(piece_counts[p] < RARE_COUNT for p in source_pieces) / len(source_pieces)
-                                if source_pieces else 0.0),
                 "unknown_words": sum(w not in known_words for w in words) / len(words) if words else 0.0,
+                **({"exported": float(out["confidence"][i])} if "confidence" in out else {}),
             })
     return rows
 
@@ -125,94 +112,108 @@ def ece(probabilities, labels, bins: int = 10) -> float:
 def main():
     import numpy as np
     import sacrebleu
-    import tensorflow as tf
     from scipy.stats import spearmanr
     from sklearn.isotonic import IsotonicRegression
-    from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
 
     from nmt_tf import presets
+    from nmt_tf.core.files import sha256
     from nmt_tf.core.hardware import vector_flags
+    from nmt_tf.inference import confidence
     from nmt_tf.inference.host_text import SentencePieceSource
     from nmt_tf.inference.saved_models import load_saved_model
 
     start = time.monotonic()
-    saved_model = presets.build("multi30k_en_fr", log=lambda *a: print(*a, file=sys.stderr))
-    model_dir = os.path.join(os.path.dirname(os.path.dirname(saved_model)), "model")
+    folder = presets.preset_dir("multi30k_en_fr")
+    saved_model = presets.build(folder, log=lambda *a: print(*a, file=sys.stderr))
     signatures = load_saved_model(saved_model).signatures
-    pieces = SentencePieceSource(os.path.join(model_dir, "sentencepiece.src.model"))
+    pieces = SentencePieceSource(os.path.join(folder, "sentencepiece.src.model"))
     piece_counts = collections.Counter(p for line in read("train", "en") for p in pieces.pieces(line))
-    with open(os.path.join(model_dir, "words.src.txt"), encoding="utf-8") as f:
+    frequent = {p for p, n in piece_counts.items() if n >= RARE_COUNT}
+    with open(os.path.join(folder, "words.src.txt"), encoding="utf-8") as f:
         known_words = {line.rstrip("\n") for line in f}
     chrf = sacrebleu.metrics.CHRF()        # chrF2, as sacrebleu.sentence_chrf; its signature goes in the report
     measured = {}
     with open(os.path.join(OUT, "out_of_domain.en"), encoding="utf-8") as f:
-        out_of_domain = signals(signatures, [line.rstrip("\n") for line in f], piece_counts, known_words, pieces)
+        out_of_domain = signals(signatures, [line.rstrip("\n") for line in f], frequent, known_words)
     with open(os.path.join(OUT, "out_of_domain.fr"), "w", encoding="utf-8") as f:
         f.writelines(row["translation"] + "\n" for row in out_of_domain)
     for key, name in SETS.items():
         sources, references = read(name, "en"), read(name, "fr")
-        rows = signals(signatures, sources, piece_counts, known_words, pieces)
+        rows = signals(signatures, sources, frequent, known_words)
         for row, reference in zip(rows, references):
             row["chrf"] = chrf.sentence_score(row["translation"], [reference]).score
         measured[key] = rows
         print(f"{key}: {len(rows)} sentences", file=sys.stderr)
 
-    def matrix(rows):
-        return np.array([[row[f] for f in FEATURES] for row in rows])
+    nine = confidence.FEATURES + EXTRA
+
+    def matrix(rows, features):
+        return np.array([[row[f] for f in features] for row in rows])
 
     val = measured["val"]
-    x_val = matrix(val)
-    mean, std = x_val.mean(0), x_val.std(0) + 1e-9
     y_val = np.array([row["chrf"] >= ACCEPTABLE_CHRF for row in val])
-    calibrator = LogisticRegression(C=1.0, max_iter=1000).fit((x_val - mean) / std, y_val)
+    acceptable = f"sentence chrF2 (sacreBLEU) >= {ACCEPTABLE_CHRF:g} against the reference"
+    shipped = confidence.fit(matrix(val, confidence.FEATURES), y_val, frequent, RARE_COUNT, acceptable,
+                             "Multi30k val 2016 (1,014 sentences), the preset's SavedModel at beam 10")
+    shipped.save(os.path.join(folder, "confidence.json"))
+    manifest = presets.read_manifest(folder)
+    manifest["files"]["confidence.json"] = sha256(os.path.join(folder, "confidence.json"))
+    with open(os.path.join(folder, presets.MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    mean9, std9, w9 = confidence.logistic_regression(matrix(val, nine), y_val)
+    calibrators = {
+        "shipped (six in-graph signals)": lambda rows: shipped.probability(matrix(rows, confidence.FEATURES)),
+        "nine signals": lambda rows: 1 / (1 + np.exp(-(((matrix(rows, nine) - mean9) / std9) @ w9[:-1] + w9[-1]))),
+    }
     baseline = IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1).fit(
         [row["lp_mean"] for row in val], y_val)
-    report = {"acceptable": f"sentence chrF2 (sacreBLEU) >= {ACCEPTABLE_CHRF:g} against the reference",
-              "chrf_signature": str(chrf.get_signature()),
+    report = {"acceptable": acceptable, "chrf_signature": str(chrf.get_signature()),
               "fitted_on": "val", "cpu_flags": " ".join(vector_flags()),
-              "calibrator": {"features": list(FEATURES), "mean": mean.tolist(), "std": std.tolist(),
-                             "coefficients": calibrator.coef_[0].tolist(),
-                             "intercept": float(calibrator.intercept_[0])},
+              "shipped_calibrator": "nmt_tf/presets/multi30k_en_fr/confidence.json",
+              "nine_signal_calibrator": {"features": list(nine), "mean": mean9.tolist(), "std": std9.tolist(),
+                                         "coefficients": w9[:-1].tolist(), "intercept": float(w9[-1])},
               "sets": {}}
     for key, rows in measured.items():
-        chrf = np.array([row["chrf"] for row in rows])
-        labels = chrf >= ACCEPTABLE_CHRF
-        worst = chrf <= np.percentile(chrf, 20)
-        ours = calibrator.predict_proba((matrix(rows) - mean) / std)[:, 1]
+        chrf_scores = np.array([row["chrf"] for row in rows])
+        labels = chrf_scores >= ACCEPTABLE_CHRF
+        worst = chrf_scores <= np.percentile(chrf_scores, 20)
         raw = np.array([row["lp_mean"] for row in rows])
-        theirs = baseline.predict(raw)
-        report["sets"][key] = {
-            "sentences": len(rows), "acceptable_share": round(float(labels.mean()), 4),
-            "calibrator": {"ece": round(ece(ours, labels), 4),
-                           "spearman_chrf": round(float(spearmanr(ours, chrf)[0]), 4),
-                           "auroc_worst_20pct": round(float(roc_auc_score(worst, -ours)), 4)},
-            "raw_score": {"ece": round(ece(theirs, labels), 4),
-                          "spearman_chrf": round(float(spearmanr(raw, chrf)[0]), 4),
-                          "auroc_worst_20pct": round(float(roc_auc_score(worst, -raw)), 4)},
-            "each_signal_spearman_chrf": {f: round(float(spearmanr([row[f] for row in rows], chrf)[0]), 4)
-                                          for f in FEATURES},
-        }
+        entry = {"sentences": len(rows), "acceptable_share": round(float(labels.mean()), 4)}
+        for label, predict in calibrators.items():
+            ours = predict(rows)
+            entry[label] = {"ece": round(ece(ours, labels), 4),
+                            "spearman_chrf": round(float(spearmanr(ours, chrf_scores)[0]), 4),
+                            "auroc_worst_20pct": round(float(roc_auc_score(worst, -ours)), 4)}
+        entry["raw_score"] = {"ece": round(ece(baseline.predict(raw), labels), 4),
+                              "spearman_chrf": round(float(spearmanr(raw, chrf_scores)[0]), 4),
+                              "auroc_worst_20pct": round(float(roc_auc_score(worst, -raw)), 4)}
+        entry["each_signal_spearman_chrf"] = {f: round(float(spearmanr([row[f] for row in rows], chrf_scores)[0]), 4)
+                                              for f in nine}
+        report["sets"][key] = entry
     captions = measured["test_2016"]
     mixed = captions + out_of_domain
     is_foreign = np.array([0] * len(captions) + [1] * len(out_of_domain))
-    confidence = calibrator.predict_proba((matrix(mixed) - mean) / std)[:, 1]
-    report["out_of_domain"] = {
-        "sentences": len(out_of_domain), "against": "test_2016 captions",
-        "auroc_calibrator": round(float(roc_auc_score(is_foreign, -confidence)), 4),
-        "auroc_raw_score": round(float(roc_auc_score(is_foreign, [-row["lp_mean"] for row in mixed])), 4),
-        "auroc_each_signal": {f: round(float(roc_auc_score(is_foreign, [row[f] for row in mixed])), 4)
-                              for f in FEATURES},
-        "mean_confidence": {"captions": round(float(confidence[:len(captions)].mean()), 4),
-                            "out_of_domain": round(float(confidence[len(captions):].mean()), 4)},
-        "share_below_0.5": {"captions": round(float((confidence[:len(captions)] < 0.5).mean()), 4),
-                            "out_of_domain": round(float((confidence[len(captions):] < 0.5).mean()), 4)},
-    }
+    report["out_of_domain"] = {"sentences": len(out_of_domain), "against": "test_2016 captions",
+                               "auroc_raw_score": round(float(roc_auc_score(is_foreign,
+                                                                            [-row["lp_mean"] for row in mixed])), 4),
+                               "auroc_each_signal": {f: round(float(roc_auc_score(is_foreign,
+                                                                                  [row[f] for row in mixed])), 4)
+                                                     for f in nine}}
+    for label, predict in calibrators.items():
+        conf = predict(mixed)
+        report["out_of_domain"][label] = {
+            "auroc": round(float(roc_auc_score(is_foreign, -conf)), 4),
+            "mean_confidence": {"captions": round(float(conf[:len(captions)].mean()), 4),
+                                "out_of_domain": round(float(conf[len(captions):].mean()), 4)},
+            "share_below_0.5": {"captions": round(float((conf[:len(captions)] < 0.5).mean()), 4),
+                                "out_of_domain": round(float((conf[len(captions):] < 0.5).mean()), 4)}}
     report["seconds"] = round(time.monotonic() - start, 1)
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "measured.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
-    print(json.dumps({k: v for k, v in report.items() if k != "calibrator"}, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k != "nine_signal_calibrator"}, indent=1))
 
 
 if __name__ == "__main__":

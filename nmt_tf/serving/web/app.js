@@ -84,6 +84,7 @@ function show(prediction, elapsed) {
   document.getElementById("timing").textContent =
     `${Math.round(elapsed).toLocaleString()} ms from pressing Enter to the answer ` +
     `(log-probability ${Number(prediction.log_prob).toFixed(2)}, score ${Number(prediction.score).toFixed(3)})`;
+  showConfidence(prediction.confidence);
   if (prediction.truncated) {
     say(`The line is longer than the model's input limit of ${maxInputTokens || "its"} tokens: only its ` +
         "beginning was translated.", "notice");
@@ -104,6 +105,26 @@ function show(prediction, elapsed) {
   });
   drawHeatmap(prediction);
   result.hidden = false;
+}
+
+// A model with a calibrator answers a confidence: the probability, fitted on its dev set, that the
+// translation is acceptable. Under LOW_CONFIDENCE the page says plainly not to rely on it.
+const LOW_CONFIDENCE = 0.5;
+
+function showConfidence(confidence) {
+  const line = document.getElementById("confidence");
+  if (confidence === undefined || confidence === null) {
+    line.hidden = true;
+    return;
+  }
+  const percent = Math.round(Number(confidence) * 100);
+  const low = Number(confidence) < LOW_CONFIDENCE;
+  line.className = low ? "low" : "";
+  line.textContent = low
+    ? `Low confidence (${percent} %): the text looks unlike what the model was trained on, or the model was ` +
+      "unsure of it. Do not rely on this translation."
+    : `Confidence ${percent} %: the chance, calibrated on the model's dev set, that this translation is acceptable.`;
+  line.hidden = false;
 }
 
 function tokens(list) {
