@@ -153,23 +153,28 @@ class Translator:
         path) or the mean of `average_checkpoints` of `average_from`;
         `search`: nmt_tf.config.SearchOptions fields (beam_size=10 and n_best=5
         unless given); `precision`: the Keras dtype policy of the search
-        ("mixed_bfloat16" is faster on CPUs with bfloat16 instructions)."""
+        ("mixed_bfloat16" is faster on CPUs with bfloat16 instructions).
+        What it loads, and fewer checkpoints than `average_checkpoints` to
+        average, are said on standard error as the tools say them (or to
+        `log`; `log=lambda *a: None` for silence)."""
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         import tensorflow as tf
 
         from nmt_tf.core.checkpoints import WeightsChoice
+
+        log = log or (lambda *a: print(*a, file=sys.stderr))
 
         options = SearchOptions(**{"n_best": min(5, search.get("beam_size", 10)), **search})
         decoding = DecodingConfig(options, WeightsChoice(checkpoint, average_checkpoints, average_from), precision,
                                   max_input_length)
         gradients = custom_gradients.Registrations()
         with gradients.recording():
-            restored = restore_model(model_dir, decoding.weights, log=log or (lambda *a: None),
+            restored = restore_model(model_dir, decoding.weights, log=log,
                                      precision=decoding.precision)
             graph = TranslationGraph(restored.model, restored.source_tokenizer, restored.target_tokenizer, options,
                                      decoding.max_input_length,
                                      shortlist=for_search(model_dir, restored.model, options),
-                                     confidence=exporter.graph_confidence([model_dir], log or (lambda *a: None)))
+                                     confidence=exporter.graph_confidence([model_dir], log))
         functions = graph.functions()
         translate, score, constrained = (functions[name] for name in ("translate", "score", "translate_constrained"))
         metadata = exporter.metadata(restored.config, decoding, restored.checkpoint)

@@ -83,7 +83,8 @@ def test_an_exported_ensemble_of_a_model_with_itself_translates_like_the_model(e
     path = exporter.export([model_dir, model_dir], str(tmp_path / "ens"),
                            ExportConfig(SearchOptions(**options), max_input_length=20), log=lambda *a: None)
     meta = saved_models.read_metadata(path)
-    assert meta["model_dirs"] == [os.path.abspath(model_dir)] * 2
+    assert meta["model_dirs"] == [os.path.relpath(os.path.abspath(model_dir), path)] * 2      # relative to the version
+    assert os.path.samefile(os.path.join(path, meta["model_dirs"][0]), model_dir)
     lines = tf.constant(["Un homme marche.", "A dog runs on the beach.", ""])
     want = tf.saved_model.load(single).signatures["serving_default"](text=lines)
     got = tf.saved_model.load(path).signatures["serving_default"](text=lines)

@@ -184,6 +184,10 @@ def test_the_translator_api_returns_what_the_signature_does(tiny_preset, exporte
 def test_the_translator_of_a_model_dir_or_a_preset_translates_alike(tiny_preset, exported):
     import nmt_tf
 
+    said = []
+    from_dir = nmt_tf.Translator.from_model_dir(exported[0], average_checkpoints=50, beam_size=3, n_best=2,
+                                                max_input_length=20, log=said.append)
+    assert any(line.startswith("Only ") and "not 50: averaging those" in line for line in said), said
     from_dir = nmt_tf.Translator.from_model_dir(exported[0], beam_size=3, n_best=2, max_input_length=20)
     from_preset = nmt_tf.Translator.from_preset(tiny_preset[0], cache_dir=tiny_preset[1])
     assert [r.text for r in from_dir.translate(SENTENCES)] == [r.text for r in from_preset.translate(SENTENCES)]

@@ -371,6 +371,16 @@ def test_budget_max_steps_and_early_stopping(tiny_config, tmp_path):
     assert summary["best_dev"]["step"] == 2
 
 
+def test_a_step_budget_the_epochs_cut_short_is_said(tiny_config, tmp_path):
+    """--max_steps beyond what --max_epochs allows: the log says which ends the run."""
+    said = []
+    summary = training.train(tiny_config(model_dir=str(tmp_path / "a"), max_steps=40, max_epochs=1),
+                             log=said.append)
+    assert summary["status"] == "max_epochs" and summary["steps"] == 5
+    assert "Note: --max_epochs=1 ends this run after 5 updates, before --max_steps=40; raise --max_epochs" in \
+        "\n".join(map(str, said))
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):
     model_dir = str(tmp_path / "nan")
     config = tiny_config(model_dir=model_dir, optimizer="sgd", learning_rate=1e30, clip_norm=0.0,

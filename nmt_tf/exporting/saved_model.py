@@ -65,14 +65,17 @@ def write_metadata(saved_model_dir: str, model_dirs: list[str], trained, decodin
                    checkpoint: str) -> None:
     """assets.extra/nmt_tf.json (`metadata`, the model directories and [UNK]
     replacement) and the training word shortlists (of the first model), for
-    nmt_tf.evaluate / visualize on the export."""
+    nmt_tf.evaluate / visualize on the export. The model directories and the
+    checkpoint are recorded relative to the version directory."""
     from nmt_tf.data import pipeline as data
 
     model_dir = model_dirs[0]
     extra = os.path.join(saved_model_dir, "assets.extra")
     os.makedirs(extra, exist_ok=True)
-    meta = {**metadata(trained, decoding, checkpoint),
-            "model_dirs": [os.path.abspath(d) for d in model_dirs], "replace_unk": decoding.replace_unk,
+    # Paths relative to the version directory: a build folder or a checkout can move (or be another machine's).
+    relative = lambda path: os.path.relpath(os.path.abspath(path), os.path.abspath(saved_model_dir))
+    meta = {**metadata(trained, decoding, relative(checkpoint) if os.path.isabs(checkpoint) else checkpoint),
+            "model_dirs": [relative(d) for d in model_dirs], "replace_unk": decoding.replace_unk,
             "unk_dictionary": decoding.unk_dictionary if decoding.replace_unk else None,
             "asset_sha256": asset_digests(saved_model_dir)}
     with open(os.path.join(extra, EXPORT_METADATA), "w", encoding="utf-8") as f:

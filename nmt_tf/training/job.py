@@ -522,6 +522,10 @@ def _restore(run: _Run) -> None:
     log(f"Model {run.config.model}: {model.count_params():,} parameters; "
         f"{f'{n_batches:,}' if n_batches else 'a data-dependent number of'} batches per epoch; "
         f"precision {keras.mixed_precision.dtype_policy().name}.")
+    config = run.config
+    if config.max_steps and n_batches and config.max_epochs * n_batches < config.max_steps:
+        log(f"Note: --max_epochs={config.max_epochs} ends this run after {config.max_epochs * n_batches:,} "
+            f"updates, before --max_steps={config.max_steps:,}; raise --max_epochs to train that long.")
 
 
 def _dataset(run: _Run, path_src: str, path_tgt: str, **kw):
