@@ -221,7 +221,7 @@ def test_a_stopped_server_and_a_failing_one_get_a_message(exported, tmp_path_fac
     # A server whose API answers an error: its message is shown with the HTTP status.
     srv, registry, rest = start(exported, tmp_path_factory)
     rest.stop()
-    failing = rest_api.RestServer("127.0.0.1", 0, 2, lambda *a: (500, rest_api.error_json("INTERNAL: the model broke")),
+    failing = rest_api.RestServer("127.0.0.1", 0, 2, lambda *a, **k: (500, rest_api.error_json("INTERNAL: the model broke")),
                                   1 << 20, functools.partial(page.page_file, registry))
     try:
         submit(browser, f"http://127.0.0.1:{failing.port}/", SENTENCE)

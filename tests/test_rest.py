@@ -400,6 +400,28 @@ def test_an_unexpected_failure_is_a_json_500_and_the_server_keeps_serving(server
     still_serving(server)
 
 
+def test_rest_predictions_decode_in_their_clients_turn_at_the_shared_gate(server):
+    """Issue 95: REST predictions take decoding turns at the gate the gRPC
+    front end uses (serve() gives both the same): a client at its share is
+    refused (429), another waits for the turn and is answered after it."""
+    from nmt_tf.serving.versions import FairGate
+
+    gate = FairGate(slots=1, per_client=1)
+    body = json.dumps({"instances": ["A man is sleeping."]}).encode()
+    answer = lambda client: rest_api.rest_response(server["registry"], "POST", "/v1/models/nmt:predict", body,
+                                                   max_batch_size=50, gate=gate, client=client)
+    done = []
+    with gate.turn("10.0.0.1", 1.0):            # that client decodes; the only turn is taken
+        status, reply = answer("10.0.0.1")
+        assert status == 429 and "its share of this server" in json.loads(reply)["error"]
+        waiting = threading.Thread(target=lambda: done.append(answer("10.0.0.2")))
+        waiting.start()
+        time.sleep(0.3)
+        assert not done                          # another client waits for the turn
+    waiting.join(30)
+    assert done and done[0][0] == 200 and "predictions" in json.loads(done[0][1])
+
+
 def test_model_status_and_metadata(server):
     ok = {"model_version_status": [{"version": "1", "state": "AVAILABLE",
                                     "status": {"error_code": "OK", "error_message": ""}}]}

@@ -26,6 +26,7 @@ import base64
 import binascii
 import collections
 import concurrent.futures
+import contextlib
 import errno
 import functools
 import http.server
@@ -49,6 +50,7 @@ from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving.http_receiver import PrefetchedReader, Receiver, error_reply
 from nmt_tf.serving.page import PAGE_HEADERS, page_file
 from nmt_tf.serving.versions import (
+    BATCH_WAIT_SECONDS,
     DEFAULT_SIGNATURE,
     ModelRegistry,
     ServingError,
@@ -523,7 +525,7 @@ def _rest_model_spec(name: str, version: str | None, label: str | None):
 
 
 def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, max_batch_size: int,
-                 max_message_bytes: int | None, batcher=None) -> bytes:
+                 max_message_bytes: int | None, batcher=None, gate=None, client: str = "") -> bytes:
     if not _REST_PATH.fullmatch(path):
         raise ServingError(grpc.StatusCode.NOT_FOUND,
                            f"Not found: {path} (TF Serving's REST API paths start with /v1/)")
@@ -536,8 +538,10 @@ def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, m
     if method == "POST":
         if match.group(4) == "predict":
             request, row = predict_request_from_json(registry, spec, body, max_batch_size)
-            response = run_predict(registry, request, max_batch_size, max_message_bytes, can_filter=False,
-                                   batcher=batcher)
+            turn = gate.turn(client, BATCH_WAIT_SECONDS) if gate is not None else contextlib.nullcontext()
+            with turn:
+                response = run_predict(registry, request, max_batch_size, max_message_bytes, can_filter=False,
+                                       batcher=batcher)
             return predict_response_json(response.outputs, row)
         if match.group(4) in ("classify", "regress"):
             raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
@@ -559,14 +563,17 @@ def error_json(message: str) -> bytes:
 
 
 def rest_response(registry: ModelRegistry, method: str, path: str, body: bytes, max_batch_size: int = 1024,
-                  max_message_bytes: int | None = None, batcher=None) -> tuple[int, bytes]:
+                  max_message_bytes: int | None = None, batcher=None, gate=None, client: str = "") -> tuple[int, bytes]:
     """(HTTP status, JSON body) of one REST request, as TF Serving's REST API
     answers it (model_servers/http_rest_api_handler.cc): the same functions as
     the gRPC services, their status mapped to HTTP as TF Serving maps it.
     `path` without the query string, as http.server gives it (ISO-8859-1).
-    `batcher`: nmt_tf.serving.batching's, to join concurrent predictions."""
+    `batcher`: nmt_tf.serving.batching's, to join concurrent predictions;
+    else `gate` (nmt_tf.serving.versions.FairGate, shared with the gRPC
+    front end): a prediction decodes in the turn of its `client` (address)."""
     try:
-        return 200, _rest_answer(registry, method, path, body, max_batch_size, max_message_bytes, batcher)
+        return 200, _rest_answer(registry, method, path, body, max_batch_size, max_message_bytes, batcher, gate,
+                                 client)
     except ServingError as e:
         return HTTP_STATUS[e.code.name], error_json(e.message)
     except RecursionError:   # JSON nested deeper than Python's parser or these functions go
@@ -684,7 +691,7 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
         if page is not None:
             self._reply(200, *page, headers=PAGE_HEADERS)
         else:
-            self._reply(*self.server.answer(self.command, path, body))
+            self._reply(*self.server.answer(self.command, path, body, client=self.client_address[0]))
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _handle
 
@@ -855,7 +862,7 @@ class RestServer(socketserver.TCPServer):
 
 def start_rest_server(registry: ModelRegistry, port: int, host: str = "0.0.0.0", threads: int = 8,
                       max_message_mb: float = 32.0, max_batch_size: int = 1024, page: bool = True,
-                      max_connections: int = 64, header_seconds: float = 30.0, batcher=None,
+                      max_connections: int = 64, header_seconds: float = 30.0, batcher=None, gate=None,
                       ssl_context=None, max_connections_per_client: int | None = None,
                       allowed_hosts=()) -> RestServer:
     """Serves TF Serving's REST API for `registry` on `port` (0: a free one,
@@ -863,11 +870,11 @@ def start_rest_server(registry: ModelRegistry, port: int, host: str = "0.0.0.0",
     a port that another process holds is refused. See RestServer for
     `threads`, `max_connections`, `max_connections_per_client` (None: as
     `max_connections`) and `header_seconds`; `allowed_hosts`: the Host
-    names it answers (empty: any; _RestHandler._misdirected); `batcher` as in
-    rest_response; with an `ssl_context` (nmt_tf.serving.tls) it speaks HTTPS."""
+    names it answers (empty: any; _RestHandler._misdirected); `batcher` and
+    `gate` as in rest_response; with an `ssl_context` (nmt_tf.serving.tls) it speaks HTTPS."""
     limit = int(max_message_mb * 1024 * 1024)
     answer = functools.partial(rest_response, registry, max_batch_size=max_batch_size, max_message_bytes=limit,
-                               batcher=batcher)
+                               batcher=batcher, gate=gate)
     try:
         return RestServer(host, port, threads, answer, limit, functools.partial(page_file, registry) if page else None,
                           max_connections, header_seconds, ssl_context, max_connections_per_client, allowed_hosts)

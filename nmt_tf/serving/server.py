@@ -95,13 +95,24 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
 PENDING_PER_THREAD = 4
 
 
+def fair_gate(threads: int) -> FairGate:
+    """The decoding turns of one server, shared by its gRPC and REST front
+    ends: at most min(threads, cores) decode at once, and a client holds at
+    most 3/4 of the calls the gRPC server admits (PENDING_PER_THREAD x threads)."""
+    return FairGate(max(1, min(threads, os.cpu_count() or 1)), max(1, PENDING_PER_THREAD * threads * 3 // 4))
+
+
 def start_server(model_name: str, model_base_path: str, port: int, host: str = "0.0.0.0",
                  threads: int = 8, max_message_mb: float = 32.0, max_batch_size: int = 1024,
                  poll_seconds: float = 2.0, log=logging.info, batcher: Batcher | None = None,
                  policy: VersionPolicy | None = None, labels: dict | None = None, tls: TlsConfig | None = None,
-                 max_search_work: int = MAX_SEARCH_WORK, runtime: str = "tensorflow", litert_threads: int = 1):
+                 max_search_work: int = MAX_SEARCH_WORK, runtime: str = "tensorflow", litert_threads: int = 1,
+                 gate: FairGate | None = None):
     """Starts serving; returns (grpc server, registry, bound port). `threads`
     is the gRPC worker count (see batching.request_threads for batching);
+    without a `batcher`, calls decode in their client's turn at `gate`
+    (default: a `fair_gate` of their own; the REST front end's too when it
+    is given the same);
     `max_search_work` bounds each translation request's search, over gRPC
     and REST alike (serving.SearchCost); `runtime` "litert" serves LiteRT
     model folders (nmt_tf.serving.litert) with `litert_threads` threads per
@@ -141,9 +152,9 @@ def start_server(model_name: str, model_base_path: str, port: int, host: str = "
     # each admitted call waits for its turn on a thread of its own (so the executor has one per admitted
     # call and never queues one behind another client's), and a client holds at most 3/4 of the admitted
     # calls. With batching the batcher joins the calls instead, and they run as before.
+    # The REST front end takes its turns at the same gate when it is given it (`gate`; serve() does).
     admitted = PENDING_PER_THREAD * threads
-    gate = None if batcher is not None else FairGate(max(1, min(threads, os.cpu_count() or 1)),
-                                                     max(1, admitted * 3 // 4))
+    gate = None if batcher is not None else (gate or fair_gate(threads))
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=admitted if gate else threads),
                          options=[("grpc.max_receive_message_length", limit),
                                   ("grpc.max_send_message_length", limit),
@@ -254,6 +265,7 @@ def start(config: ServerConfig, log=print) -> RunningServer:
         log(warning)
     threads = request_threads(config.threads, params)
     batcher = Batcher(params) if params else None
+    gate = None if batcher else fair_gate(threads)        # gRPC and REST calls take turns at one gate
     if params:
         log(f"Batching: {params.describe()}; {threads} request threads per front end")
     if config.preset:      # after the kernels' choice: building imports TensorFlow (LiteRT: in a child process)
@@ -262,15 +274,16 @@ def start(config: ServerConfig, log=print) -> RunningServer:
     grpc_server, registry, port = start_server(
         model_name, base_path, config.port, config.host, threads, config.max_message_mb, config.max_batch_size,
         config.poll_seconds, log=log, batcher=batcher, policy=policy, labels=labels, tls=tls,
-        max_search_work=config.max_search_work, runtime=config.runtime, litert_threads=config.litert_threads)
+        max_search_work=config.max_search_work, runtime=config.runtime, litert_threads=config.litert_threads,
+        gate=gate)
     rest = None
     if config.rest_api_port:
         try:
             rest = start_rest_server(registry, config.rest_api_port, config.host, threads, config.max_message_mb,
                                      config.max_batch_size, max_connections=config.rest_max_connections,
                                      max_connections_per_client=config.rest_max_connections_per_client,
-                                     allowed_hosts=config.rest_allowed_hosts,
-                                     batcher=batcher, ssl_context=tls.ssl_context() if tls else None)
+                                     allowed_hosts=config.rest_allowed_hosts, batcher=batcher, gate=gate,
+                                     ssl_context=tls.ssl_context() if tls else None)
         except OSError:
             grpc_server.stop(grace=0)
             registry.stop()
