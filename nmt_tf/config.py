@@ -599,10 +599,16 @@ def stored_sections(config: TrainingConfig) -> dict[str, dict[str, Any]]:
     return {name: {k: v for k, v in section.items() if k not in NOT_STORED} for name, section in sections.items()}
 
 
+# config.json's layout: 1 since nmt_tf 0.2.0 (the sections data, model, trainer and this number); a file
+# without the number is one of 0.1.0, read the same way. A newer number is refused with the fix named.
+CONFIG_FORMAT = 1
+
+
 def save(config: TrainingConfig, model_dir: str) -> None:
     """Writes config.json (for the tools) and flags.txt (a flagfile to rerun with)."""
     sections = stored_sections(config)
-    write_atomically(layout.path(model_dir, layout.CONFIG_JSON), json.dumps(sections, indent=2) + "\n")
+    write_atomically(layout.path(model_dir, layout.CONFIG_JSON),
+                     json.dumps({"format_version": CONFIG_FORMAT, **sections}, indent=2) + "\n")
     lines = []
     for name, value in sorted(item for section in sections.values() for item in section.items()):
         if value is None:
@@ -626,17 +632,24 @@ def load(model_dir: str) -> TrainingConfig:
     if not os.path.exists(stored_path):
         raise FileNotFoundError(
             f"{stored_path} not found: --model_dir must be a directory written by nmt_tf.train")
+    damaged = lambda e: ConfigError(f"{stored_path} is damaged ({type(e).__name__}: {e}): the model directory's "
+                                    "settings cannot be read; restore the file from a copy of the run")
     try:
         with open(stored_path, encoding="utf-8") as f:
             stored = json.load(f)
+    except ValueError as e:          # JSONDecodeError, UnicodeDecodeError
+        raise damaged(e) from None
+    version = stored.pop("format_version", 0) if isinstance(stored, dict) else 0
+    if not isinstance(version, int) or version > CONFIG_FORMAT:
+        raise ConfigError(f"{stored_path} has format_version {version!r}: it was written by a newer nmt_tf (this "
+                          f"one reads up to {CONFIG_FORMAT}); upgrade nmt_tf to use this run")
+    try:
         if os.path.basename(stored_path) == layout.CONFIG_JSON:
             stored = {k: v for section in stored.values() for k, v in section.items()}
         if not isinstance(stored, dict):
             raise ValueError("not a JSON object")
-    except (ValueError, AttributeError, TypeError) as e:      # JSONDecodeError, UnicodeDecodeError, a wrong shape
-        raise ConfigError(f"{stored_path} is damaged ({type(e).__name__}: {e}): the model directory's settings "
-                          "cannot be read; restore the file from a copy of the run") from None
-    else:
-        own = names_of(ARCHITECTURES[stored.get("model", TrainingConfig.model)].config)
-        stored = {k: v for k, v in stored.items() if k in own or k not in _MODEL_NAMES}
+    except (ValueError, AttributeError, TypeError) as e:      # a wrong shape
+        raise damaged(e) from None
+    own = names_of(ARCHITECTURES[stored.get("model", TrainingConfig.model)].config)
+    stored = {k: v for k, v in stored.items() if k in own or k not in _MODEL_NAMES}
     return TrainingConfig(**{k: v for k, v in stored.items() if k in NAMES})

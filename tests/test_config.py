@@ -44,7 +44,8 @@ def test_a_saved_configuration_reads_back_and_reruns_as_a_flagfile(tmp_path):
                             layer_norm=True, dry_run=True, distribution="mirrored")
     nmt_config.save(config, str(tmp_path))
     stored = json.load(open(tmp_path / "config.json"))
-    assert set(stored) == {"data", "model", "trainer"}
+    assert set(stored) == {"format_version", "data", "model", "trainer"}
+    assert stored["format_version"] == nmt_config.CONFIG_FORMAT
     assert stored["data"]["train_src"] == "a.en" and stored["trainer"]["freeze"] == ["encoder"]
     assert stored["model"] == {"model": "rnnsearch", **dataclasses.asdict(config.model_config())}
     assert stored["model"]["hidden_size"] == 12 and "grconv_size" not in stored["model"]   # RNNsearch's own only
@@ -58,6 +59,20 @@ def test_a_saved_configuration_reads_back_and_reruns_as_a_flagfile(tmp_path):
     empty = TrainingConfig(freeze=[])
     nmt_config.save(empty, str(tmp_path))
     assert "--freeze=\n" in (tmp_path / "flags.txt").read_text()
+
+
+def test_a_config_json_of_a_newer_format_is_refused_with_the_fix_and_an_older_one_reads(tmp_path):
+    config = TrainingConfig(hidden_size=12)
+    nmt_config.save(config, str(tmp_path))
+    path = tmp_path / "config.json"
+    stored = json.load(open(path))
+    del stored["format_version"]                     # as nmt_tf 0.1.0 wrote it (the shipped preset's)
+    path.write_text(json.dumps(stored))
+    assert nmt_config.load(str(tmp_path)) == config
+    path.write_text(json.dumps({**stored, "format_version": nmt_config.CONFIG_FORMAT + 1}))
+    with pytest.raises(nmt_config.ConfigError, match="written by a newer nmt_tf .* upgrade nmt_tf") as e:
+        nmt_config.load(str(tmp_path))
+    assert str(e.value).startswith(f"{path} has format_version 2") and "damaged" not in str(e.value)
 
 
 def test_a_run_of_another_nmt_tf_version_still_loads(tmp_path):

@@ -19,7 +19,7 @@ from nmt_tf.data.text import with_eos
 from nmt_tf.exporting import saved_model as exporter
 from nmt_tf.inference import search
 from nmt_tf.inference.restore import restore_model
-from nmt_tf.inference.saved_models import read_metadata
+from nmt_tf.inference.saved_models import METADATA_FORMAT, read_metadata
 from nmt_tf.training import job as training
 
 OPTIONS = search.SearchOptions(beam_size=3, n_best=2)
@@ -452,6 +452,12 @@ def test_a_flagfile_from_before_the_typed_configuration_trains_exports_and_trans
     meta = read_metadata(os.path.join(export_dir, "1"))
     assert meta["search"]["beam_size"] == 3 and meta["max_input_length"] == 20 and meta["replace_unk"]
     assert meta["precision"] == "float32" and meta["checkpoint"].endswith("best-2")     # 40 pairs: 32 + 8
+    assert meta["format_version"] == METADATA_FORMAT and not os.path.isabs(meta["checkpoint"])
+    newer = tmp_path / "newer"
+    (newer / "assets.extra").mkdir(parents=True)
+    (newer / "assets.extra" / "nmt_tf.json").write_text(json.dumps({**meta, "format_version": METADATA_FORMAT + 1}))
+    with pytest.raises(ValueError, match="written by a newer nmt_tf .* upgrade nmt_tf"):
+        read_metadata(str(newer))
     (tmp_path / "in.en").write_text("A man is walking his dog.\nTwo children are playing.\n")
     done = run_cli("-m", "nmt_tf.translate", f"--saved_model={os.path.join(export_dir, '1')}",
                    f"--input={tmp_path / 'in.en'}", "--n_best=2", "--with_scores")

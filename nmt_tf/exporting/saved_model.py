@@ -21,7 +21,7 @@ from nmt_tf.core.files import WriteFailed, sha256
 from nmt_tf.data.lexicon import for_search
 from nmt_tf.inference import confidence
 from nmt_tf.inference.restore import restore_ensemble
-from nmt_tf.inference.saved_models import EXPORT_METADATA
+from nmt_tf.inference.saved_models import EXPORT_METADATA, METADATA_FORMAT
 from nmt_tf.inference.translation_graph import TranslationGraph, UnkReplacement
 
 WARMUP_SENTENCES = ["A man is walking his dog in the park.", "Two children are playing.", ""]
@@ -74,7 +74,8 @@ def write_metadata(saved_model_dir: str, model_dirs: list[str], trained, decodin
     os.makedirs(extra, exist_ok=True)
     # Paths relative to the version directory: a build folder or a checkout can move (or be another machine's).
     relative = lambda path: os.path.relpath(os.path.abspath(path), os.path.abspath(saved_model_dir))
-    meta = {**metadata(trained, decoding, relative(checkpoint) if os.path.isabs(checkpoint) else checkpoint),
+    meta = {"format_version": METADATA_FORMAT,
+            **metadata(trained, decoding, relative(checkpoint) if os.path.isabs(checkpoint) else checkpoint),
             "model_dirs": [relative(d) for d in model_dirs], "replace_unk": decoding.replace_unk,
             "unk_dictionary": decoding.unk_dictionary if decoding.replace_unk else None,
             "asset_sha256": asset_digests(saved_model_dir)}

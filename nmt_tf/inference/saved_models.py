@@ -67,12 +67,22 @@ def _loading(path: str):
 EXPORT_METADATA = "nmt_tf.json"        # in a SavedModel's assets.extra/: written by nmt_tf.export
 
 
+# nmt_tf.json's layout: 1 since nmt_tf 0.2.0; an export without the number is one of 0.1.0, read the same way.
+METADATA_FORMAT = 1
+
+
 def read_metadata(saved_model_dir: str) -> dict:
+    """An export's nmt_tf.json; a ValueError for one a newer nmt_tf wrote."""
     path = os.path.join(saved_model_dir, "assets.extra", EXPORT_METADATA)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: {saved_model_dir} is not an nmt_tf export")
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        meta = json.load(f)
+    version = meta.get("format_version", 0) if isinstance(meta, dict) else None
+    if not isinstance(version, int) or version > METADATA_FORMAT:
+        raise ValueError(f"{path} has format_version {version!r}: the export was written by a newer nmt_tf (this "
+                         f"one reads up to {METADATA_FORMAT}); upgrade nmt_tf to use it")
+    return meta
 
 
 def load_signature(path: str, name: str = "serving_default"):
