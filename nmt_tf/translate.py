@@ -96,7 +96,12 @@ absl_flags.DEFINE_string(
 absl_flags.DEFINE_string(
     "glossary", None,
     "A 'source term<TAB>target term' file: wherever a source term occurs in an input line (whole words, "
-    "case-sensitive), its target term is required in the translation (as --required_terms).")
+    "case-sensitive unless --glossary_ignore_case), its target term is required in the translation (as "
+    "--required_terms).")
+absl_flags.DEFINE_boolean(
+    "glossary_ignore_case", False,
+    "With --glossary: find its source terms in any case ('Snow', 'SNOW' for 'snow'); two entries that differ only "
+    "in case are then an error.")
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", "model_name", "timeout", "input",
                                              "output", "lines_per_batch", "sort_window", "parallel_batches", "n_best",
                                              "runtime", "litert_model", "litert_weights", "litert_threads"))
@@ -122,7 +127,7 @@ def main(argv):
         return nmt_flags.user_error("give exactly one of --saved_model, --preset and --server.")
     try:
         steering = FLAGS.target_prefix or FLAGS.required_terms or FLAGS.glossary
-        glossary = Glossary(FLAGS.glossary) if FLAGS.glossary else None
+        glossary = Glossary(FLAGS.glossary, FLAGS.glossary_ignore_case) if FLAGS.glossary else None
         outputs = needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments, bool(steering),
                                  with_confidence=FLAGS.with_confidence)
         if litert:

@@ -838,6 +838,15 @@ def test_a_glossary_finds_whole_words_longest_first(tmp_path):
         Glossary(str(path))
     path.write_bytes(b"dog\tchien\r\ncat\tchat\r\n")                 # Windows line ends are fine
     assert Glossary(str(path)).entries == {"dog": "chien", "cat": "chat"}
+    # Issue 93: case-insensitive matching, as an option.
+    path.write_text("dog\tchien\nhot dog\thot-dog\nSnow\tneige\n", encoding="utf-8")
+    assert Glossary(str(path)).terms("A DOG in the snow, a Hot Dog.") == []
+    assert Glossary(str(path), ignore_case=True).terms("A DOG in the snow, a Hot Dog.") == ["chien", "neige",
+                                                                                           "hot-dog"]
+    path.write_text("snow\tneige\nSnow\tNeige\n", encoding="utf-8")
+    assert len(Glossary(str(path))) == 2
+    with pytest.raises(ValueError, match="'snow' and 'Snow' are one term when case is ignored"):
+        Glossary(str(path), ignore_case=True)
     with pytest.raises(IsADirectoryError, match=r"is a directory, not a file \(--glossary\)"):
         Glossary(str(tmp_path))
 

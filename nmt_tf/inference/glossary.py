@@ -4,10 +4,11 @@ A glossary file has one "source term<TAB>target term" entry per line (UTF-8;
 the format of --unk_dictionary, checked the same way: a malformed or
 repeated entry, or a line break other than a line feed inside an entry, is
 one error naming its line; the check and the reading are one function). Wherever a source term occurs
-in a sentence as whole words (case-sensitive; not inside a longer word; the
-longest entry wins where entries overlap), its target term becomes a
-required term of that sentence's translation (`nmt_tf.translate
---glossary`, the translate_constrained signature's required_terms).
+in a sentence as whole words (case-sensitive, or with `ignore_case` in any
+case; not inside a longer word; the longest entry wins where entries
+overlap), its target term becomes a required term of that sentence's
+translation (`nmt_tf.translate --glossary [--glossary_ignore_case]`, the
+translate_constrained signature's required_terms).
 """
 
 from __future__ import annotations
@@ -18,10 +19,23 @@ from nmt_tf.inference.translation_graph import read_dictionary
 
 
 class Glossary:
-    def __init__(self, path: str):
+    def __init__(self, path: str, ignore_case: bool = False):
         self.entries = read_dictionary(path, flag="glossary")
+        self.ignore_case = ignore_case
+        # Matched text -> target term: the entries, or with ignore_case their lower-cased source terms
+        # (as re.IGNORECASE compares); two entries that are one term without case are an error.
+        self._targets = dict(self.entries)
+        if ignore_case:
+            self._targets, first = {}, {}
+            for source, target in self.entries.items():         # in the file's order
+                key = source.lower()
+                if key in first:
+                    raise ValueError(f"{path}: the entries {first[key]!r} and {source!r} are one term when case is "
+                                     "ignored (--glossary_ignore_case); keep one of them")
+                first[key], self._targets[key] = source, target
         alternatives = "|".join(re.escape(term) for term in sorted(self.entries, key=len, reverse=True))
-        self._pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)") if self.entries else None
+        flags = re.IGNORECASE if ignore_case else 0
+        self._pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", flags) if self.entries else None
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -30,5 +44,6 @@ class Glossary:
         """The target terms of the source terms in `sentence`, each once, in order of appearance."""
         if self._pattern is None:
             return []
-        found = (self.entries[m.group(0)] for m in self._pattern.finditer(sentence))
+        found = (self._targets[m.group(0).lower() if self.ignore_case else m.group(0)]
+                 for m in self._pattern.finditer(sentence))
         return list(dict.fromkeys(found))
