@@ -422,6 +422,37 @@ def test_rest_predictions_decode_in_their_clients_turn_at_the_shared_gate(server
     assert done and done[0][0] == 200 and "predictions" in json.loads(done[0][1])
 
 
+def test_large_bodies_are_parsed_one_at_a_time_and_a_long_wait_is_refused(server, monkeypatch):
+    """Issue 95: a 32 MB body of junk costs ~0.4 s and ~200 MB to parse; the
+    REST workers must not do that all at once. Bodies over the size parse one
+    at a time, and one that waits too long for its turn gets 429."""
+    monkeypatch.setattr(rest_api, "_LARGE_BODY_BYTES", 100)
+    parsing, most = [0], [0]
+    lock = threading.Lock()
+    parse = rest_api._parse_json_object
+
+    def slow_parse(body):
+        with lock:
+            parsing[0] += 1
+            most[0] = max(most[0], parsing[0])
+        time.sleep(0.3)
+        with lock:
+            parsing[0] -= 1
+        return parse(body)
+
+    monkeypatch.setattr(rest_api, "_parse_json_object", slow_parse)
+    large = json.dumps({"instances": ["A man is sleeping." + " " * 200]}).encode()
+    answer = lambda: rest_api.rest_response(server["registry"], "POST", "/v1/models/nmt:predict", large,
+                                            max_batch_size=50)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        statuses = [status for status, _ in pool.map(lambda _: answer(), range(3))]
+    assert statuses == [200] * 3 and most[0] == 1
+    monkeypatch.setattr(rest_api, "_LARGE_BODY_WAIT_SECONDS", 0.05)
+    with rest_api._large_body_turn(10**6):        # another large body is being read
+        status, reply = answer()
+    assert status == 429 and "waited 0.05 s for its turn" in json.loads(reply)["error"]
+
+
 def test_model_status_and_metadata(server):
     ok = {"model_version_status": [{"version": "1", "state": "AVAILABLE",
                                     "status": {"error_code": "OK", "error_message": ""}}]}

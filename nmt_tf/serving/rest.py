@@ -78,6 +78,29 @@ _JSON_TYPES = ((type(None), "Null"), (dict, "Object"), (list, "Array"), (str, "S
 _ERROR_ECHO_CHARS = 1000
 # A body that is no JSON object is parsed (for TF Serving's exact message) only up to this size.
 _PARSED_NON_OBJECT_BYTES = 1 << 16
+# Predict bodies over this size are parsed and converted one at a time in a process (issue 95: a 32 MB
+# object of junk takes about 0.4 s and 200 MB to parse; the REST workers at once would hold that many
+# times over). A large body waits at most _LARGE_BODY_WAIT_SECONDS for its turn, then is refused (429).
+_LARGE_BODY_BYTES = 1 << 20
+_LARGE_BODY_WAIT_SECONDS = 10.0
+_large_body = threading.BoundedSemaphore(1)
+
+
+@contextlib.contextmanager
+def _large_body_turn(size: int):
+    """Holds the process's one turn for parsing a body of more than
+    _LARGE_BODY_BYTES (nothing for a smaller one)."""
+    if size <= _LARGE_BODY_BYTES:
+        yield
+        return
+    if not _large_body.acquire(timeout=_LARGE_BODY_WAIT_SECONDS):
+        raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"the server is reading other large requests: a body of {size:,} bytes waited "
+                           f"{_LARGE_BODY_WAIT_SECONDS:g} s for its turn; send it again later")
+    try:
+        yield
+    finally:
+        _large_body.release()
 
 
 def _invalid(message: str) -> ServingError:
@@ -398,8 +421,13 @@ def predict_request_from_json(registry: ModelRegistry, model_spec, body: bytes, 
     """A PredictRequest from a REST predict body, and whether it was in row
     format ("instances") rather than columnar ("inputs"); TF Serving's rules
     and messages (json_tensor.cc, FillPredictRequestFromJson). Batches over
-    `max_batch_size` are refused before their items are converted."""
-    doc = _parse_json_object(body)
+    `max_batch_size` are refused before their items are converted. A body
+    over _LARGE_BODY_BYTES waits for its turn (`_large_body_turn`)."""
+    with _large_body_turn(len(body)):
+        return _predict_request(registry, model_spec, _parse_json_object(body), max_batch_size)
+
+
+def _predict_request(registry: ModelRegistry, model_spec, doc: dict, max_batch_size: int):
     request = serving_protos.PredictRequest()
     request.model_spec.CopyFrom(model_spec)
     if "signature_name" in doc:
