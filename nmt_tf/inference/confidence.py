@@ -154,8 +154,10 @@ def _as_str(token) -> str:
 
 def signals_of_outputs(outputs: dict, frequent_source_tokens) -> np.ndarray:
     """[B, len(FEATURES)] signals of a translate signature's outputs (NumPy
-    arrays: log_prob, target_tokens, source_tokens, alignment, nbest_scores)."""
-    frequent = set(frequent_source_tokens)
+    arrays: log_prob, target_tokens, source_tokens, alignment, nbest_scores);
+    `frequent_source_tokens` a set (or any collection, made one here)."""
+    frequent = frequent_source_tokens if isinstance(frequent_source_tokens, (set, frozenset)) \
+        else set(frequent_source_tokens)
     rows = []
     for i in range(len(outputs["log_prob"])):
         source = [_as_str(t) for t in outputs["source_tokens"][i]]
@@ -182,9 +184,11 @@ def _signals(log_prob, t, s, words, alpha, scores, rare) -> list:
             rare / max(words, 1)]
 
 
-def confidence_of_outputs(outputs: dict, calibrator: Calibrator) -> np.ndarray:
-    """[B] confidences of a translate signature's outputs; 1 for an empty source."""
-    signals = signals_of_outputs(outputs, calibrator.frequent_source_tokens)
+def confidence_of_outputs(outputs: dict, calibrator: Calibrator, frequent: frozenset | None = None) -> np.ndarray:
+    """[B] confidences of a translate signature's outputs; 1 for an empty
+    source. `frequent`: the calibrator's frequent source tokens as a set,
+    when the caller keeps one (the LiteRT runtime: not rebuilt per call)."""
+    signals = signals_of_outputs(outputs, calibrator.frequent_source_tokens if frequent is None else frequent)
     empty = np.array([not any(_as_str(t) not in ("", EOS_TOKEN) for t in row) for row in outputs["source_tokens"]])
     return np.where(empty, 1.0, calibrator.probability(signals))
 

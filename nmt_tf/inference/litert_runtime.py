@@ -127,6 +127,7 @@ class LiteRTModel:
                 self.calibrator = confidence.load(os.path.join(folder, manifest["files"]["confidence"]))
             except confidence.CalibratorError as e:
                 raise LiteRTModelError(str(e)) from None
+            self.frequent_source_tokens = frozenset(self.calibrator.frequent_source_tokens)
 
     # -- source side --------------------------------------------------------
 
@@ -500,7 +501,8 @@ class LiteRTClient:
             "nbest_translations": texts, "nbest_scores": scores,
         }
         if model.calibrator is not None and (self.outputs is None or "confidence" in self.outputs):
-            result["confidence"] = confidence_of_outputs(result, model.calibrator).astype(np.float32)
+            result["confidence"] = confidence_of_outputs(result, model.calibrator,
+                                                         model.frequent_source_tokens).astype(np.float32)
         return {name: value for name, value in result.items() if self.outputs is None or name in self.outputs}
 
 
