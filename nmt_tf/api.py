@@ -44,7 +44,7 @@ from nmt_tf.core import custom_gradients, startup
 from nmt_tf.data.lexicon import for_search
 from nmt_tf.exporting import saved_model as exporter
 from nmt_tf.inference.client import ClientError, SignatureClient
-from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line
+from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line, scored_pairs
 from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.restore import restore_model
 from nmt_tf.inference.saved_models import load_saved_model, read_metadata
@@ -243,12 +243,8 @@ class Translator:
         sources, targets = list(sources), list(targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
-        pairs = [(s.encode("utf-8") if isinstance(s, str) else s, t.encode("utf-8") if isinstance(t, str) else t)
-                 for s, t in zip(sources, targets)]
-        call = lambda batch: self._score([s for s, _ in batch], [t for _, t in batch])
-        batched = batches_by_length(call, pairs, batch_size, length=lambda pair: len(pair[1].split()))
         out = []
-        for result, row in rows_by_line(batched, len(pairs)):
+        for result, row in scored_pairs(self._score, sources, targets, batch_size):
             length = int(result["target_length"][row])
             out.append(PairScore(float(result["log_prob"][row]), float(result["log_prob_per_token"][row]), length,
                                  [float(x) for x in result["token_log_probs"][row][:length]],

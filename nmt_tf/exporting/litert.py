@@ -86,7 +86,7 @@ def export_litert(model_dir, export_dir: str, config: ExportConfig | None = None
             os.makedirs(tmp)
             beams = sorted({1, config.search.beam_size})
             size = _convert(restored.model, os.path.join(tmp, MODEL_FILE), weights, beams)
-            files = _copy_tokenizer(model_dirs[0], tmp)
+            files = _copy_host_files(model_dirs[0], tmp)
             manifest = {
                 "format": "nmt_tf-litert", "format_version": FORMAT_VERSION,
                 **metadata(trained, config, restored.checkpoint),
@@ -113,7 +113,10 @@ def export_litert(model_dir, export_dir: str, config: ExportConfig | None = None
     return final
 
 
-def _copy_tokenizer(model_dir: str, out: str) -> dict:
+def _copy_host_files(model_dir: str, out: str) -> dict:
+    """What the runtime reads besides the model: vocabularies, SentencePiece
+    models and, when the model directory has one, its confidence calibrator;
+    returns {manifest key: file name}."""
     from nmt_tf.data import pipeline as data
 
     src_vocab, tgt_vocab = data.vocabulary_paths(model_dir)

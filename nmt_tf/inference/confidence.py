@@ -25,6 +25,7 @@ NumPy). Both implement one definition, tested to agree.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -56,6 +57,11 @@ class Calibrator:
     acceptable: str                                # what "acceptable" meant when it was fitted
     fitted_on: str
 
+    @functools.cached_property
+    def frequent(self) -> frozenset:
+        """`frequent_source_tokens` as a set, made once (rare_source looks every source token up)."""
+        return frozenset(self.frequent_source_tokens)
+
     def probability(self, signals: np.ndarray) -> np.ndarray:
         """[N] confidences of [N, len(FEATURES)] signals."""
         z = (np.asarray(signals, np.float64) - np.array(self.mean)) / np.array(self.std)
@@ -85,12 +91,10 @@ def load(path: str) -> Calibrator:
         raise CalibratorError(f"{path} was fitted on the signals {stored.get('features')}, "
                               f"not this nmt_tf's {list(FEATURES)}: fit it again")
     try:
-        calibrator = Calibrator(**{f.name: stored[f.name] for f in dataclasses.fields(Calibrator)})
-        calibrator = dataclasses.replace(
-            calibrator, mean=tuple(map(float, calibrator.mean)), std=tuple(map(float, calibrator.std)),
-            coefficients=tuple(map(float, calibrator.coefficients)), intercept=float(calibrator.intercept),
-            frequent_source_tokens=tuple(map(str, calibrator.frequent_source_tokens)),
-            rare_below=int(calibrator.rare_below))
+        calibrator = Calibrator(tuple(map(float, stored["mean"])), tuple(map(float, stored["std"])),
+                                tuple(map(float, stored["coefficients"])), float(stored["intercept"]),
+                                tuple(map(str, stored["frequent_source_tokens"])), int(stored["rare_below"]),
+                                str(stored["acceptable"]), str(stored["fitted_on"]))
     except (KeyError, TypeError, ValueError) as e:
         raise CalibratorError(f"{path}: a field is missing or not a number ({type(e).__name__}: {e})") from None
     if not all(len(v) == len(FEATURES) for v in (calibrator.mean, calibrator.std, calibrator.coefficients)):
@@ -155,9 +159,7 @@ def _as_str(token) -> str:
 def signals_of_outputs(outputs: dict, frequent_source_tokens) -> np.ndarray:
     """[B, len(FEATURES)] signals of a translate signature's outputs (NumPy
     arrays: log_prob, target_tokens, source_tokens, alignment, nbest_scores);
-    `frequent_source_tokens` a set (or any collection, made one here)."""
-    frequent = frequent_source_tokens if isinstance(frequent_source_tokens, (set, frozenset)) \
-        else set(frequent_source_tokens)
+    `frequent_source_tokens`: a set of them (`Calibrator.frequent`)."""
     rows = []
     for i in range(len(outputs["log_prob"])):
         source = [_as_str(t) for t in outputs["source_tokens"][i]]
@@ -168,7 +170,7 @@ def signals_of_outputs(outputs: dict, frequent_source_tokens) -> np.ndarray:
         alpha = np.asarray(outputs["alignment"][i], np.float64)[:t, :s]
         scores = np.asarray(outputs["nbest_scores"][i], np.float64)
         rows.append(_signals(float(outputs["log_prob"][i]), t, s, len(words), alpha, scores,
-                             sum(token not in frequent for token in words)))
+                             sum(token not in frequent_source_tokens for token in words)))
     return np.array(rows, np.float64).reshape(-1, len(FEATURES))
 
 
@@ -184,11 +186,9 @@ def _signals(log_prob, t, s, words, alpha, scores, rare) -> list:
             rare / max(words, 1)]
 
 
-def confidence_of_outputs(outputs: dict, calibrator: Calibrator, frequent: frozenset | None = None) -> np.ndarray:
-    """[B] confidences of a translate signature's outputs; 1 for an empty
-    source. `frequent`: the calibrator's frequent source tokens as a set,
-    when the caller keeps one (the LiteRT runtime: not rebuilt per call)."""
-    signals = signals_of_outputs(outputs, calibrator.frequent_source_tokens if frequent is None else frequent)
+def confidence_of_outputs(outputs: dict, calibrator: Calibrator) -> np.ndarray:
+    """[B] confidences of a translate signature's outputs; 1 for an empty source."""
+    signals = signals_of_outputs(outputs, calibrator.frequent)
     empty = np.array([not any(_as_str(t) not in ("", EOS_TOKEN) for t in row) for row in outputs["source_tokens"]])
     return np.where(empty, 1.0, calibrator.probability(signals))
 

@@ -55,6 +55,17 @@ def batches_by_length(call, lines: list, batch_size: int, parallel_batches: int 
         pool.shutdown(cancel_futures=True)
 
 
+def scored_pairs(score_fn, sources, targets, batch_size: int = 64) -> list:
+    """The (batch result, row) of each (source, target) pair (str or bytes),
+    in order, from `score_fn(sources, targets)` (a score signature's call,
+    byte strings in) over batches of similar target length (by words)."""
+    pairs = [(s.encode("utf-8") if isinstance(s, str) else s, t.encode("utf-8") if isinstance(t, str) else t)
+             for s, t in zip(sources, targets)]
+    call = lambda batch: score_fn([s for s, _ in batch], [t for _, t in batch])
+    return rows_by_line(batches_by_length(call, pairs, batch_size, length=lambda pair: len(pair[1].split())),
+                        len(pairs))
+
+
 def rows_by_line(batched, count: int, on_batch=None) -> list:
     """The (batch result, row) of each of `count` lines, in the lines' order,
     from `batches_by_length`'s (index, result) pairs; `on_batch(n)` is called

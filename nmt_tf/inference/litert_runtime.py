@@ -127,7 +127,6 @@ class LiteRTModel:
                 self.calibrator = confidence.load(os.path.join(folder, manifest["files"]["confidence"]))
             except confidence.CalibratorError as e:
                 raise LiteRTModelError(str(e)) from None
-            self.frequent_source_tokens = frozenset(self.calibrator.frequent_source_tokens)
 
     # -- source side --------------------------------------------------------
 
@@ -419,8 +418,15 @@ def _scatter(batch: int, rows: np.ndarray, values: np.ndarray, fill) -> np.ndarr
     return out
 
 
-OUTPUTS = ("translation", "score", "log_prob", "source_tokens", "target_tokens", "alignment", "truncated",
-           "nbest_translations", "nbest_scores")
+# serving_default's outputs as the SavedModel export declares them, which a LiteRTClient returns:
+# (TensorFlow dtype, shape; -1 unknown, "n" the n-best size); "confidence" too with a calibrator.
+OUTPUTS = {
+    "translation": ("DT_STRING", [-1]), "score": ("DT_FLOAT", [-1]), "log_prob": ("DT_FLOAT", [-1]),
+    "source_tokens": ("DT_STRING", [-1, -1]), "target_tokens": ("DT_STRING", [-1, -1]),
+    "alignment": ("DT_FLOAT", [-1, -1, -1]), "truncated": ("DT_BOOL", [-1]),
+    "nbest_translations": ("DT_STRING", [-1, "n"]), "nbest_scores": ("DT_FLOAT", [-1, "n"]),
+}
+CONFIDENCE_OUTPUT = ("DT_FLOAT", [-1])
 
 
 class LiteRTClient:
@@ -501,8 +507,7 @@ class LiteRTClient:
             "nbest_translations": texts, "nbest_scores": scores,
         }
         if model.calibrator is not None and (self.outputs is None or "confidence" in self.outputs):
-            result["confidence"] = confidence_of_outputs(result, model.calibrator,
-                                                         model.frequent_source_tokens).astype(np.float32)
+            result["confidence"] = confidence_of_outputs(result, model.calibrator).astype(np.float32)
         return {name: value for name, value in result.items() if self.outputs is None or name in self.outputs}
 
 

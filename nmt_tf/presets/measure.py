@@ -17,7 +17,8 @@ from nmt_tf import presets
 from nmt_tf.core.files import InputError, input_lines
 from nmt_tf.evaluation import metrics
 from nmt_tf.inference.client import SignatureClient
-from nmt_tf.inference.line_batches import batches_by_length, rows_by_line, translate_lines
+from nmt_tf.inference.line_batches import scored_pairs, translate_lines
+from nmt_tf.inference.scoring import pair_scorer
 
 
 def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_source: str, pairs_target: str,
@@ -76,11 +77,8 @@ def measure_checks(name: str, bleu_source: str, bleu_reference: str, pairs_sourc
     return checks
 
 
-def _scores(score: SignatureClient, sources: list[str], targets: list[str], batch_size: int = 64) -> list:
-    """(log p(target | source), target length) of each pair, in batches of
-    similar target length as `nmt_tf.api.Translator.score` makes them."""
-    pairs = [(s.encode("utf-8"), t.encode("utf-8")) for s, t in zip(sources, targets)]
-    call = lambda batch: score(source=[s for s, _ in batch], target=[t for _, t in batch])
-    batched = batches_by_length(call, pairs, batch_size, length=lambda pair: len(pair[1].split()))
+def _scores(score: SignatureClient, sources: list[str], targets: list[str]) -> list:
+    """(log p(target | source), target length) of each pair, batched as
+    `nmt_tf.api.Translator.score` batches them (line_batches.scored_pairs)."""
     return [(float(result["log_prob"][row]), int(result["target_length"][row]))
-            for result, row in rows_by_line(batched, len(pairs))]
+            for result, row in scored_pairs(pair_scorer(score), sources, targets)]

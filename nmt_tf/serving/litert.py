@@ -15,17 +15,10 @@ from __future__ import annotations
 
 import os
 
-from nmt_tf.inference.litert_runtime import MANIFEST, LiteRTClient
+from nmt_tf.inference.litert_runtime import CONFIDENCE_OUTPUT, MANIFEST, OUTPUTS, LiteRTClient
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving.versions import DEFAULT_SIGNATURE, SearchCost, ServedVersion, alignment_bound
 
-# serving_default's outputs as the SavedModel export declares them: (dtype, shape; -1 unknown, "n" n-best).
-_OUTPUTS = {
-    "translation": ("DT_STRING", [-1]), "score": ("DT_FLOAT", [-1]), "log_prob": ("DT_FLOAT", [-1]),
-    "source_tokens": ("DT_STRING", [-1, -1]), "target_tokens": ("DT_STRING", [-1, -1]),
-    "alignment": ("DT_FLOAT", [-1, -1, -1]), "truncated": ("DT_BOOL", [-1]),
-    "nbest_translations": ("DT_STRING", [-1, "n"]), "nbest_scores": ("DT_FLOAT", [-1, "n"]),
-}
 WARM_UP_LINE = b"A man in a blue shirt is standing on a ladder."
 
 
@@ -42,7 +35,7 @@ def serving_default_signature(n_best: int, with_confidence: bool = False):
             info.tensor_shape.dim.add(size=n_best if size == "n" else size)
 
     declare(signature.inputs["text"], "text", "DT_STRING", [-1])
-    outputs = {**_OUTPUTS, **({"confidence": ("DT_FLOAT", [-1])} if with_confidence else {})}
+    outputs = {**OUTPUTS, **({"confidence": CONFIDENCE_OUTPUT} if with_confidence else {})}
     for alias, (dtype, shape) in outputs.items():
         declare(signature.outputs[alias], alias, dtype, shape)
     return signature
