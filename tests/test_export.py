@@ -41,12 +41,14 @@ def wordpiece_export(tiny_config, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sentencepiece_export(tiny_config, tmp_path_factory):
-    """(model directory, export) of a tiny --tokenizer=sentencepiece model (joint, unigram),
+    """(model directory, export) of a tiny --tokenizer=sentencepiece model (joint, unigram,
+    one embedding matrix for both sides and the output layer, as the shipped model),
     trained with subword sampling (--sentencepiece_alpha), which the export must not keep."""
     d = tmp_path_factory.mktemp("sentencepiece")
     model_dir = str(d / "model")
     training.train(tiny_config(model_dir=model_dir, tokenizer="sentencepiece", joint_vocabulary=True,
-                            src_vocab_size=150, tgt_vocab_size=150, sentencepiece_alpha=0.1, max_steps=2),
+                            src_vocab_size=150, tgt_vocab_size=150, sentencepiece_alpha=0.1, max_steps=2,
+                            tied_embeddings="all", maxout_size=16),
                 log=lambda *a: None)
     # Long enough for every Multi30k val sentence in tiny pieces (none cut).
     return model_dir, exporter.export(model_dir, str(d / "export"), ExportConfig(OPTIONS, max_input_length=400),
@@ -509,6 +511,7 @@ def test_the_litert_model_translates_as_the_saved_model(sentencepiece_export, li
 
     manifest = read_manifest(litert_export)
     assert manifest["step_beams"] == [1, 3] and manifest["weights"] == "float32"
+    assert manifest["host_embeddings"]["source"] and manifest["host_embeddings"]["target"]
     assert sorted(os.listdir(litert_export)) == ["model.tflite", "nmt_tf_litert.json", "sentencepiece.src.model",
                                                  "sentencepiece.tgt.model", "vocab.src.txt", "vocab.tgt.txt"]
     with gzip.open(os.path.join(REPO, "data", "multi30k", "val.en.gz"), "rb") as f:
@@ -529,6 +532,62 @@ def test_the_litert_model_translates_as_the_saved_model(sentencepiece_export, li
                                                              target_prefix=tf.constant([b""]),
                                                              required_terms=tf.constant([b"chien"]))
     assert constrained["nbest_translations"].shape == (1, 1)
+
+
+def test_a_tied_embedding_matrix_is_stored_once_in_a_litert_model(sentencepiece_export, litert_export, tiny_config,
+                                                                   tmp_path):
+    """With --tied_embeddings=all the file holds E only as the output
+    layer's weights: no signature gathers from a table of its own, the host
+    reads the rows the manifest names (int8 too: per-row scales). An untied
+    model keeps its ids and gather tables (no "host_embeddings")."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from nmt_tf.exporting import litert as lite
+    from nmt_tf.inference.litert_runtime import LiteRTClient, LiteRTModel, read_manifest
+
+    model_dir = sentencepiece_export[0]
+    interpreter = Interpreter(model_path=os.path.join(litert_export, "model.tflite"))
+    signatures = interpreter.get_signature_list()
+    assert signatures["encode"]["inputs"] == ["source_embeddings", "source_ids"]
+    assert "previous_embeddings" in signatures["step_k3"]["inputs"]
+    vocab = read_manifest(litert_export)["vocab_size"]
+    model = LiteRTModel(litert_export)
+    shapes = {tuple(d["shape"]) for k in signatures
+              for d in interpreter.get_tensor_details(interpreter.get_signature_runner(k)._subgraph_index)}
+    assert (vocab, 16) not in shapes                      # no gather table of E
+    embeddings = restore_model(model_dir, ExportConfig().weights, log=lambda *a: None).model.target_embedding.embeddings
+    np.testing.assert_array_equal(model.embeddings(np.arange(vocab)), embeddings.numpy())
+    int8 = lite.export_litert(model_dir, str(tmp_path / "int8"), ExportConfig(OPTIONS, max_input_length=400),
+                              log=lambda *a: None)
+    assert np.abs(LiteRTModel(int8).embeddings(np.arange(vocab)) - embeddings.numpy()).max() < 0.01
+    assert LiteRTClient(int8)(text=[b"A dog runs."])["translation"].shape == (1,)
+    untied_dir = str(tmp_path / "untied")
+    training.train(tiny_config(model_dir=untied_dir, tokenizer="sentencepiece", joint_vocabulary=True,
+                               src_vocab_size=150, tgt_vocab_size=150, max_steps=1), log=lambda *a: None)
+    untied = lite.export_litert(untied_dir, str(tmp_path / "untied_lite"), ExportConfig(OPTIONS, max_input_length=400),
+                                weights="float32", log=lambda *a: None)
+    assert "host_embeddings" not in read_manifest(untied)
+    assert "previous_ids" in Interpreter(model_path=os.path.join(untied, "model.tflite")).get_signature_list()[
+        "step_k1"]["inputs"]
+    lines = [b"A dog runs.", b"Two men are sitting on a bench."]
+    want = tf.saved_model.load(exporter.export(untied_dir, str(tmp_path / "untied_sm"),
+                                               ExportConfig(OPTIONS, max_input_length=400), log=lambda *a: None))
+    _litert_agrees(LiteRTClient(untied)(text=lines), want.signatures["serving_default"](text=tf.constant(lines)),
+                   lines)
+
+
+def test_the_device_loop_of_docs_litert_runs_on_an_exported_folder(litert_export, tmp_path):
+    """docs/litert.md's greedy loop ("Running the folder on a device"), as
+    printed there, on a folder of a tied model: it runs and prints a line."""
+    text = open(os.path.join(REPO, "docs", "litert.md"), encoding="utf-8").read()
+    start = text.index("```python\nimport json, math") + len("```python\n")
+    code = text[start:text.index("```", start)]
+    assert 'folder = "lite/1"' in code
+    script = tmp_path / "device.py"
+    script.write_text(code.replace('folder = "lite/1"', f"folder = {litert_export!r}"), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(done.stdout.splitlines()) == 1
 
 
 def test_translating_with_litert_imports_no_tensorflow(litert_export, tmp_path):
@@ -586,7 +645,7 @@ def test_a_damaged_litert_folder_is_one_error_naming_the_file(litert_export, tmp
         manifest = json.loads((folder / "nmt_tf_litert.json").read_text())
         (folder / "nmt_tf_litert.json").write_text(json.dumps({**manifest, "format_version": 99}))
 
-    assert "nmt_tf_litert.json: format version 99; this nmt_tf reads version 1" in damaged(other_version)
+    assert "nmt_tf_litert.json: format version 99; this nmt_tf reads versions 1, 2" in damaged(other_version)
     assert "nmt_tf_litert.json: no such file" in damaged(lambda f: (f / "nmt_tf_litert.json").unlink())
     assert "sentencepiece.src.model: missing" in damaged(lambda f: (f / "sentencepiece.src.model").unlink())
 

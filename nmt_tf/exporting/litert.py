@@ -2,7 +2,7 @@
 
 The folder (EXPORT_DIR/<version>/, written atomically as the SavedModel's):
 
-    model.tflite          two signatures, LiteRT built-in ops only:
+    model.tflite          signatures, LiteRT built-in ops only:
                             encode(source_ids [1, S] int32) -> state [1, d],
                               keys, projected_annotations [1, S, .], bias [1, S]
                             step_k<K>(previous_ids [B, K] int32, state [B, K, d],
@@ -11,6 +11,16 @@ The folder (EXPORT_DIR/<version>/, written atomically as the SavedModel's):
                               for K = 1 (greedy, a beam's first step) and the beam size
                           (the model's `search_inputs` and `decode_step`, the
                           step's fused matrices folded into constants)
+
+With tied embeddings (--tied_embeddings=target or all) the matrix E is the
+output layer's weights, and a gather table of it would be a second copy in
+the file (the converter stores the two apart, differently quantised: 2.5 MB
+of the 13.1 MiB int8 Multi30k model). So the steps take the previous words'
+embeddings instead of their ids (`previous_embeddings` [B, K, m] float32),
+and with `all` the encoder takes the source's too (`source_embeddings`
+[1, S, m] beside source_ids, which still gives the padding mask): the host
+reads those rows from the output layer's weight tensors in the file, which
+the manifest's "host_embeddings" names (found at export by their values).
     sentencepiece.src.model, sentencepiece.tgt.model, vocab.src.txt, vocab.tgt.txt
     nmt_tf_litert.json    the manifest: format and its version, the files,
                           languages, the search settings, the input limit,
@@ -85,12 +95,13 @@ def export_litert(model_dir, export_dir: str, config: ExportConfig | None = None
         try:
             os.makedirs(tmp)
             beams = sorted({1, config.search.beam_size})
-            size = _convert(restored.model, os.path.join(tmp, MODEL_FILE), weights, beams)
+            size, host_embeddings = _convert(restored.model, os.path.join(tmp, MODEL_FILE), weights, beams)
             files = _copy_host_files(model_dirs[0], tmp)
             manifest = {
                 "format": "nmt_tf-litert", "format_version": FORMAT_VERSION,
                 **metadata(trained, config, restored.checkpoint),
                 "weights": weights, "vocab_size": restored.target_tokenizer.vocab_size, "step_beams": beams,
+                **({"host_embeddings": host_embeddings} if host_embeddings else {}),
                 "files": {"model": MODEL_FILE, **files},
                 "card": dict(card or {}),
             }
@@ -135,21 +146,24 @@ def _copy_host_files(model_dir: str, out: str) -> dict:
     return files
 
 
-def _convert(model, path: str, weights: str, beams: list[int]) -> int:
+def _convert(model, path: str, weights: str, beams: list[int]) -> tuple[int, dict | None]:
     """The encode signature of `model` and a step_k<K> signature for each K
-    in `beams`, converted; returns the file's size."""
+    in `beams`, converted; returns the file's size and, for tied embeddings,
+    the manifest's "host_embeddings" (see the module docstring)."""
     import tensorflow as tf
 
     probe = model.search_inputs(tf.constant([[4, 3]], tf.int32), model.step_weights())
     names = sorted(k for k in probe if k != "state")
+    width = model.embedding_size
+    host = {"target": model.tied_embeddings != "none", "source": model.tied_embeddings == "all"}
     module = tf.Module()
     module.model_variables = tf_variables(model)
 
-    def encode(source_ids):
-        return model.search_inputs(source_ids, model.step_weights())
+    def encode(source_ids, *source_embeddings):
+        return model.search_inputs(source_ids, model.step_weights(), *source_embeddings)
 
-    def step(previous_ids, state, *per_sentence):
-        log_probs, new_state, alpha = model.decode_step(previous_ids, state, dict(zip(names, per_sentence)),
+    def step(previous, state, *per_sentence):
+        log_probs, new_state, alpha = model.decode_step(previous, state, dict(zip(names, per_sentence)),
                                                         model.step_weights())
         return {"log_probs": log_probs, "state": new_state, "alpha": alpha}
 
@@ -159,13 +173,15 @@ def _convert(model, path: str, weights: str, beams: list[int]) -> int:
     # per K in `beams`, the K hypotheses of a sentence attending to its
     # annotations together (never tiled).
     per_sentence_specs = [tf.TensorSpec([None, *probe[k].shape[1:]], probe[k].dtype, name=k) for k in names]
-    module.encode = tf.function(encode, autograph=False,
-                                input_signature=[tf.TensorSpec([1, None], tf.int32, name="source_ids")])
+    module.encode = tf.function(encode, autograph=False, input_signature=[
+        tf.TensorSpec([1, None], tf.int32, name="source_ids"),
+        *([tf.TensorSpec([1, None, width], tf.float32, name="source_embeddings")] if host["source"] else [])])
     signatures = {"encode": module.encode.get_concrete_function()}
     for k in beams:
+        previous = (tf.TensorSpec([None, k, width], tf.float32, name="previous_embeddings") if host["target"]
+                    else tf.TensorSpec([None, k], tf.int32, name="previous_ids"))
         function = tf.function(step, autograph=False, input_signature=[
-            tf.TensorSpec([None, k], tf.int32, name="previous_ids"),
-            tf.TensorSpec([None, k, probe["state"].shape[-1]], probe["state"].dtype, name="state"),
+            previous, tf.TensorSpec([None, k, probe["state"].shape[-1]], probe["state"].dtype, name="state"),
             *per_sentence_specs])
         setattr(module, f"step_k{k}", function)
         signatures[f"step_k{k}"] = function.get_concrete_function()
@@ -180,4 +196,33 @@ def _convert(model, path: str, weights: str, beams: list[int]) -> int:
         flatbuffer = converter.convert()
     with open(path, "wb") as f:
         f.write(flatbuffer)
-    return len(flatbuffer)
+    found = None
+    if host["target"]:
+        found = {**host, **_output_layer_tensors(path, model.target_embedding.embeddings.numpy())}
+    return len(flatbuffer), found
+
+
+def _output_layer_tensors(path: str, embeddings) -> dict:
+    """Where the converted model keeps E (`embeddings` [V, m]) as its output
+    layer's weights: {"signature": "step_k1", "blocks": [{"tensor", "name",
+    "rows"}, ...]}, one block per column block of the output layer
+    (`output_block_bounds`), each the constant tensor of that subgraph whose
+    values (dequantised) are those rows of E. A conversion that kept them
+    otherwise is an error: the runtime could not look the embeddings up."""
+    import numpy as np
+
+    from nmt_tf.inference.litert_runtime import HOST_EMBEDDING_SIGNATURE, dequantized, weight_tensors
+    from nmt_tf.models.search_step import output_block_bounds
+
+    tensors = weight_tensors(path, HOST_EMBEDDING_SIGNATURE)
+    blocks = []
+    for a, b in output_block_bounds(embeddings.shape[0]):
+        want = embeddings[a:b]
+        errors = {index: float(np.abs(dequantized(values, details) - want).max())
+                  for index, (details, values) in tensors.items() if tuple(values.shape) == want.shape}
+        index = min(errors, key=errors.get) if errors else None
+        if index is None or errors[index] > 0.01 * float(np.abs(want).max()) + 1e-6:
+            raise ValueError(f"{path}: the converter kept no tensor of the output layer's rows {a}:{b} "
+                             "(the host cannot look the tied embeddings up)")
+        blocks.append({"tensor": index, "name": tensors[index][0]["name"], "rows": [a, b]})
+    return {"signature": HOST_EMBEDDING_SIGNATURE, "blocks": blocks}

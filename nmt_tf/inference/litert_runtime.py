@@ -32,8 +32,10 @@ from nmt_tf.inference import confidence
 from nmt_tf.inference.confidence import confidence_of_outputs
 from nmt_tf.inference.host_text import SentencePieceSource
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2      # 2: tied embeddings looked up on the host ("host_embeddings")
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "nmt_tf_litert.json"
+HOST_EMBEDDING_SIGNATURE = "step_k1"    # whose subgraph's output layer holds E (nmt_tf.exporting.litert)
 NEG = -1e9           # nmt_tf.inference.search.NEG
 MASKED = -1e9        # nmt_tf.layers.attention.MASKED: the score bias of source padding
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -57,9 +59,10 @@ def read_manifest(folder: str) -> dict:
         raise LiteRTModelError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != "nmt_tf-litert":
         raise LiteRTModelError(f"{path}: not an nmt_tf LiteRT manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise LiteRTModelError(f"{path}: format version {manifest.get('format_version')!r}; this nmt_tf reads "
-                               f"version {FORMAT_VERSION}: export the model again with this nmt_tf")
+                               f"versions {', '.join(map(str, READABLE_VERSIONS))}: export the model again with "
+                               "this nmt_tf")
     for key in ("files", "search", "max_input_length", "vocab_size"):
         if key not in manifest:
             raise LiteRTModelError(f"{path}: no {key!r} entry")
@@ -110,6 +113,10 @@ class LiteRTModel:
             raise LiteRTModelError(f"{files['model']}: not a usable LiteRT model ({str(e).strip()[:300]})") from None
         if 1 not in self._steps:
             raise LiteRTModelError(f"{files['model']}: no step_k1 signature")
+        host = manifest.get("host_embeddings") or {}
+        self.host_source, self.host_target = bool(host.get("source")), bool(host.get("target"))
+        if self.host_target:
+            self.embeddings = _HostEmbeddings(self.interpreter, host, files["model"])
         try:
             self.pieces = SentencePieceSource(files["source_sentencepiece"])
         except (OSError, RuntimeError) as e:
@@ -142,7 +149,11 @@ class LiteRTModel:
         """Each sentence encoded alone, the batch padded to its longest source
         (keys and annotations with zeros, the score bias with MASKED, as the
         SavedModel's batched encoder leaves them)."""
-        outs = [self._encode(source_ids=np.asarray([ids], np.int32)) for ids in ids_list]
+        if self.host_source:
+            outs = [self._encode(source_ids=np.asarray([ids], np.int32),
+                                 source_embeddings=self.embeddings(np.asarray([ids]))) for ids in ids_list]
+        else:
+            outs = [self._encode(source_ids=np.asarray([ids], np.int32)) for ids in ids_list]
         width = max(len(ids) for ids in ids_list)
         batch = {}
         for name in outs[0]:
@@ -165,12 +176,16 @@ class LiteRTModel:
         signature for this K, every hypothesis is a row of step_k1 with its
         sentence's inputs repeated (`tiled`: those, made once by the caller)."""
         batch, k = previous.shape
+        if k not in self._steps:
+            inputs = inputs if next(iter(inputs.values())).shape[0] == batch * k else _rows(inputs, np.arange(batch), k)
+        run = self._steps[k] if k in self._steps else self._steps[1]
+        shape = (batch, k) if k in self._steps else (batch * k, 1)
+        previous = previous.reshape(shape)
+        given = ({"previous_embeddings": self.embeddings(previous)} if self.host_target
+                 else {"previous_ids": previous.astype(np.int32)})
+        out = run(**given, state=state.reshape(*shape, -1).astype(np.float32), **inputs)
         if k in self._steps:
-            out = self._steps[k](previous_ids=previous.astype(np.int32), state=state.astype(np.float32), **inputs)
             return out["log_probs"], out["state"], out["alpha"]
-        tiled = inputs if next(iter(inputs.values())).shape[0] == batch * k else _rows(inputs, np.arange(batch), k)
-        out = self._steps[1](previous_ids=previous.reshape(-1, 1).astype(np.int32),
-                             state=state.reshape(batch * k, 1, -1).astype(np.float32), **tiled)
         return (out["log_probs"].reshape(batch, k, -1), out["state"].reshape(batch, k, -1),
                 out["alpha"].reshape(batch, k, -1))
 
@@ -363,6 +378,76 @@ class _Beam:
                 here = int(parent[b, here])
         return {"tokens": tokens, "scores": fin_norm, "log_probs": log_probs,
                 "lengths": np.where(found, t_end + 1, 0), "alignments": alignments}
+
+
+class _HostEmbeddings:
+    """The tied embedding matrix E, read from the output layer's weight
+    tensors of a LiteRT model (the manifest's "host_embeddings": the file
+    holds E once, there) and kept as stored (int8 with a scale per row, or
+    float); called with ids [...], returns E[ids] [..., m] float32."""
+
+    def __init__(self, interpreter, host: dict, path: str):
+        try:
+            subgraph = interpreter.get_signature_runner(host["signature"])._subgraph_index
+            parts, scales = [], []
+            for block in host["blocks"]:
+                details = interpreter._get_tensor_details(block["tensor"], subgraph)
+                a, b = block["rows"]
+                if details["name"] != block["name"] or len(details["shape"]) != 2 or details["shape"][0] != b - a:
+                    raise ValueError(f"tensor {block['tensor']} is not {block['name']!r} of {b - a} rows")
+                values = interpreter.get_tensor(block["tensor"], subgraph)
+                parts.append(values)
+                scales.append(_row_scales(details, b - a))
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise LiteRTModelError(f"{path}: its tied embeddings are not where its manifest says ({e})") from None
+        self.values = np.concatenate(parts, 0)
+        self.scale, self.zero = (np.concatenate(x, 0) for x in zip(*scales))
+        self.quantized = self.values.dtype == np.int8
+
+    def __call__(self, ids) -> np.ndarray:
+        rows = self.values[ids]
+        if not self.quantized:
+            return rows.astype(np.float32)
+        return (rows.astype(np.float32) - self.zero[ids][..., None]) * self.scale[ids][..., None]
+
+
+def _row_scales(details: dict, rows: int) -> tuple:
+    """(scale, zero point) per row of a 2-D weight tensor: per-row (axis 0)
+    or per-tensor quantisation; ones and zeros for a float tensor."""
+    params = details.get("quantization_parameters") or {}
+    scale = np.asarray(params.get("scales", []), np.float32)
+    zero = np.asarray(params.get("zero_points", []), np.float32)
+    if scale.size == 0:
+        return np.ones([rows], np.float32), np.zeros([rows], np.float32)
+    if scale.size == 1:
+        return np.full([rows], scale[0], np.float32), np.full([rows], zero[0] if zero.size else 0, np.float32)
+    if scale.size != rows or params.get("quantized_dimension", 0) != 0:
+        raise ValueError(f"{details['name']!r} is not quantised per row")
+    return scale, zero if zero.size == rows else np.zeros([rows], np.float32)
+
+
+def weight_tensors(path: str, signature: str) -> dict:
+    """{index: (details, values)} of the 2-D tensors of a LiteRT model's
+    `signature` subgraph (nmt_tf.exporting.litert finds E among them)."""
+    interpreter = Interpreter(model_path=path)
+    subgraph = interpreter.get_signature_runner(signature)._subgraph_index
+    found = {}
+    for index in range(interpreter._interpreter.NumTensors(subgraph)):
+        details = interpreter._get_tensor_details(index, subgraph)
+        if len(details["shape"]) == 2:
+            try:
+                found[index] = (details, interpreter.get_tensor(index, subgraph))
+            except ValueError:         # a tensor with no data (an intermediate not allocated)
+                continue
+    return found
+
+
+def dequantized(values: np.ndarray, details: dict) -> np.ndarray:
+    """A 2-D weight tensor's values as float32 (per-row or per-tensor scales)."""
+    if values.dtype != np.int8:
+        return values.astype(np.float32)
+    scale, zero = _row_scales(details, values.shape[0])
+    return (values.astype(np.float32) - zero[:, None]) * scale[:, None]
 
 
 class _Runner:

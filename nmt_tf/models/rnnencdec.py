@@ -92,15 +92,16 @@ class RNNEncDec(Seq2SeqModel):
         self.decoder.build((None, None, m))
         self.built = True
 
-    def encode(self, source_ids, training=False, return_gates=False):
-        """Runs the encoder.
+    def encode(self, source_ids, training=False, return_gates=False, source_embeddings=None):
+        """Runs the encoder (`source_embeddings`: as RNNSearch.encode's).
 
         Returns dict with "context" c [batch, n], "context_proj" C c [batch, 3n],
         "state" s_0 [batch, n] and "mask" [batch, Tx]; with return_gates (grConv),
         also "gates" [Tx-1, batch, Tx-1, 3].
         """
         mask = tf.not_equal(source_ids, PAD_ID)
-        embedded = self.embed_source(source_ids, training)
+        embedded = (self.embed_source(source_ids, training) if source_embeddings is None
+                    else tf.cast(source_embeddings, self.compute_dtype))
         gates = None
         if self.encoder_type == "rnn":
             _, last = self.encoder(embedded, mask, training=training)
@@ -120,10 +121,10 @@ class RNNEncDec(Seq2SeqModel):
         """Width d of search's decoder state: s itself (n)."""
         return self.hidden_size
 
-    def search_inputs(self, source_ids, weights):
+    def search_inputs(self, source_ids, weights, source_embeddings=None):
         """`encode` for search, plus the readout's C_o c (c is the same at every
         step, so its product is taken once per sentence)."""
-        encoded = self.encode(source_ids)
+        encoded = self.encode(source_ids, source_embeddings=source_embeddings)
         readout_context = tf.matmul(tf.cast(encoded["context"], self.compute_dtype), weights["readout_context"])
         return {"context_proj": encoded["context_proj"], "readout_context": readout_context,
                 "state": encoded["state"], "mask": encoded["mask"]}
@@ -140,7 +141,7 @@ class RNNEncDec(Seq2SeqModel):
         per_row = lambda x: tf.repeat(x, beam, axis=0)          # [batch, d] -> [batch * K, d]
         new_state = self.decoder.step(x_proj, state, per_row(inputs["context_proj"]), weights["decoder"])
         log_probs = self.step_log_probs(new_state, embedding_term, per_row(inputs["readout_context"]), weights)
-        alpha = tf.zeros(tf.concat([tf.shape(previous_ids), tf.shape(inputs["mask"])[1:]], 0), tf.float32)
+        alpha = tf.zeros(tf.concat([tf.shape(previous_ids)[:2], tf.shape(inputs["mask"])[1:]], 0), tf.float32)
         return (by_sentence(log_probs, beam),
                 tf.reshape(new_state, [-1, beam, self.hidden_size]), alpha)
 

@@ -115,11 +115,13 @@ class RNNSearch(Seq2SeqModel):
         """The encoder's bidirectional GRU layers, bottom first."""
         return [self.encoder] + [getattr(self, f"encoder_{k}") for k in range(2, self.encoder_layers + 1)]
 
-    def encode(self, source_ids, training=False):
+    def encode(self, source_ids, training=False, source_embeddings=None):
         """Runs the encoder.
 
         Args:
           source_ids: [batch, Tx] int, right-padded with 0.
+          source_embeddings: their embeddings E x [batch, Tx, m] when the
+            caller looked them up (a LiteRT export's host); outside training.
 
         Returns:
           dict with "annotations" [batch, Tx, 2n], "mask" [batch, Tx] bool,
@@ -128,8 +130,9 @@ class RNNSearch(Seq2SeqModel):
         mask = tf.not_equal(source_ids, PAD_ID)
         # Outside training, the encoder's two directions run as two loops side
         # by side (BidirectionalGRU); training keeps its one batched loop.
-        annotations = self.encoder(self.embed_source(source_ids, training), mask, separate_loops=not training,
-                                   training=training)
+        embedded = (self.embed_source(source_ids, training) if source_embeddings is None
+                    else tf.cast(source_embeddings, self.compute_dtype))
+        annotations = self.encoder(embedded, mask, separate_loops=not training, training=training)
         for layer in self.encoders[1:]:
             annotations = annotations + layer(annotations, mask, separate_loops=not training, training=training)
         annotations = self.annotation_dropout(annotations, training=training)
@@ -143,13 +146,13 @@ class RNNSearch(Seq2SeqModel):
         with the cGRU decoder [s ; U_1rz s] (3n)."""
         return self.decoder.search_state_size
 
-    def search_inputs(self, source_ids, weights):
+    def search_inputs(self, source_ids, weights, source_embeddings=None):
         """`encode` for search: keys, the padding's score bias, the search
         state of s_0 (`AttentionDecoder.search_state`: s_0 with the products
         the first step needs) and the annotations projected once per sentence
         by [C | C_o] (the context's matrix in the decoder GRU and the
         readout's; see `AttentionDecoder.project_annotations`)."""
-        encoded = self.encode(source_ids)
+        encoded = self.encode(source_ids, source_embeddings=source_embeddings)
         projected = self.decoder.project_annotations(encoded["annotations"], weights["readout_context"],
                                                      weights["decoder"])
         # Keys in float32 whatever the compute dtype: a bfloat16 search then
@@ -162,7 +165,9 @@ class RNNSearch(Seq2SeqModel):
         """One step of search for K hypotheses per sentence.
 
         Args:
-          previous_ids: [batch, K] int, y_{i-1} ([BOS] at the first step).
+          previous_ids: [batch, K] int, y_{i-1} ([BOS] at the first step); or
+            their embeddings E y_{i-1} [batch, K, m] float, looked up by the
+            caller (a LiteRT export's host: `_search_step_inputs`).
           state: [batch, K, d] search state of s_{i-1} (`search_state_size`: s
             with the products the step needs first, the decoder's `search_state`).
           inputs: `search_inputs`' dict, one row per sentence (never tiled:

@@ -162,13 +162,20 @@ class SearchStep:
         logits = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=-1)
         return tf.nn.log_softmax(tf.cast(logits, tf.float32))
 
-    def _search_step_inputs(self, previous_ids, state, weights):
+    def _search_step_inputs(self, previous, state, weights):
         """decode_step's [batch, K] hypotheses as rows: (K (static), the terms
-        of the previous words (`previous_word_terms`), the state [batch * K, d])."""
-        beam = previous_ids.shape[1]
+        of the previous words (`previous_word_terms`), the state [batch * K, d]).
+        `previous`: their ids [batch, K], or their embeddings E y [batch, K, m]
+        (float) when the caller looked them up (a LiteRT export: the host
+        reads them from the tied output layer, nmt_tf.exporting.litert)."""
+        beam = previous.shape[1]
         if beam is None:
             raise ValueError("decode_step needs a static number of hypotheses per sentence")
-        terms = self.previous_word_terms(tf.reshape(tf.cast(previous_ids, tf.int32), [-1]), weights)
+        if previous.dtype.is_floating:
+            embedded = tf.cast(tf.reshape(previous, [-1, previous.shape[-1]]), self.compute_dtype)
+            terms = self.embedded_word_terms(embedded, weights)
+        else:
+            terms = self.previous_word_terms(tf.reshape(tf.cast(previous, tf.int32), [-1]), weights)
         return beam, terms, tf.reshape(state, [-1, state.shape[-1]])
 
     def previous_word_terms(self, ids, weights):
@@ -180,6 +187,9 @@ class SearchStep:
         products = weights.get("token_products")
         if products is not None:
             return tf.gather(products["input"], ids), tf.gather(products["readout"], ids)
-        embedded = tf.gather(weights["target_embedding"], ids)
+        return self.embedded_word_terms(tf.gather(weights["target_embedding"], ids), weights)
+
+    def embedded_word_terms(self, embedded, weights):
+        """`previous_word_terms` of the embeddings E y [N, m] themselves."""
         return (self.decoder.project_inputs(embedded, weights["decoder"]),
                 self.readout.embedding_term(embedded, weights["readout"]))
