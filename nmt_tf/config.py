@@ -52,9 +52,11 @@ class DataConfig:
     """The corpora, their tokenization and vocabularies, and how they are batched."""
 
     train_src: str | None = setting('string', None,
-            "Training source text: one sentence per line, plain or gzip.")
+            "Training source text: one sentence per line, plain or gzip; several files separated by commas "
+            "are read one after another as one corpus (file names must not contain commas).")
     train_tgt: str | None = setting('string', None,
-            "Training target text, line-aligned with --train_src.")
+            "Training target text, line-aligned with --train_src (as many files, each as long as its "
+            "source file).")
     dev_src: str | None = setting('string', None,
             "Development (validation) source text, for dev loss and early stopping; its batches are "
             "kept in memory after the first dev evaluation.")

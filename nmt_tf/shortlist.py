@@ -31,7 +31,7 @@ from absl import flags as absl_flags
 
 from nmt_tf import config as nmt_config
 from nmt_tf import flags as nmt_flags
-from nmt_tf.core.files import write_atomically
+from nmt_tf.core.files import corpus_files, write_atomically
 from nmt_tf.data.lexicon import coverage, encoded_pairs, lexical_table, lexical_table_path
 
 absl_flags.DEFINE_integer("shortlist_keep", 50, "Translations stored per source token, best first (the most "
@@ -48,9 +48,10 @@ def _corpus_path(flag: str, config) -> str:
     """--train_src etc. as given, else the model directory's training flags' value."""
     FLAGS = absl_flags.FLAGS
     path = FLAGS[flag].value if FLAGS[flag].present else getattr(config, flag)
-    if path and not os.path.exists(path):
-        origin = "" if FLAGS[flag].present else ", from the model directory"
-        raise FileNotFoundError(f"{path} does not exist (--{flag}{origin})")
+    for part in corpus_files(path):        # several files: comma-separated
+        if not os.path.exists(part):
+            origin = "" if FLAGS[flag].present else ", from the model directory"
+            raise FileNotFoundError(f"{part} does not exist (--{flag}{origin})")
     return path
 
 

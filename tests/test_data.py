@@ -64,6 +64,39 @@ def test_unequal_line_counts_name_both_files_and_counts(tmp_path):
     assert "a.en" in msg and "3 lines" in msg and "b.fr.gz" in msg and "2 lines" in msg
 
 
+def test_a_corpus_of_several_files_is_read_file_after_file(tmp_path):
+    """--train_src=a,b: the files one after another (a last line without a
+    newline stays a line), counted, streamed, fingerprinted and checked file
+    by file; lists of different lengths or a shift inside are errors."""
+    from nmt_tf.data import lexicon
+
+    a = write_lines(tmp_path / "a.en", ["one", "two"])
+    (tmp_path / "b.en").write_bytes(b"three")
+    c = write_lines(tmp_path / "c.fr.gz", ["un", "deux"], gz=True)
+    d = write_lines(tmp_path / "d.fr", ["trois"])
+    src, tgt = f"{a},{tmp_path / 'b.en'}", f"{c},{d}"
+    assert data.check_parallel(src, tgt, "train_src", "train_tgt") == 3
+    assert [s.decode() for s, _ in data.parallel_lines(src, tgt).as_numpy_iterator()] == ["one", "two", "three"]
+    assert [t.decode() for _, t in data.parallel_lines(src, tgt).as_numpy_iterator()] == ["un", "deux", "trois"]
+    assert data.fingerprint(src) != data.fingerprint(a)
+    with pytest.raises(data.CorpusError, match="names 2 files but --train_tgt 1"):
+        data.check_parallel(src, c, "train_src", "train_tgt")
+    with pytest.raises(data.CorpusError, match=r"a\.en \(--train_src\) has 2 lines but .*d\.fr \(--train_tgt\) has 1 lines"):
+        data.check_parallel(src, f"{d},{c}", "train_src", "train_tgt")       # equal totals, shifted
+    with pytest.raises(data.CorpusError, match=r"nope\.en does not exist \(--train_src\)"):
+        data.check_parallel(f"{a},{tmp_path / 'nope.en'}", tgt, "train_src", "train_tgt")
+
+    class Words:            # a tokenizer of whitespace words, ids by first sight
+        def __init__(self):
+            self.ids = {}
+
+        def encode(self, lines):
+            return tf.ragged.constant([[self.ids.setdefault(w, len(self.ids) + 4) for w in line.split()]
+                                       for line in lines.numpy()])
+    pairs, skipped = lexicon.encoded_pairs(src, tgt, Words(), Words(), max_len=None)
+    assert len(pairs) == 3 and skipped == 0
+
+
 def test_line_count_handles_missing_final_newline_and_gzip(tmp_path):
     p = tmp_path / "x.txt"
     p.write_bytes(b"a\nb\nc")

@@ -124,6 +124,21 @@ def count_lines(path: str) -> int:
     return lines + (last != b"\n")
 
 
+def corpus_files(path: str | None) -> list[str]:
+    """The files of a corpus flag (--train_src, --train_tgt, ...): one path,
+    or several separated by commas, read one after another as one corpus."""
+    return [part for part in (path or "").split(",") if part]
+
+
+def corpus_line_stream(path: str):
+    """The lines of a corpus (`corpus_files`), as bytes with their line ends
+    (a file's last line without one gets one), file after file, streamed."""
+    for part in corpus_files(path):
+        with open_binary(part) as f:
+            for line in f:
+                yield line if line.endswith(b"\n") else line + b"\n"
+
+
 def read_lines(path: str) -> list[bytes]:
     """Every line of a plain or gzip text file, as bytes without its line end."""
     with open_binary(path) as f:

@@ -26,13 +26,14 @@ vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 
 import numpy as np
 
 from nmt_tf.core import model_dir as layout
-from nmt_tf.core.files import open_binary
+from nmt_tf.core.files import corpus_line_stream
 from nmt_tf.data.alignment import NULL, model1
 
 SPECIALS = 4      # nmt_tf.data.text.SPECIAL_TOKENS ([PAD], [UNK], [BOS], [EOS]: ids 0-3), without importing TensorFlow
@@ -192,7 +193,8 @@ def coverage(table: dict, pairs, sizes, per_word: int) -> dict:
 def encoded_pairs(src_path: str, tgt_path: str, source_tokenizer, target_tokenizer, max_len: int | None,
                   limit: int | None = None, batch_lines: int = 2000):
     """(pairs of (source ids, target ids) np.int32 arrays, pairs skipped):
-    the lines of two parallel files (plain or gzip, streamed) encoded by the
+    the lines of two parallel corpora (plain or gzip files, or several of them
+    separated by commas, streamed) encoded by the
     tokenizers (no special tokens), skipping empty sides and sides over
     `max_len` tokens, at most `limit` pairs kept (the file is read no
     further). Files of unequal length are a ValueError naming the shorter."""
@@ -202,7 +204,8 @@ def encoded_pairs(src_path: str, tgt_path: str, source_tokenizer, target_tokeniz
         return tokenizer.encode(tf.constant([line.rstrip(b"\r\n") for line in lines])).to_list()
 
     pairs, skipped = [], 0
-    with open_binary(src_path) as sources, open_binary(tgt_path) as targets:
+    sources, targets = corpus_line_stream(src_path), corpus_line_stream(tgt_path)   # files after files
+    with contextlib.closing(sources), contextlib.closing(targets):
         both = itertools.zip_longest(sources, targets)       # a missing line shows as None
         while True:
             block = list(itertools.islice(both, batch_lines))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -62,41 +63,56 @@ class CorpusError(ValueError):
 
 
 def _require_file(path: str | None, flag: str) -> str:
-    if not path:
+    """`path` (one file, or several separated by commas: `files.corpus_files`), each checked."""
+    if not path or not files.corpus_files(path):
         raise CorpusError(f"--{flag} is required.")
-    if not os.path.exists(path):
-        raise CorpusError(f"{path} does not exist (--{flag}).")
-    if not os.path.isfile(path):
-        raise CorpusError(f"{path} is not a file (--{flag}).")
+    for part in files.corpus_files(path):
+        if not os.path.exists(part):
+            raise CorpusError(f"{part} does not exist (--{flag}).")
+        if not os.path.isfile(part):
+            raise CorpusError(f"{part} is not a file (--{flag}).")
     return path
 
 
 def count_lines(path: str) -> int:
-    """Number of lines (a last line without newline counts), streaming."""
-    try:
-        return files.count_lines(path)
-    except (OSError, EOFError, zlib.error) as e:
-        raise CorpusError(f"{path} could not be read: {e}.") from e
+    """Number of lines (a last line without newline counts) of a corpus's files, streaming."""
+    total = 0
+    for part in files.corpus_files(path):
+        try:
+            total += files.count_lines(part)
+        except (OSError, EOFError, zlib.error) as e:
+            raise CorpusError(f"{part} could not be read: {e}.") from e
+    return total
 
 
 def check_parallel(src: str | None, tgt: str | None, src_flag: str, tgt_flag: str) -> int:
-    """Both files exist and have the same number of lines; returns it."""
+    """Both corpora exist and have the same number of lines; returns it.
+    Corpora of several files (comma-separated) are compared file by file,
+    so that a shift inside them is not hidden by equal totals."""
     _require_file(src, src_flag)
     _require_file(tgt, tgt_flag)
-    n_src, n_tgt = count_lines(src), count_lines(tgt)
-    if n_src != n_tgt:
-        raise CorpusError(
-            f"The corpus is not parallel: {src} (--{src_flag}) has {n_src:,} lines but "
-            f"{tgt} (--{tgt_flag}) has {n_tgt:,} lines.")
+    src_parts, tgt_parts = files.corpus_files(src), files.corpus_files(tgt)
+    if len(src_parts) != len(tgt_parts):
+        raise CorpusError(f"--{src_flag} names {len(src_parts)} files but --{tgt_flag} {len(tgt_parts)}: "
+                          "give the target file of each source file, in the same order.")
+    for s, t in zip(src_parts, tgt_parts):
+        n_src, n_tgt = count_lines(s), count_lines(t)
+        if n_src != n_tgt:
+            raise CorpusError(
+                f"The corpus is not parallel: {s} (--{src_flag}) has {n_src:,} lines but "
+                f"{t} (--{tgt_flag}) has {n_tgt:,} lines.")
+    n_src = count_lines(src)
     if n_src == 0:
         raise CorpusError(f"The corpus {src} / {tgt} is empty.")
     return n_src
 
 
 def text_lines(path: str) -> tf.data.Dataset:
-    """Lines of a plain or gzip text file, streamed."""
-    return tf.data.TextLineDataset(path, compression_type="GZIP" if is_gzip(path) else "",
-                                   buffer_size=1 << 20)
+    """Lines of a corpus: a plain or gzip text file, or several separated by
+    commas, one after another; streamed."""
+    parts = [tf.data.TextLineDataset(part, compression_type="GZIP" if is_gzip(part) else "", buffer_size=1 << 20)
+             for part in files.corpus_files(path)]
+    return functools.reduce(lambda a, b: a.concatenate(b), parts)
 
 
 def parallel_lines(src: str, tgt: str) -> tf.data.Dataset:
@@ -105,9 +121,9 @@ def parallel_lines(src: str, tgt: str) -> tf.data.Dataset:
 
 
 def fingerprint(*paths: str) -> str:
-    """Identity of files for caching statistics: path, size, mtime."""
+    """Identity of files for caching statistics: path, size, mtime (of each file of a corpus)."""
     h = hashlib.sha1()
-    for p in paths:
+    for p in (part for path in paths for part in files.corpus_files(path)):
         st = os.stat(p)
         h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns};".encode())
     return h.hexdigest()

@@ -41,7 +41,7 @@ import re
 
 import numpy as np
 
-from nmt_tf.core.files import InputError, input_lines, write_atomically
+from nmt_tf.core.files import InputError, corpus_files, input_lines, write_atomically
 
 PHRASE_VECTORS = ("auto", "summary", "mean_annotation", "initial_state")
 VECTOR_DESCRIPTIONS = {
@@ -119,13 +119,13 @@ def frequent_phrases(path: str, split_words, n: int, max_lines: int = DEFAULT_LI
     the list is deterministic.
 
     Args:
-      path: the training source (plain or gzip).
+      path: the training source (plain or gzip; several files: comma-separated).
       split_words: [batch] string tensor -> [batch, (words)] ragged (the
         source tokenizer's `words`).
     """
     from nmt_tf.data.pipeline import text_lines
 
-    if not path or not os.path.isfile(path):
+    if not corpus_files(path) or not all(os.path.isfile(part) for part in corpus_files(path)):
         raise RepresentationError(f"the model's training source {path} is not there to draw the default list "
                                   "from: give --phrases.")
     words, ngrams = collections.Counter(), {k: collections.Counter() for k in NGRAM_SIZES}

@@ -32,7 +32,7 @@ from nmt_tf import config as nmt_config
 from nmt_tf import presets
 from nmt_tf.config import TrainingConfig
 from nmt_tf.core import model_dir as layout
-from nmt_tf.core.files import read_lines
+from nmt_tf.core.files import corpus_files, read_lines
 from nmt_tf.data.tokenizers import tokenizer_class
 
 FREEZABLE = ("embeddings", "encoder")
@@ -117,7 +117,7 @@ def describe_coverage(config, source_tokenizer, target_tokenizer, source_dir: st
     for side, path, tokenizer, lang, known in (
             ("source", config.train_src, source_tokenizer, config.src_lang, layout.WORD_SHORTLISTS[0]),
             ("target", config.train_tgt, target_tokenizer, config.tgt_lang, layout.WORD_SHORTLISTS[1])):
-        text = read_lines(path)
+        text = [line for part in corpus_files(path) for line in read_lines(part)]
         tokens = unknown = 0
         for start in range(0, len(text), batch):
             ids = tokenizer.encode(tf.constant(text[start:start + batch])).flat_values
