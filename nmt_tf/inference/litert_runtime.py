@@ -182,8 +182,8 @@ class LiteRTModel:
         shape = (batch, k) if k in self._steps else (batch * k, 1)
         previous = previous.reshape(shape)
         given = ({"previous_embeddings": self.embeddings(previous)} if self.host_target
-                 else {"previous_ids": previous.astype(np.int32)})
-        out = run(**given, state=state.reshape(*shape, -1).astype(np.float32), **inputs)
+                 else {"previous_ids": previous.astype(np.int32, copy=False)})
+        out = run(**given, state=state.reshape(*shape, -1).astype(np.float32, copy=False), **inputs)
         if k in self._steps:
             return out["log_probs"], out["state"], out["alpha"]
         return (out["log_probs"].reshape(batch, k, -1), out["state"].reshape(batch, k, -1),
@@ -221,9 +221,11 @@ class LiteRTModel:
         return _Beam(self, inputs, state, min_len, max_len, penalties, options).run()
 
 
-def _kind(t: int, min_len: np.ndarray, max_len: np.ndarray) -> np.ndarray:
-    """nmt_tf.inference.search._penalty_kind at position t, per sentence."""
-    return np.where(t + 1 >= max_len, 2, np.where(t + 1 <= min_len, 1, 0))
+def _kinds(steps: int, min_len: np.ndarray, max_len: np.ndarray) -> np.ndarray:
+    """nmt_tf.inference.search._penalty_kind at every position t < steps, per
+    sentence: [steps, B] (0 any token, 1 no [EOS] yet, 2 only [EOS])."""
+    t = np.arange(steps)[:, None] + 1
+    return np.where(t >= max_len, 2, np.where(t <= min_len, 1, 0))
 
 
 def _rows(inputs: dict, rows: np.ndarray, repeat: int = 1) -> dict:
@@ -243,12 +245,13 @@ def _greedy(model: LiteRTModel, inputs, state, min_len, max_len, penalties, opti
     previous = np.full([batch], BOS_ID, np.int32)
     done = np.zeros([batch], bool)
     t, taken, cached = 0, None, None
+    kinds = _kinds(steps, min_len, max_len)
     while t < steps and not done.all():
         rows = np.flatnonzero(~done)
         if taken is None or len(taken) != len(rows) or (taken != rows).any():
             taken, cached = rows, _rows(inputs, rows)
         log_probs, new_state, alpha = (x[:, 0] for x in model.step(previous[rows, None], state[rows, None], cached))
-        log_probs = log_probs + penalties[_kind(t, min_len, max_len)[rows]]
+        log_probs = log_probs + penalties[kinds[t, rows]]
         best = log_probs.argmax(-1).astype(np.int32)
         tokens[rows, t] = best
         log_prob[rows] += log_probs[np.arange(len(rows)), best]
@@ -278,6 +281,7 @@ class _Beam:
         self.batch = state.shape[0]
         self.steps = int(max_len.max(initial=0))
         self.best_final_penalty = length_penalty(max_len, self.kind, self.alpha)
+        self.kinds = _kinds(self.steps, min_len, max_len)
         self.history = []            # per step: (token [B, K], parent [B, K], alpha [B, K, S], score [B, K])
         self.at = np.arange(self.batch)[:, None]
 
@@ -289,7 +293,10 @@ class _Beam:
         only those are searched (a top-k over K x V candidates cost 0.33 ms a step)."""
         rows, beam, vocab = log_probs.shape
         k = self.k
-        flat = ((log_probs + self.penalties[kinds][:, None, :]) + alive_score[:, :, None]).reshape(rows, beam * vocab)
+        # In place (log_probs is this step's own array); one sentence's penalty row is a view.
+        penalties = self.penalties[kinds[0]][None] if (kinds == kinds[0]).all() else self.penalties[kinds]
+        flat = np.add(log_probs, penalties[:, None, :], out=log_probs)
+        flat = np.add(flat, alive_score[:, :, None], out=flat).reshape(rows, beam * vocab)
         width = _block_width(vocab)
         if (beam * vocab) % width:
             flat = np.pad(flat, [(0, 0), (0, width - (beam * vocab) % width)], constant_values=np.float32(2 * NEG))
@@ -340,8 +347,7 @@ class _Beam:
             # Step 0: one hypothesis per sentence ([BOS]); its k best extensions fill the beam.
             log_probs, new_state, alpha = self.model.step(np.full([batch, 1], BOS_ID), self.state0[:, None],
                                                           self.inputs)
-            score, token, parent = self.extensions(log_probs, np.zeros([batch, 1], np.float32),
-                                                   _kind(0, self.min_len, self.max_len))
+            score, token, parent = self.extensions(log_probs, np.zeros([batch, 1], np.float32), self.kinds[0])
             self.advance(0, score, token, parent, new_state, np.repeat(alpha, k, 1))
             t = 1
         taken, cached = None, None
@@ -350,11 +356,12 @@ class _Beam:
             if taken is None or len(taken) != len(rows) or (taken != rows).any():
                 taken, cached = rows, self.model.step_inputs(self.inputs, rows, k)
             log_probs, new_state, alpha = self.model.step(self.previous[rows], self.state[rows], cached)
-            score, token, parent = self.extensions(log_probs, self.alive_score[rows],
-                                                   _kind(t, self.min_len, self.max_len)[rows])
-            full = lambda x, fill: _scatter(batch, rows, x, fill)          # noqa: E731
-            self.advance(t, full(score, NEG), full(token, PAD_ID), full(parent, 0), full(new_state, 0),
-                         full(alpha, 0))
+            score, token, parent = self.extensions(log_probs, self.alive_score[rows], self.kinds[t, rows])
+            if len(rows) < batch:       # the rows of finished sentences: dead slots
+                full = lambda x, fill: _scatter(batch, rows, x, fill)          # noqa: E731
+                score, token, parent, new_state, alpha = (full(score, NEG), full(token, PAD_ID), full(parent, 0),
+                                                          full(new_state, 0), full(alpha, 0))
+            self.advance(t, score, token, parent, new_state, alpha)
             t += 1
         return self.results(t)
 
