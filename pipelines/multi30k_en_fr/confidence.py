@@ -3,7 +3,7 @@ r"""Issue 93: a calibrated confidence for the shipped preset, fitted on val.
   python pipelines/multi30k_en_fr/confidence.py      # writes the preset's confidence.json, confidence/measured.json
 
 Translates val, test 2016 and test 2017 with the shipped preset (its
-SavedModel: beam 10, n-best 5, alignments), computes per sentence the six
+SavedModel: its served beam, n-best 5, alignments), computes per sentence the six
 signals of nmt_tf.inference.confidence (which an export computes in its
 graph: mean token log-probability, n-best margin, attention coverage and
 entropy, length ratio, share of source pieces seen fewer than 5 times in
@@ -154,8 +154,9 @@ def main():
     val = measured["val"]
     y_val = np.array([row["chrf"] >= ACCEPTABLE_CHRF for row in val])
     acceptable = f"sentence chrF2 (sacreBLEU) >= {ACCEPTABLE_CHRF:g} against the reference"
+    beam = presets.read_manifest(folder)["export"]["beam_size"]
     shipped = confidence.fit(matrix(val, confidence.FEATURES), y_val, frequent, RARE_COUNT, acceptable,
-                             "Multi30k val 2016 (1,014 sentences), the preset's SavedModel at beam 10")
+                             f"Multi30k val 2016 (1,014 sentences), the preset's SavedModel at beam {beam}")
     shipped.save(os.path.join(folder, "confidence.json"))
     manifest = presets.read_manifest(folder)
     manifest["files"]["confidence.json"] = sha256(os.path.join(folder, "confidence.json"))
