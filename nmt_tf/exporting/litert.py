@@ -44,6 +44,8 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
+
 from nmt_tf.config import ExportConfig
 from nmt_tf.core import custom_gradients
 from nmt_tf.core import model_dir as layout
@@ -51,7 +53,8 @@ from nmt_tf.core.files import WriteFailed, sha256
 from nmt_tf.core.model_dir import SENTENCEPIECE_MODELS
 from nmt_tf.exporting.saved_model import metadata, next_version, remove_stale_temporaries
 from nmt_tf.inference import confidence
-from nmt_tf.inference.litert_runtime import FORMAT_VERSION, MANIFEST
+from nmt_tf.inference.litert_runtime import (FORMAT_VERSION, HOST_EMBEDDING_SIGNATURE, MANIFEST, dequantized,
+                                            weight_tensors)
 from nmt_tf.inference.restore import restore_model
 from nmt_tf.inference.translation_graph import tf_variables
 
@@ -209,10 +212,7 @@ def _output_layer_tensors(path: str, embeddings) -> dict:
     (`output_block_bounds`), each the constant tensor of that subgraph whose
     values (dequantised) are those rows of E. A conversion that kept them
     otherwise is an error: the runtime could not look the embeddings up."""
-    import numpy as np
-
-    from nmt_tf.inference.litert_runtime import HOST_EMBEDDING_SIGNATURE, dequantized, weight_tensors
-    from nmt_tf.models.search_step import output_block_bounds
+    from nmt_tf.models.search_step import output_block_bounds      # loads TensorFlow
 
     tensors = weight_tensors(path, HOST_EMBEDDING_SIGNATURE)
     blocks = []
