@@ -8,6 +8,7 @@ Usage:
   python -m nmt_tf.translate --saved_model=E --input=in.en --n_best=5 --with_scores --with_alignments
   python -m nmt_tf.translate --preset=multi30k_en_fr --input=in.en --target_prefix=prefixes.fr
   python -m nmt_tf.translate --preset=multi30k_en_fr --input=in.en --glossary=terms.en-fr.tsv
+  echo 'A <b>black dog</b> runs.' | python -m nmt_tf.translate --preset=multi30k_en_fr --markup=html
 
 With --runtime=litert a LiteRT model runs in this process instead, without
 TensorFlow (--litert_model=FOLDER, from nmt_tf.export --format=litert; or
@@ -39,6 +40,11 @@ stderr). These lines go through the export's translate_constrained
 signature, which searches the whole target vocabulary (an export made with
 --shortlist_size has no such signature).
 
+--markup=html (or xml) translates lines that hold inline markup: the tags
+are taken out, the plain sentence is translated, and the tags are put back
+around the target words the attention aligns to the words they wrapped
+(nmt_tf.inference.markup; docs/translating.md, "Inline markup").
+
 Output: plain text, one translation per line. With --with_scores,
 --with_alignments, --with_confidence or --n_best > 1, one JSON object per line instead:
   {"translation": ..., "confidence": 0.93,                        (--with_confidence)
@@ -68,6 +74,7 @@ from nmt_tf.core.progress import Progress
 from nmt_tf.inference.client import ClientError, SignatureClient
 from nmt_tf.inference.glossary import Glossary
 from nmt_tf.inference.litert_runtime import LiteRTClient
+from nmt_tf.inference.markup import KINDS
 from nmt_tf.inference.translation import (
     CONSTRAINED_SIGNATURE,
     TranslationError,
@@ -102,6 +109,12 @@ absl_flags.DEFINE_boolean(
     "glossary_ignore_case", False,
     "With --glossary: find its source terms in any case ('Snow', 'SNOW' for 'snow'); two entries that differ only "
     "in case are then an error.")
+absl_flags.DEFINE_enum(
+    "markup", None, list(KINDS),
+    "Lines hold inline markup: html or xml. Its tags are taken out, the plain sentence is translated, and the "
+    "tags are put back around the target words the attention aligns to the words they wrapped (whole words; "
+    "the output is always well-formed; n-best lists stay plain; docs/translating.md, 'Inline markup'). "
+    "Unbalanced markup is translated as text, with a warning.")
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", "model_name", "timeout", "input",
                                              "output", "lines_per_batch", "sort_window", "parallel_batches", "n_best",
                                              "runtime", "litert_model", "litert_weights", "litert_threads"))
@@ -129,7 +142,7 @@ def main(argv):
         steering = FLAGS.target_prefix or FLAGS.required_terms or FLAGS.glossary
         glossary = Glossary(FLAGS.glossary, FLAGS.glossary_ignore_case) if FLAGS.glossary else None
         outputs = needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments, bool(steering),
-                                 with_confidence=FLAGS.with_confidence)
+                                 with_confidence=FLAGS.with_confidence, markup=FLAGS.markup)
         if litert:
             if steering:
                 raise ValueError("--runtime=litert has no target prefixes or required terms yet: translate them "
@@ -149,7 +162,7 @@ def main(argv):
                                                   FLAGS.required_terms, glossary), out,
                             FLAGS.lines_per_batch, FLAGS.n_best,
                             FLAGS.with_scores, FLAGS.with_alignments, progress, FLAGS.sort_window,
-                            FLAGS.parallel_batches, with_confidence=FLAGS.with_confidence)
+                            FLAGS.parallel_batches, with_confidence=FLAGS.with_confidence, markup=FLAGS.markup)
         finally:
             progress.close()
             if FLAGS.output:

@@ -661,6 +661,12 @@ def test_the_api_translates_with_a_litert_folder(litert_export):
     assert [r.text for r in translator.translate(["A dog.", ""])][1] == ""
     with pytest.raises(ValueError, match="no score signature"):
         translator.score(["A dog."], ["Un chien."])
+    # markup="html": the model reads the plain sentence; its tags come back once each, well-formed
+    plain = translator.translate("A dog runs in the snow.")
+    tagged = translator.translate(["A <b>dog</b> runs in the <i>snow</i>.<br>", "A <b>dog runs."], markup="html")
+    assert tagged[0].source_tokens == plain.source_tokens and tagged[0].markup_warning is None
+    assert [tagged[0].text.count(tag) for tag in ("<b>", "</b>", "<i>", "</i>", "<br>")] == [1, 1, 1, 1, 1]
+    assert "never closed" in tagged[1].markup_warning
 
 
 def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tensorflow(litert_export, tmp_path):

@@ -23,8 +23,11 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
+
 from nmt_tf.core.files import InputError, input_lines
 from nmt_tf.core.progress import Progress
+from nmt_tf.inference import markup as markup_module
 from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line
 from nmt_tf.inference.translation_graph import MAX_REQUIRED_TERMS
 
@@ -36,9 +39,10 @@ class TranslationError(RuntimeError):
 
 
 def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool, steered: bool = False, *,
-                   with_confidence: bool = False) -> list[str]:
+                   with_confidence: bool = False, markup: str | None = None) -> list[str]:
     """The outputs that `format_result` writes for these flags (`steered`: of
-    the translate_constrained signature)."""
+    the translate_constrained signature; `markup`: the tokens and alignment
+    that put the markup back)."""
     outputs = ["translation", "truncated"] + (["terms_met"] if steered else [])
     if with_confidence:
         outputs += ["confidence"]
@@ -46,7 +50,7 @@ def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool, steere
         outputs += ["score", "log_prob"]
     if n_best > 1:
         outputs += ["nbest_translations", "nbest_scores"]
-    if with_alignments:
+    if with_alignments or markup:
         outputs += ["source_tokens", "target_tokens", "alignment"]
     return outputs
 
@@ -100,9 +104,10 @@ def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None 
 
 
 def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool, *,
-                  with_confidence: bool = False) -> str:
-    """One output line for row i of a batch result."""
-    translation = as_text(out["translation"][i])
+                  with_confidence: bool = False, translation: str | None = None) -> str:
+    """One output line for row i of a batch result (`translation`: instead
+    of the model's, e.g. with the line's markup put back)."""
+    translation = as_text(out["translation"][i]) if translation is None else translation
     if not (with_scores or with_alignments or with_confidence or n_best > 1):
         return translation
     record = {"translation": translation}
@@ -141,7 +146,7 @@ def signature_inputs(batch: list) -> dict:
 
 def translate_lines(client, lines, out, batch_size: int, n_best: int, with_scores: bool,
                     with_alignments: bool, progress: Progress | None = None, sort_window: int = 1,
-                    parallel_batches: int = 1, *, with_confidence: bool = False) -> int:
+                    parallel_batches: int = 1, *, with_confidence: bool = False, markup: str | None = None) -> int:
     """Translates an iterable of byte lines into the text stream `out` with a
     `nmt_tf.inference.client.SignatureClient` of the serving_default signature; returns lines done.
     Items may also be (line, target prefix, required terms) (`steered_lines`),
@@ -153,7 +158,10 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
     written in input order. `parallel_batches` batches are translated at
     once (requests in flight, or signature calls on as many threads).
     `with_confidence`: JSON lines with the export's calibrated confidence
-    (a model with a confidence.json; nmt_tf.inference.confidence)."""
+    (a model with a confidence.json; nmt_tf.inference.confidence).
+    `markup` ("html" or "xml"): each line's tags are taken out, the plain
+    sentence translated and the tags put back by the attention
+    (nmt_tf.inference.markup); n-best hypotheses stay plain text."""
     if with_confidence and not client.has_output("confidence"):
         raise TranslationError(f"{client.where} has no confidence output: export a model directory that holds "
                                "a confidence calibrator (confidence.json; docs/translating.md, 'Confidence'), or "
@@ -163,7 +171,7 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
         raise TranslationError(f"--n_best={n_best} but the model was exported with n-best "
                                f"{exported} (re-export with --n_best={n_best})")
     window_size = max(sort_window, batch_size)
-    done, window = 0, []
+    done, window, marked = 0, [], []
 
     def flush():
         nonlocal done
@@ -183,16 +191,35 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
                     "[UNK], or it holds a control character); it was left out" if unspellable else
                     "its required terms did not fit in the length limit; its translation is the best partial one"),
                     file=sys.stderr)
+            text = None
+            if markup:
+                text, warning = with_markup(marked[i], result, row)
+                if warning:
+                    print(f"warning: line {done + i + 1}: {warning}", file=sys.stderr)
             out.write(format_result(result, row, n_best, with_scores, with_alignments,
-                                    with_confidence=with_confidence) + "\n")
+                                    with_confidence=with_confidence, translation=text) + "\n")
         out.flush()
         done += len(window)
         window.clear()
+        marked.clear()
 
     for line in lines:
-        window.append(line if isinstance(line, tuple) else (line,))
+        item = line if isinstance(line, tuple) else (line,)
+        if markup:
+            marked.append(markup_module.strip(item[0].decode("utf-8", errors="replace"), markup))
+            item = (marked[-1].text.encode("utf-8"),) + item[1:]
+        window.append(item)
         if len(window) == window_size:
             flush()
     if window:
         flush()
     return done
+
+
+def with_markup(marked, out: dict, row: int) -> tuple[str, str | None]:
+    """Row `row`'s translation with the markup of `marked` (a
+    `nmt_tf.inference.markup.Marked`) put back, and a warning or None."""
+    source = [as_text(t) for t in out["source_tokens"][row] if t]
+    target = [as_text(t) for t in out["target_tokens"][row] if t]
+    return markup_module.restore(marked, as_text(out["translation"][row]), source, target,
+                                 np.asarray(out["alignment"][row])[:len(target), :len(source)])
