@@ -12,9 +12,11 @@ into pipelines/multi30k_en_fr/distillation/ and can be rerun alone:
   python pipelines/multi30k_en_fr/distill.py translate --teacher=runs/teacher_s2 --name=s2
   python pipelines/multi30k_en_fr/distill.py translate --teacher=preset --name=r10
 
-  # 3. the ensemble's translation, when all the teachers are on one machine
-  python pipelines/multi30k_en_fr/distill.py translate --teacher=runs/teacher_s2 --teacher=runs/teacher_s3 \
-      --teacher=preset --name=ensemble
+  # 3. the ensemble's translation, when all the teachers are on one machine; with the preset, each
+  #    trained teacher's 5 best checkpoints averaged first into its averaged/
+  python -m nmt_tf.average --model_dir=runs/teacher_s2 --average_checkpoints=5
+  python pipelines/multi30k_en_fr/distill.py translate --teacher=preset --teacher=runs/teacher_s2 \
+      --teacher=runs/teacher_s3 --name=ensemble
 
 Each translation is distillation/train.<name>.fr.gz (one line per line of
 data/multi30k/train.en.gz, in order), beside distillation/<name>.json: the
@@ -59,8 +61,8 @@ def export_teachers(teachers: list[str], export_dir: str, beam: int) -> str:
         if teacher == "preset":
             saved_model = presets.build("multi30k_en_fr", log=lambda *a: print(*a, file=sys.stderr))
             model_dirs.append((os.path.join(os.path.dirname(os.path.dirname(saved_model)), "model"), "averaged"))
-        else:
-            model_dirs.append((teacher, None))
+        else:          # its averaged/ (python -m nmt_tf.average) when it has one, else its 5 best averaged here
+            model_dirs.append((teacher, "averaged" if os.path.isdir(os.path.join(teacher, "averaged")) else None))
     averaged = {choice for _, choice in model_dirs}
     command = [sys.executable, "-m", "nmt_tf.export", f"--model_dir={model_dirs[0][0]}",
                *[f"--ensemble={d}" for d, _ in model_dirs[1:]], f"--export_dir={export_dir}",
