@@ -134,6 +134,29 @@ def test_output_filter_is_grpc_only_and_other_keys_are_ignored(server):
     assert sorted(out["predictions"][0]) == sorted(grpc_outputs(server, text=["A man."]))
 
 
+def test_markup_is_taken_out_before_the_model_and_put_back_in_the_translation(server):
+    """"markup": "html" (nmt_tf's extension): the model reads the plain sentence
+    (its other outputs are those of the untagged line), the translation holds
+    each tag once; unbalanced markup is translated as text with a warning; a
+    bad value is a 400 naming the key."""
+    plain = grpc_outputs(server, text=["A man rides a bike ."])
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": ["A <b>man</b> rides a <i>bike</i> .",
+                                                                      "A <b>man rides ."], "markup": "html"})
+    assert code == 200, out
+    first, second = out["predictions"]
+    assert [t for t in as_bytes(first["source_tokens"]) if t] == [t for t in plain["source_tokens"][0] if t]
+    assert [first["translation"].count(tag) for tag in ("<b>", "</b>", "<i>", "</i>")] == [1, 1, 1, 1]
+    # (this word-level model detaches punctuation, so its words may not be the text's: placed by position)
+    assert first["markup_warning"] in ("", "the markup was placed by word position (the model's words are not the "
+                                           "text's)")
+    assert "never closed" in second["markup_warning"]
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": ["A man."], "markup": "markdown"})
+    assert code == 400 and "'markup' must be" in out["error"]
+    code, out = rest(server, "/v1/models/nmt:predict", {"signature_name": "score", "markup": "html",
+                                                        "instances": [{"source": "A man.", "target": "Un homme."}]})
+    assert code == 400 and "'markup' needs a signature" in out["error"]
+
+
 def test_binary_input_as_b64_and_raw_bytes_that_are_not_utf8(server):
     """{"b64": ...} carries any bytes; raw bytes that are not UTF-8 inside a JSON
     string pass as they are, as TF Serving's parser passes them (no UTF-8 check)."""

@@ -178,9 +178,13 @@ def _covered(spans, begin: int, end: int, empty: bool) -> tuple[int, int]:
 
 def words_of_tokens(tokens: list[str], continues_word=None) -> list[int]:
     """The index of the text word each token belongs to. SentencePiece
-    pieces (the default): "▁" begins a word, a lone "▁" (no text of its
-    own) belongs to none; `continues_word(token)` decides for other
-    tokenizers. "[EOS]" and padding belong to none (-1)."""
+    pieces: "▁" begins a word, a lone "▁" (no text of its own) belongs to
+    none; `continues_word(token)` decides for other tokenizers, by default
+    told apart by their tokens (WordPiece's "##" continues a word; a word
+    model's tokens are words). "[EOS]" and padding belong to none (-1)."""
+    if continues_word is None and not any(token.startswith(SPACE) for token in tokens):
+        continues_word = ((lambda token: token.startswith("##")) if any(token.startswith("##") for token in tokens)
+                          else (lambda token: False))
     index, out, boundary = -1, [], True
     for token in tokens:
         if token in ("[EOS]", "[PAD]", "[BOS]", ""):

@@ -10,6 +10,11 @@ front end calls (nmt_tf.serving.versions), so that both answer alike:
   GET  /v1/models/NAME[/versions/N|/labels/L]/metadata  {"model_spec": ..., "metadata": {"signature_def": ...}}
   GET  /                                                 the translation page (nmt_tf.serving.page; not TF Serving's)
 
+A predict body may also say "markup": "html" (or "xml"), an nmt_tf extension
+(TF Serving ignores the key): the "text" inputs' tags are taken out before
+the model runs and put back into "translation" by the attention
+(nmt_tf.inference.markup); the other outputs are the plain sentences'.
+
 with TF Serving's JSON encoding (strings as JSON strings, {"b64": ...} for
 binary input and for outputs whose alias ends with "_bytes") and its errors:
 {"error": "..."} with the HTTP status TF Serving maps from the gRPC one
@@ -43,9 +48,11 @@ import time
 import urllib.parse
 
 import grpc
+import numpy as np
 from absl import logging
 from google.protobuf import json_format
 
+from nmt_tf.inference import markup as markup_module
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving.http_receiver import PrefetchedReader, Receiver, error_reply
 from nmt_tf.serving.page import PAGE_HEADERS, page_file
@@ -418,13 +425,57 @@ def _parse_json_object(body: bytes) -> dict:
 
 
 def predict_request_from_json(registry: ModelRegistry, model_spec, body: bytes, max_batch_size: int):
-    """A PredictRequest from a REST predict body, and whether it was in row
-    format ("instances") rather than columnar ("inputs"); TF Serving's rules
-    and messages (json_tensor.cc, FillPredictRequestFromJson). Batches over
-    `max_batch_size` are refused before their items are converted. A body
-    over _LARGE_BODY_BYTES waits for its turn (`_large_body_turn`)."""
+    """A PredictRequest from a REST predict body, whether it was in row
+    format ("instances") rather than columnar ("inputs"), and with "markup"
+    the texts' `nmt_tf.inference.markup.Marked` (else None); TF Serving's
+    rules and messages (json_tensor.cc, FillPredictRequestFromJson). Batches
+    over `max_batch_size` are refused before their items are converted. A
+    body over _LARGE_BODY_BYTES waits for its turn (`_large_body_turn`)."""
     with _large_body_turn(len(body)):
-        return _predict_request(registry, model_spec, _parse_json_object(body), max_batch_size)
+        doc = _parse_json_object(body)
+        request, row = _predict_request(registry, model_spec, doc, max_batch_size)
+        return request, row, _take_markup(registry, request, doc)
+
+
+MARKUP_OUTPUTS = ("translation", "source_tokens", "target_tokens", "alignment")
+
+
+def _take_markup(registry: ModelRegistry, request, doc: dict):
+    """With "markup" in `doc`: the "text" input's tags taken out (the request
+    then carries the plain sentences), the Marked lines returned."""
+    if "markup" not in doc:
+        return None
+    kind = doc["markup"]
+    if kind not in markup_module.KINDS:
+        raise _invalid(f"'markup' must be \"html\" or \"xml\", not {_json_text(kind)}")
+    loaded = registry.get(request.model_spec)
+    outputs = loaded.signature_defs[request.model_spec.signature_name or DEFAULT_SIGNATURE].outputs
+    text = request.inputs.get("text") if "text" in request.inputs else None
+    if text is None or text.dtype != serving_protos.DT.DT_STRING or not all(k in outputs for k in MARKUP_OUTPUTS):
+        raise _invalid("'markup' needs a signature with a string input 'text' and the outputs "
+                       f"{', '.join(MARKUP_OUTPUTS)} (serving_default, translate_constrained)")
+    marked = [markup_module.strip(value.decode("utf-8", "replace"), kind) for value in text.string_val]
+    del text.string_val[:]
+    text.string_val.extend(m.text.encode("utf-8") for m in marked)
+    return marked
+
+
+def _put_markup_back(outputs, marked: list) -> list[str]:
+    """The "translation" output with each line's markup put back (in place);
+    returns the warnings, one per line ("" for none)."""
+    translation, source, target, alignment = (serving_protos.to_array(outputs[k]) for k in MARKUP_OUTPUTS)
+    texts, warnings = [], []
+    for i, m in enumerate(marked):
+        src = [t.decode("utf-8", "replace") for t in source[i] if t]
+        tgt = [t.decode("utf-8", "replace") for t in target[i] if t]
+        text, warning = markup_module.restore(m, translation[i].decode("utf-8", "replace"), src, tgt,
+                                              alignment[i][:len(tgt), :len(src)])
+        texts.append(text.encode("utf-8"))
+        warnings.append(warning or "")
+    proto = outputs["translation"]
+    del proto.string_val[:]
+    proto.string_val.extend(texts)
+    return warnings
 
 
 def _predict_request(registry: ModelRegistry, model_spec, doc: dict, max_batch_size: int):
@@ -565,11 +616,16 @@ def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, m
     spec = _rest_model_spec(*match.group(1, 2, 3))
     if method == "POST":
         if match.group(4) == "predict":
-            request, row = predict_request_from_json(registry, spec, body, max_batch_size)
+            request, row, marked = predict_request_from_json(registry, spec, body, max_batch_size)
             turn = gate.turn(client, BATCH_WAIT_SECONDS) if gate is not None else contextlib.nullcontext()
             with turn:
                 response = run_predict(registry, request, max_batch_size, max_message_bytes, can_filter=False,
                                        batcher=batcher)
+            if marked is not None:
+                warnings = _put_markup_back(response.outputs, marked)
+                if any(warnings):
+                    serving_protos.from_array(np.array([w.encode() for w in warnings], object),
+                                              response.outputs["markup_warning"])
             return predict_response_json(response.outputs, row)
         if match.group(4) in ("classify", "regress"):
             raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
