@@ -60,6 +60,19 @@ def test_tags_go_around_the_target_words_aligned_to_their_words():
     assert well_formed(text)
 
 
+def test_min_share_keeps_only_the_words_mostly_attending_to_the_element():
+    """An article attending half to its noun joins the noun's element at
+    min_share 0 (its argmax is the noun), not at 0.6."""
+    links = LINKS[:1] + [(1, 2), (2, 1)] + LINKS[3:]
+    weights = alignment(links)
+    weights[5] = 0.0
+    weights[5, 5], weights[5, 6], weights[5, 7] = 0.4, 0.35, 0.25     # "la": 60 % on the pieces of "snow."
+    marked = markup.strip("A black dog runs in the <b>snow.</b>", "html")
+    assert markup.restore(marked, TRANSLATION, SOURCE, TARGET, weights)[0] == "Un chien noir court dans <b>la neige.</b>"
+    assert markup.restore(marked, TRANSLATION, SOURCE, TARGET, weights, min_share=0.7)[0] == (
+        "Un chien noir court dans la <b>neige.</b>")
+
+
 def test_void_empty_and_comment_elements_stand_before_the_aligned_word():
     text, _ = restored("A black dog<br> runs in the <b></b>snow.<!-- end -->")
     assert text == "Un chien noir <br>court dans la <b></b>neige.<!-- end -->"

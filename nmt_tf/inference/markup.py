@@ -39,6 +39,7 @@ KINDS = ("html", "xml")
 HTML_VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 LINE_BREAKS = frozenset({"br", "hr"})
 SPACE = "\u2581"         # SentencePiece's word boundary
+DEFAULT_MIN_SHARE = 0.0   # restore's min_share (pipelines/multi30k_en_fr/markup.py compares others on val)
 
 
 @dataclasses.dataclass
@@ -221,9 +222,11 @@ def word_alignment(alignment, source_words: list[int], target_words: list[int]) 
 
 
 def restore(marked: Marked, translation: str, source_tokens: list[str], target_tokens: list[str], alignment,
-            continues_word=None) -> tuple[str, str | None]:
+            continues_word=None, min_share: float = DEFAULT_MIN_SHARE) -> tuple[str, str | None]:
     """The translation with the markup of `marked` put back (escaped for
-    markup), and a warning or None."""
+    markup), and a warning or None. `min_share`: a target word joins an
+    element only if at least this share of its attention is on the
+    element's words (besides their holding its most attended one)."""
     words = translation.split()
     if not marked.elements:
         return (translation if marked.warning else _escape_words(words)), marked.warning
@@ -237,7 +240,7 @@ def restore(marked: Marked, translation: str, source_tokens: list[str], target_t
         # splits punctuation): place by relative position instead.
         warning = "the markup was placed by word position (the model's words are not the text's)"
         weights = _diagonal(len(words), source_count)
-    return _render(words, marked.elements, _place(marked.elements, weights, len(words))), warning
+    return _render(words, marked.elements, _place(marked.elements, weights, len(words), min_share)), warning
 
 
 def _diagonal(rows: int, cols: int) -> np.ndarray:
@@ -248,7 +251,7 @@ def _diagonal(rows: int, cols: int) -> np.ndarray:
     return out
 
 
-def _place(elements: list[Element], weights: np.ndarray, count: int) -> list[tuple[int, int]]:
+def _place(elements: list[Element], weights: np.ndarray, count: int, min_share: float = 0.0) -> list[tuple[int, int]]:
     """Each element's target words [first, last), nested as in the source and never crossing."""
     best_source = weights.argmax(1) if weights.size else np.zeros([count], int)
     placed: list[tuple[int, int]] = []
@@ -260,7 +263,9 @@ def _place(elements: list[Element], weights: np.ndarray, count: int) -> list[tup
                 at = count
             span = (at, at)
         else:
-            inside = [t for t in range(count) if element.first <= best_source[t] < element.last]
+            share = weights[:, element.first:element.last].sum(1) / np.maximum(weights.sum(1), 1e-9)
+            inside = [t for t in range(count) if element.first <= best_source[t] < element.last
+                      and share[t] >= min_share]
             if inside:
                 span = (min(inside), max(inside) + 1)
             elif count and weights.size:

@@ -1,6 +1,7 @@
 r"""Issue 93 item 3: how well inline markup lands, measured on a tagged test 2016.
 
   python pipelines/multi30k_en_fr/markup.py            # writes markup/measured.json, markup/tagged.en, markup/tagged.fr
+  python pipelines/multi30k_en_fr/markup.py --set=val --sweep    # the placement rules compared on val: markup/val.json
 
 The tagged set (rules fixed before any result was seen): in each test 2016
 English sentence, one word is wrapped in <b>...</b>: the longest word made
@@ -24,7 +25,10 @@ The shipped preset translates the tagged lines with --markup=html
                    sentences without markup (the model reads the same text,
                    so they must be equal) and against the references
 
-Nothing is chosen on test 2016 here: the placement rule was fixed first.
+--sweep also places the tags with each share in SHARES (`min_share` of
+nmt_tf.inference.markup.restore: the share of a target word's attention
+that must be on the element's words) and reports each; the rule is chosen
+on val (--set=val), test 2016 only measured with the chosen one.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ STOPWORDS = set("""a an the and or of in on at to for with by from into onto ove
 their they them this that these those his her its our your who what which where when some other another
 each both many several very just about through behind front next around along across""".split())
 PUNCT = re.compile(r"^\W+|\W+$")
+SHARES = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def read(name: str, lang: str) -> list[str]:
@@ -117,13 +122,45 @@ class _Elements(html.parser.HTMLParser):
             self.wrapped.append(data)
 
 
+def placement(rows, results, min_share: float) -> dict:
+    """Well-formedness and placement of `results` (Translations of the
+    tagged lines' plain text) with their tags put back by `min_share`."""
+    from nmt_tf.inference import markup
+
+    exact = covers = eligible = formed = 0
+    for row, result in zip(rows, results):
+        text, _ = markup.restore(markup.strip(row["tagged"], "html"), result.text, result.source_tokens,
+                                 result.target_tokens, result.alignment, min_share=min_share)
+        parser = _Elements()
+        parser.feed(text)
+        parser.close()
+        formed += parser.ok and not parser.stack and parser.count == 1
+        plain = html.unescape(re.sub(r"<[^>]*>", "", text))
+        wrapped = [norm(w) for w in " ".join(parser.wrapped).split() if norm(w)]
+        row.update(output=text, plain=plain)
+        target = row["reference_word"]
+        if target and [norm(w) for w in plain.split()].count(target) == 1:
+            eligible += 1
+            exact += wrapped == [target]
+            covers += target in wrapped
+    return {"min_share": min_share, "well_formed": round(formed / len(rows), 4), "eligible": eligible,
+            "exact": round(exact / max(eligible, 1), 4), "covers": round(covers / max(eligible, 1), 4)}
+
+
 def main():
+    import argparse
+
     import nmt_tf
     from nmt_tf.core.hardware import vector_flags
     from nmt_tf.evaluation.metrics import corpus_scores
+    from nmt_tf.inference import markup
 
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", default="test_2016_flickr", help="A Multi30k set (file stem under data/multi30k).")
+    parser.add_argument("--sweep", action="store_true", help="Also place with each share in SHARES.")
+    args = parser.parse_args()
     start = time.monotonic()
-    sources, references = read("test_2016_flickr", "en"), read("test_2016_flickr", "fr")
+    sources, references = read(args.set, "en"), read(args.set, "fr")
     lex = lexicon()
     rows = []
     for i, (source, reference) in enumerate(zip(sources, references)):
@@ -136,33 +173,18 @@ def main():
         rows.append({"line": i, "source": source, "tagged": tagged, "word": word,
                      "reference_word": reference_word(word, reference, lex)})
     translator = nmt_tf.Translator.from_preset("multi30k_en_fr")
-    marked = translator.translate([r["tagged"] for r in rows], markup="html")
+    results = translator.translate([markup.strip(r["tagged"], "html").text for r in rows])
     plain = translator.translate([r["source"] for r in rows])
-    exact = covers = eligible = formed = 0
-    stripped = []
-    for row, result, reference in zip(rows, marked, plain):
-        parser = _Elements()
-        parser.feed(result.text)
-        parser.close()
-        ok = parser.ok and not parser.stack and parser.count == 1
-        formed += ok
-        text = html.unescape(re.sub(r"<[^>]*>", "", result.text))
-        stripped.append(text)
-        wrapped = [norm(w) for w in " ".join(parser.wrapped).split() if norm(w)]
-        row.update(output=result.text, wrapped=wrapped)
-        target = row["reference_word"]
-        if target and [norm(w) for w in text.split()].count(target) == 1:
-            eligible += 1
-            exact += wrapped == [target]
-            covers += target in wrapped
+    sweep = [placement(rows, results, share) for share in SHARES] if args.sweep else []
+    shipped = placement(rows, results, markup.DEFAULT_MIN_SHARE)
+    stripped, plain_text = [r["plain"] for r in rows], [p.text for p in plain]
     refs = [references[r["line"]] for r in rows]
-    plain_text = [p.text for p in plain]
     scores = {name: corpus_scores(hyp, refs, "fr") for name, hyp in (("tags_stripped", stripped),
                                                                     ("plain", plain_text))}
     record = {
-        "sentences": len(sources), "tagged": len(rows), "well_formed": round(formed / len(rows), 4),
-        "placement": {"eligible": eligible, "exact": round(exact / max(eligible, 1), 4),
-                      "covers": round(covers / max(eligible, 1), 4)},
+        "set": args.set, "sentences": len(sources), "tagged": len(rows), "well_formed": shipped["well_formed"],
+        "placement": {k: shipped[k] for k in ("min_share", "eligible", "exact", "covers")},
+        "sweep": sweep,
         "stripped_equals_plain": sum(a == b for a, b in zip(stripped, plain_text)),
         "bleu": {name: {"sacrebleu_13a": round(s["bleu"], 2), "lc_moses_tok": round(s["bleu_lc_moses"], 2)}
                  for name, s in scores.items()},
@@ -172,11 +194,12 @@ def main():
         "seconds": round(time.monotonic() - start, 1),
     }
     os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, "tagged.en"), "w", encoding="utf-8") as f:
+    stem = "" if args.set == "test_2016_flickr" else f"{args.set}."
+    with open(os.path.join(OUT, f"{stem}tagged.en"), "w", encoding="utf-8") as f:
         f.writelines(r["tagged"] + "\n" for r in rows)
-    with open(os.path.join(OUT, "tagged.fr"), "w", encoding="utf-8") as f:
+    with open(os.path.join(OUT, f"{stem}tagged.fr"), "w", encoding="utf-8") as f:
         f.writelines(r["output"] + "\n" for r in rows)
-    with open(os.path.join(OUT, "measured.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(OUT, f"{stem}measured.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, ensure_ascii=False)
         f.write("\n")
     print(json.dumps(record, indent=1, ensure_ascii=False))
