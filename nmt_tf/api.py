@@ -103,27 +103,35 @@ class Translator:
 
     @classmethod
     def from_preset(cls, name: str, cache_dir: str | None = None, log=None, runtime: str = "tensorflow",
-                    litert_weights: str = "int8") -> "Translator":
+                    litert_weights: str = "int8", **search) -> "Translator":
         """A shipped model by name (`nmt_tf.presets.available()`), or a preset
         folder; its first use builds its SavedModel (about a minute, said on
         standard error, or to `log`). runtime="litert": its LiteRT model
         (`litert_weights` storage), built on first use and cached, translated
-        without TensorFlow (`from_litert`)."""
+        without TensorFlow (`from_litert`), which also takes search settings
+        (`beam_size=`, `n_best=`, `length_penalty=`, `length_alpha=`)."""
         log = log or (lambda *a: print(*a, file=sys.stderr))
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices (imports nothing itself)
         if runtime == "litert":
             return cls.from_litert(presets.litert_model(name, litert_weights, cache_dir, log=log),
-                                   _description=f"preset {name} on LiteRT ({litert_weights})")
+                                   _description=f"preset {name} on LiteRT ({litert_weights})", **search)
+        if search:
+            raise ValueError(f"{', '.join(sorted(search))}: a SavedModel's search was fixed at its export; "
+                             "runtime='litert' takes them per Translator (or export the preset again: "
+                             "docs/translating.md, 'A preset with another search')")
         if runtime != "tensorflow":
             raise ValueError(f"runtime={runtime!r}: choose tensorflow or litert")
         return cls.from_saved_model(presets.build(name, cache_dir, log=log), _description=f"preset {name}")
 
     @classmethod
-    def from_litert(cls, path: str, num_threads: int = 1, _description: str | None = None) -> "Translator":
+    def from_litert(cls, path: str, num_threads: int = 1, _description: str | None = None,
+                    **search) -> "Translator":
         """A LiteRT model folder (nmt_tf.export --format=litert), translated
-        without TensorFlow (nmt_tf.inference.litert_runtime; docs/litert.md). It has no
-        score signature, target prefixes or required terms yet."""
-        client = LiteRTClient(path, num_threads=num_threads)
+        without TensorFlow (nmt_tf.inference.litert_runtime; docs/litert.md). Its
+        search runs on the host, so `beam_size=`, `n_best=`,
+        `length_penalty=` and `length_alpha=` override the export's. It has
+        no score signature, target prefixes or required terms yet."""
+        client = LiteRTClient(path, num_threads=num_threads, search=search)
         return cls(lambda text: client(text=text), None, client.output_size("nbest_scores", 1),
                    _description or f"LiteRT model {path}", client.model.manifest)
 

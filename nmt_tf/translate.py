@@ -13,8 +13,11 @@ Usage:
 With --runtime=litert a LiteRT model runs in this process instead, without
 TensorFlow (--litert_model=FOLDER, from nmt_tf.export --format=litert; or
 --preset's, built on first use with --litert_weights, int8 by default):
-the same outputs; one sentence at a time 2.7x as fast as the SavedModel
-on an AMX Xeon, batches still slower (docs/litert.md).
+the same outputs; one sentence at a time 2.4-3.1x as fast as the SavedModel
+on an AMX Xeon, batches of 64 slower from beam 3 up (docs/litert.md). Its
+search runs here, so --beam_size, --length_penalty and --length_alpha
+apply (and --n_best up to --beam_size when that is given), where a
+SavedModel fixed them at export.
 
 With --saved_model the SavedModel runs in this process (--preset: the
 SavedModel of a model shipped with nmt_tf, built on first use; see
@@ -120,8 +123,13 @@ TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", 
                                              "runtime", "litert_model", "litert_weights", "litert_threads"))
 
 
+# With --runtime=litert the search runs here: these search flags are honoured (a SavedModel fixed them).
+LITERT_SEARCH_FLAGS = ("beam_size", "length_penalty", "length_alpha")
+
+
 def litert_client(outputs: list[str]):
-    """The LiteRT model of --litert_model or --preset (built on first use), as a client."""
+    """The LiteRT model of --litert_model or --preset (built on first use), as
+    a client with the search flags given (LITERT_SEARCH_FLAGS, --n_best)."""
     FLAGS = absl_flags.FLAGS
     if FLAGS.saved_model or FLAGS.server:
         raise ValueError("--runtime=litert runs a LiteRT model: give --litert_model or --preset, not "
@@ -130,12 +138,15 @@ def litert_client(outputs: list[str]):
         raise ValueError("--runtime=litert: give exactly one of --litert_model and --preset")
     folder = FLAGS.litert_model or presets.litert_model(FLAGS.preset, FLAGS.litert_weights,
                                                         log=lambda *a: print(*a, file=sys.stderr))
-    return LiteRTClient(folder, outputs=outputs, num_threads=FLAGS.litert_threads)
+    search = {name: FLAGS[name].value for name in LITERT_SEARCH_FLAGS + ("n_best",) if FLAGS[name].present}
+    if "n_best" in search and "beam_size" not in search:
+        search.pop("n_best")        # within the export's n-best, checked as for a SavedModel
+    return LiteRTClient(folder, outputs=outputs, num_threads=FLAGS.litert_threads, search=search)
 def main(argv):
-    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS,
-                        reasons={name: nmt_flags.FIXED_AT_EXPORT_REASON for name in nmt_flags.FIXED_AT_EXPORT})
     FLAGS = absl_flags.FLAGS
     litert = FLAGS.runtime == "litert"
+    nmt_flags.start_cli(argv, accepts=TOOL_FLAGS | (frozenset(LITERT_SEARCH_FLAGS) if litert else frozenset()),
+                        reasons={name: nmt_flags.FIXED_AT_EXPORT_REASON for name in nmt_flags.FIXED_AT_EXPORT})
     if not litert and sum(bool(x) for x in (FLAGS.saved_model, FLAGS.preset, FLAGS.server)) != 1:
         return nmt_flags.user_error("give exactly one of --saved_model, --preset and --server.")
     try:

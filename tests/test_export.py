@@ -608,6 +608,38 @@ def test_translating_with_litert_imports_no_tensorflow(litert_export, tmp_path):
     assert len(done.stdout.splitlines()) == 3 and done.stdout.splitlines()[2] == ""
 
 
+def test_a_litert_search_is_chosen_per_client_and_checked(litert_export, tmp_path):
+    """The host runs a LiteRT model's search: beam, n-best and length
+    penalty per client (the API's keywords, translate's flags with
+    --runtime=litert), each checked with its bound named; a SavedModel
+    still refuses them."""
+    import nmt_tf
+    from nmt_tf.inference.litert_runtime import LiteRTClient
+
+    lines = [b"A dog runs in the snow.", b"Two men sit on a bench."]
+    greedy = LiteRTClient(litert_export)
+    greedy.options.update(beam_size=1, n_best=1)
+    translator = nmt_tf.Translator.from_litert(litert_export, beam_size=1, n_best=1)
+    assert [t.text for t in translator.translate([l.decode() for l in lines])] == [
+        t.decode() for t in greedy(text=lines)["translation"]]
+    wide = LiteRTClient(litert_export, search={"beam_size": 4, "n_best": 4, "length_alpha": 0.6})
+    assert wide(text=lines)["nbest_translations"].shape == (2, 4)           # beam 4: no step_k4, rows of step_k1
+    for search, message in (({"beam_size": 0}, "beam_size 0: from 1 to 64"),
+                            ({"beam_size": 2, "n_best": 3}, r"n_best 3: from 1 to the beam size \(2\)"),
+                            ({"length_penalty": "none"}, "length_penalty 'none': average or gnmt"),
+                            ({"max_length": 5}, "max_length: not a search setting")):
+        with pytest.raises(ValueError, match=message):
+            LiteRTClient(litert_export, search=search)
+    source = tmp_path / "in.en"
+    source.write_bytes(b"\n".join(lines) + b"\n")
+    done = run_cli("-m", "nmt_tf.translate", "--runtime=litert", f"--litert_model={litert_export}",
+                   f"--input={source}", "--beam_size=2", "--n_best=2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [len(json.loads(line)["nbest"]) <= 2 for line in done.stdout.splitlines()] == [True, True]
+    refused = run_cli("-m", "nmt_tf.translate", f"--saved_model={litert_export}", "--beam_size=2")
+    assert refused.returncode == 1 and "fixed when the SavedModel was exported" in refused.stderr
+
+
 def test_a_damaged_litert_folder_is_one_error_naming_the_file(litert_export, tmp_path):
     """A truncated model file, a foreign file in its place, a manifest of
     another format version, or no manifest: one LiteRTModelError naming the file."""

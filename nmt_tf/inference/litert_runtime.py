@@ -528,7 +528,8 @@ class LiteRTClient:
     target_tokens, alignment, truncated, nbest_translations, nbest_scores)."""
 
     def __init__(self, folder: str, *, outputs: list[str] | None = None, num_threads: int | None = None,
-                 beam_size: int | None = None, n_best: int | None = None, interpreters: int = 2):
+                 beam_size: int | None = None, n_best: int | None = None, interpreters: int = 2,
+                 search: dict | None = None):
         self.model = LiteRTModel(folder, num_threads)
         # Calls from several threads (translate's --parallel_batches) each take an interpreter of
         # their own, up to `interpreters` (an interpreter runs one call at a time).
@@ -544,6 +545,8 @@ class LiteRTClient:
         if n_best is not None:
             self.options["n_best"] = n_best
         self.options["n_best"] = min(self.options["n_best"], self.options["beam_size"])
+        if search:                   # the host runs the search: any of its settings, checked
+            self.options.update(checked_search(search, self.options))
 
     def _take(self) -> LiteRTModel:
         with self._pool_lock:
@@ -601,6 +604,33 @@ class LiteRTClient:
         if model.calibrator is not None and (self.outputs is None or "confidence" in self.outputs):
             result["confidence"] = confidence_of_outputs(result, model.calibrator).astype(np.float32)
         return {name: value for name, value in result.items() if self.outputs is None or name in self.outputs}
+
+
+HOST_SEARCH_SETTINGS = ("beam_size", "n_best", "length_penalty", "length_alpha")
+
+
+def checked_search(search: dict, options: dict) -> dict:
+    """Search settings a LiteRT model takes per client (HOST_SEARCH_SETTINGS,
+    over its export's `options`), checked: a ValueError naming the setting
+    and its bound otherwise. A beam without a step signature of its own runs
+    its hypotheses as rows of step_k1 (the same search, a little slower)."""
+    unknown = sorted(set(search) - set(HOST_SEARCH_SETTINGS))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a search setting a LiteRT model takes per call "
+                         f"({', '.join(HOST_SEARCH_SETTINGS)})")
+    merged = {**options, **search}
+    if not isinstance(merged["beam_size"], int) or not 1 <= merged["beam_size"] <= MAX_HOST_BEAM:
+        raise ValueError(f"beam_size {merged['beam_size']!r}: from 1 to {MAX_HOST_BEAM}")
+    if not isinstance(merged["n_best"], int) or not 1 <= merged["n_best"] <= merged["beam_size"]:
+        raise ValueError(f"n_best {merged['n_best']!r}: from 1 to the beam size ({merged['beam_size']})")
+    if merged["length_penalty"] not in ("average", "gnmt"):
+        raise ValueError(f"length_penalty {merged['length_penalty']!r}: average or gnmt")
+    if not isinstance(merged["length_alpha"], (int, float)) or not 0.0 <= merged["length_alpha"] <= 10.0:
+        raise ValueError(f"length_alpha {merged['length_alpha']!r}: from 0 to 10")
+    return {key: merged[key] for key in HOST_SEARCH_SETTINGS}
+
+
+MAX_HOST_BEAM = 64
 
 
 def _detokenize(vocabulary: list[str], ids) -> bytes:
