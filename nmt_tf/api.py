@@ -129,10 +129,11 @@ class Translator:
         """A LiteRT model folder (nmt_tf.export --format=litert), translated
         without TensorFlow (nmt_tf.inference.litert_runtime; docs/litert.md). Its
         search runs on the host, so `beam_size=`, `n_best=`,
-        `length_penalty=` and `length_alpha=` override the export's. It has
-        no score signature, target prefixes or required terms yet."""
+        `length_penalty=` and `length_alpha=` override the export's. `score`
+        runs forced decoding on the host with the step signatures; target
+        prefixes and required terms are not there yet."""
         client = LiteRTClient(path, num_threads=num_threads, search=search)
-        return cls(lambda text: client(text=text), None, client.output_size("nbest_scores", 1),
+        return cls(lambda text: client(text=text), client.score, client.output_size("nbest_scores", 1),
                    _description or f"LiteRT model {path}", client.model.manifest)
 
     @classmethod
@@ -262,7 +263,7 @@ class Translator:
     def score(self, sources, targets, batch_size: int = 64) -> list[PairScore]:
         """log p(target | source) of each pair (lists of equal length)."""
         if self._score is None:
-            raise ValueError(f"{self.description} cannot score pairs (a LiteRT model has no score signature yet)")
+            raise ValueError(f"{self.description} cannot score pairs")
         sources, targets = list(sources), list(targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")

@@ -682,8 +682,9 @@ def test_a_damaged_litert_folder_is_one_error_naming_the_file(litert_export, tmp
     assert "sentencepiece.src.model: missing" in damaged(lambda f: (f / "sentencepiece.src.model").unlink())
 
 
-def test_the_api_translates_with_a_litert_folder(litert_export):
-    """Translator.from_litert: Translation objects as from a SavedModel; scoring says it cannot."""
+def test_the_api_translates_with_a_litert_folder(litert_export, sentencepiece_signatures):
+    """Translator.from_litert: Translation objects as from a SavedModel; pairs
+    scored on the host as the SavedModel's score signature scores them."""
     import nmt_tf
 
     translator = nmt_tf.Translator.from_litert(litert_export)
@@ -691,8 +692,17 @@ def test_the_api_translates_with_a_litert_folder(litert_export):
     assert result.source_tokens[-1] == "[EOS]" and len(result.nbest) == 2
     assert result.alignment.shape == (len(result.target_tokens), len(result.source_tokens))
     assert [r.text for r in translator.translate(["A dog.", ""])][1] == ""
-    with pytest.raises(ValueError, match="no score signature"):
-        translator.score(["A dog."], ["Un chien."])
+    with gzip.open(os.path.join(REPO, "data", "multi30k", "val.en.gz"), "rt", encoding="utf-8") as f:
+        sources = f.read().splitlines()[:20] + ["", "A dog."]
+    with gzip.open(os.path.join(REPO, "data", "multi30k", "val.fr.gz"), "rt", encoding="utf-8") as f:
+        targets = f.read().splitlines()[:20] + ["Un chien.", ""]
+    got = translator.score(sources, targets)
+    want = sentencepiece_signatures["score"](source=tf.constant(sources), target=tf.constant(targets))
+    np.testing.assert_array_equal([p.target_length for p in got], want["target_length"].numpy())
+    np.testing.assert_allclose([p.log_prob for p in got], want["log_prob"].numpy(), rtol=1e-4, atol=1e-3)
+    for pair, row in zip(got, want["token_log_probs"].numpy()):
+        np.testing.assert_allclose(pair.token_log_probs, row[:pair.target_length], atol=1e-3)
+    assert [p.truncated for p in got] == list(want["truncated"].numpy())
     # markup="html": the model reads the plain sentence; its tags come back once each, well-formed
     plain = translator.translate("A dog runs in the snow.")
     tagged = translator.translate(["A <b>dog</b> runs in the <i>snow</i>.<br>", "A <b>dog runs."], markup="html")

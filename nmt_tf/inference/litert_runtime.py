@@ -126,6 +126,7 @@ class LiteRTModel:
         if len(self.target_vocabulary) != manifest["vocab_size"]:
             raise LiteRTModelError(f"{files['target_vocabulary']}: {len(self.target_vocabulary)} tokens, the model "
                                    f"has {manifest['vocab_size']} outputs")
+        self._target_pieces = self._target_ids = None     # loaded for scoring only (`target`)
         self.search = dict(manifest["search"])
         self.max_input_length = int(manifest["max_input_length"])
         self.calibrator = None          # a calibrated confidence output (nmt_tf.inference.confidence)
@@ -192,6 +193,44 @@ class LiteRTModel:
     def step_inputs(self, inputs: dict, rows: np.ndarray, k: int) -> dict:
         """The per-sentence inputs of `rows` as `step` takes them for K hypotheses."""
         return _rows(inputs, rows, 1 if k in self._steps else k)
+
+    def target(self, line) -> tuple[list[int], bool]:
+        """A target line's ids (pieces cut to max_input_length, [EOS] added,
+        as the score signature reads targets) and whether it was cut."""
+        if self._target_pieces is None:
+            path = os.path.join(self.folder, self.manifest["files"].get("target_sentencepiece", ""))
+            try:
+                self._target_pieces = SentencePieceSource(path)
+            except (OSError, RuntimeError) as e:
+                raise LiteRTModelError(f"{path}: no target SentencePiece model to score with ({e})") from None
+            self._target_ids = {t: i for i, t in enumerate(self.target_vocabulary)}
+        pieces = self._target_pieces.pieces(line)
+        ids = [self._target_ids.get(p, UNK_ID) for p in pieces[:self.max_input_length]] + [EOS_ID]
+        return ids, len(pieces) > self.max_input_length
+
+    def score_batch(self, ids_list: list[list[int]], targets: list[list[int]]) -> np.ndarray:
+        """log p(y_t | y_<t, x) of each target token (forced decoding, the
+        targets' ids with [EOS]): [B, T] float32, zero past a target's end,
+        as the score signature gives them. One step per target position,
+        for the sentences whose target is still going."""
+        inputs = self.encode(ids_list)
+        state = inputs.pop("state")[:, None]
+        batch, steps = len(targets), max(len(t) for t in targets)
+        labels = np.zeros([batch, steps], np.int64)
+        for b, t in enumerate(targets):
+            labels[b, :len(t)] = t
+        previous = np.concatenate([np.full([batch, 1], BOS_ID), labels[:, :-1]], 1)
+        lengths = np.array([len(t) for t in targets])
+        out = np.zeros([batch, steps], np.float32)
+        taken, cached = None, None
+        for t in range(steps):
+            rows = np.flatnonzero(lengths > t)
+            if taken is None or len(taken) != len(rows):
+                taken, cached = rows, _rows(inputs, rows)
+            log_probs, new_state, _ = self.step(previous[rows, t:t + 1], state[rows], cached)
+            out[rows, t] = log_probs[np.arange(len(rows)), 0, labels[rows, t]]
+            state[rows] = new_state
+        return out
 
     # -- search ---------------------------------------------------------------
 
@@ -556,6 +595,33 @@ class LiteRTClient:
                 return self._free.pop()
             self._made += 1
         return LiteRTModel(self._folder, self._threads)
+
+    def score(self, source, target) -> dict:
+        """The score signature's outputs for pairs (string vectors): log_prob,
+        log_prob_per_token, target_length, token_log_probs [B, T], truncated;
+        forced decoding on the host with the step signatures."""
+        sources, targets = list(source), list(target)
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        model = self.model
+        src = [model.source(line) for line in sources]
+        tgt = [model.target(line) for line in targets]
+        batch = len(sources)
+        if batch:
+            searcher = self._take()
+            try:
+                token_log_probs = searcher.score_batch([ids for _, ids, _ in src], [ids for ids, _ in tgt])
+            finally:
+                with self._pool_lock:
+                    self._free.append(searcher)
+                    self._pool_lock.notify()
+        else:
+            token_log_probs = np.zeros([0, 1], np.float32)
+        length = np.array([len(ids) for ids, _ in tgt], np.int32)
+        log_prob = token_log_probs.sum(1).astype(np.float32)
+        return {"log_prob": log_prob, "log_prob_per_token": (log_prob / np.maximum(length, 1)).astype(np.float32),
+                "target_length": length, "token_log_probs": token_log_probs,
+                "truncated": np.array([s[2] or t[1] for s, t in zip(src, tgt)], bool)}
 
     def has_output(self, output: str) -> bool:
         return output in OUTPUTS or (output == "confidence" and self.model.calibrator is not None)
