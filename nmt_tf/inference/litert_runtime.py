@@ -19,6 +19,7 @@ tools need not know which runtime translates.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -567,8 +568,7 @@ class LiteRTClient:
     target_tokens, alignment, truncated, nbest_translations, nbest_scores)."""
 
     def __init__(self, folder: str, *, outputs: list[str] | None = None, num_threads: int | None = None,
-                 beam_size: int | None = None, n_best: int | None = None, interpreters: int = 2,
-                 search: dict | None = None):
+                 interpreters: int = 2, search: dict | None = None):
         self.model = LiteRTModel(folder, num_threads)
         # Calls from several threads (translate's --parallel_batches) each take an interpreter of
         # their own, up to `interpreters` (an interpreter runs one call at a time).
@@ -579,22 +579,26 @@ class LiteRTClient:
         self.signature = "serving_default"
         self.outputs = list(outputs) if outputs else None
         self.options = dict(self.model.search)
-        if beam_size is not None:
-            self.options["beam_size"] = beam_size
-        if n_best is not None:
-            self.options["n_best"] = n_best
         self.options["n_best"] = min(self.options["n_best"], self.options["beam_size"])
         if search:                   # the host runs the search: any of its settings, checked
             self.options.update(checked_search(search, self.options))
 
-    def _take(self) -> LiteRTModel:
+    @contextlib.contextmanager
+    def _interpreter(self):
+        """An interpreter of the pool for one call (made when none is free
+        and fewer than `interpreters` exist; else waits for one)."""
         with self._pool_lock:
             while not self._free and self._made >= self._most:
                 self._pool_lock.wait()
-            if self._free:
-                return self._free.pop()
-            self._made += 1
-        return LiteRTModel(self._folder, self._threads)
+            taken = self._free.pop() if self._free else None
+            self._made += taken is None
+        model = taken or LiteRTModel(self._folder, self._threads)
+        try:
+            yield model
+        finally:
+            with self._pool_lock:
+                self._free.append(model)
+                self._pool_lock.notify()
 
     def score(self, source, target) -> dict:
         """The score signature's outputs for pairs (string vectors): log_prob,
@@ -608,13 +612,8 @@ class LiteRTClient:
         tgt = [model.target(line) for line in targets]
         batch = len(sources)
         if batch:
-            searcher = self._take()
-            try:
+            with self._interpreter() as searcher:
                 token_log_probs = searcher.score_batch([ids for _, ids, _ in src], [ids for ids, _ in tgt])
-            finally:
-                with self._pool_lock:
-                    self._free.append(searcher)
-                    self._pool_lock.notify()
         else:
             token_log_probs = np.zeros([0, 1], np.float32)
         length = np.array([len(ids) for ids, _ in tgt], np.int32)
@@ -638,13 +637,8 @@ class LiteRTClient:
         n = options["n_best"]
         batch = len(lines)
         if batch:
-            searcher = self._take()
-            try:
+            with self._interpreter() as searcher:
                 out = searcher.search_batch([ids for _, ids, _ in sources], options)
-            finally:
-                with self._pool_lock:
-                    self._free.append(searcher)
-                    self._pool_lock.notify()
         else:
             out = {"tokens": np.zeros([0, n, 0], np.int32), "scores": np.zeros([0, n], np.float32),
                    "log_probs": np.zeros([0, n], np.float32), "alignments": np.zeros([0, n, 0, 1], np.float32)}

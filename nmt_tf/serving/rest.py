@@ -53,6 +53,7 @@ from absl import logging
 from google.protobuf import json_format
 
 from nmt_tf.inference import markup as markup_module
+from nmt_tf.inference.translation import with_markup
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving.http_receiver import PrefetchedReader, Receiver, error_reply
 from nmt_tf.serving.page import PAGE_HEADERS, page_file
@@ -450,7 +451,7 @@ def _take_markup(registry: ModelRegistry, request, doc: dict):
         raise _invalid(f"'markup' must be \"html\" or \"xml\", not {_json_text(kind)}")
     loaded = registry.get(request.model_spec)
     outputs = loaded.signature_defs[request.model_spec.signature_name or DEFAULT_SIGNATURE].outputs
-    text = request.inputs.get("text") if "text" in request.inputs else None
+    text = request.inputs["text"] if "text" in request.inputs else None
     if text is None or text.dtype != serving_protos.DT.DT_STRING or not all(k in outputs for k in MARKUP_OUTPUTS):
         raise _invalid("'markup' needs a signature with a string input 'text' and the outputs "
                        f"{', '.join(MARKUP_OUTPUTS)} (serving_default, translate_constrained)")
@@ -463,13 +464,10 @@ def _take_markup(registry: ModelRegistry, request, doc: dict):
 def _put_markup_back(outputs, marked: list) -> list[str]:
     """The "translation" output with each line's markup put back (in place);
     returns the warnings, one per line ("" for none)."""
-    translation, source, target, alignment = (serving_protos.to_array(outputs[k]) for k in MARKUP_OUTPUTS)
+    arrays = {k: serving_protos.to_array(outputs[k]) for k in MARKUP_OUTPUTS}
     texts, warnings = [], []
     for i, m in enumerate(marked):
-        src = [t.decode("utf-8", "replace") for t in source[i] if t]
-        tgt = [t.decode("utf-8", "replace") for t in target[i] if t]
-        text, warning = markup_module.restore(m, translation[i].decode("utf-8", "replace"), src, tgt,
-                                              alignment[i][:len(tgt), :len(src)])
+        text, warning = with_markup(m, arrays, i)
         texts.append(text.encode("utf-8"))
         warnings.append(warning or "")
     proto = outputs["translation"]

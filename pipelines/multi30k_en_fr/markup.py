@@ -34,6 +34,7 @@ on val (--set=val), test 2016 only measured with the chosen one.
 from __future__ import annotations
 
 import gzip
+import html
 import html.parser
 import json
 import os
@@ -167,7 +168,7 @@ def main():
         k = tagged_word(source)
         if k is None:
             continue
-        words = [html_escape(w) for w in source.split()]
+        words = [html.escape(w, quote=False) for w in source.split()]
         tagged = " ".join(words[:k] + [f"<b>{words[k]}</b>"] + words[k + 1:])
         word = norm(source.split()[k])
         rows.append({"line": i, "source": source, "tagged": tagged, "word": word,
@@ -203,10 +204,6 @@ def main():
         json.dump(record, f, indent=1, ensure_ascii=False)
         f.write("\n")
     print(json.dumps(record, indent=1, ensure_ascii=False))
-
-
-def html_escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 if __name__ == "__main__":
