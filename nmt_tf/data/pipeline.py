@@ -95,16 +95,17 @@ def check_parallel(src: str | None, tgt: str | None, src_flag: str, tgt_flag: st
     if len(src_parts) != len(tgt_parts):
         raise CorpusError(f"--{src_flag} names {len(src_parts)} files but --{tgt_flag} {len(tgt_parts)}: "
                           "give the target file of each source file, in the same order.")
+    total = 0
     for s, t in zip(src_parts, tgt_parts):
         n_src, n_tgt = count_lines(s), count_lines(t)
         if n_src != n_tgt:
             raise CorpusError(
                 f"The corpus is not parallel: {s} (--{src_flag}) has {n_src:,} lines but "
                 f"{t} (--{tgt_flag}) has {n_tgt:,} lines.")
-    n_src = count_lines(src)
-    if n_src == 0:
+        total += n_src
+    if total == 0:
         raise CorpusError(f"The corpus {src} / {tgt} is empty.")
-    return n_src
+    return total
 
 
 def text_lines(path: str) -> tf.data.Dataset:

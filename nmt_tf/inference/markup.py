@@ -209,16 +209,13 @@ def words_of_tokens(tokens: list[str], continues_word=None) -> list[int]:
 def word_alignment(alignment, source_words: list[int], target_words: list[int]) -> np.ndarray:
     """alpha summed over the pieces of each word: [target words, source words]."""
     alignment = np.asarray(alignment, np.float32)
-    rows = max(target_words, default=-1) + 1
-    cols = max(source_words, default=-1) + 1
-    out = np.zeros([rows, cols], np.float32)
-    for t, tw in enumerate(target_words[:alignment.shape[0]]):
-        if tw < 0:
-            continue
-        for s, sw in enumerate(source_words[:alignment.shape[1]]):
-            if sw >= 0:
-                out[tw, sw] += alignment[t, s]
-    return out
+    target = np.asarray(target_words[:alignment.shape[0]], int)
+    source = np.asarray(source_words[:alignment.shape[1]], int)
+    rows, cols = max(target_words, default=-1) + 1, max(source_words, default=-1) + 1
+    # one-hot word memberships (-1: none) on both sides of alpha
+    by_target = (np.arange(rows)[:, None] == target[None, :]).astype(np.float32)       # [rows, T]
+    by_source = (source[:, None] == np.arange(cols)[None, :]).astype(np.float32)       # [S, cols]
+    return by_target @ alignment[:len(target), :len(source)] @ by_source
 
 
 def restore(marked: Marked, translation: str, source_tokens: list[str], target_tokens: list[str], alignment,
@@ -263,13 +260,14 @@ def _place(elements: list[Element], weights: np.ndarray, count: int, min_share: 
                 at = count
             span = (at, at)
         else:
-            share = weights[:, element.first:element.last].sum(1) / np.maximum(weights.sum(1), 1e-9)
+            mass = weights[:, element.first:element.last].sum(1)          # each target word's on the element
+            share = mass / np.maximum(weights.sum(1), 1e-9)
             inside = [t for t in range(count) if element.first <= best_source[t] < element.last
                       and share[t] >= min_share]
             if inside:
                 span = (min(inside), max(inside) + 1)
             elif count and weights.size:
-                t = int(weights[:, element.first:element.last].sum(1).argmax())
+                t = int(mass.argmax())
                 span = (t, t + 1)
             else:
                 span = (count, count)
