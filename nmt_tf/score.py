@@ -6,10 +6,15 @@ Usage:
   python -m nmt_tf.score --saved_model=E --source=test.en --target=test.fr --output=scores.tsv
   python -m nmt_tf.score --saved_model=E --tsv=pairs.tsv --output=scores.tsv
   python -m nmt_tf.score --server=localhost:8500 --model_name=nmt ...      # through TF Serving
+  python -m nmt_tf.score --preset=multi30k_en_fr --source=test.en --target=test.fr
+  python -m nmt_tf.score --preset=multi30k_en_fr --runtime=litert ...       # its LiteRT model, no TensorFlow
 
 Every pair goes through the SavedModel's `score` signature (forced decoding:
-log p(target | source), [EOS] included), locally (--saved_model) or on a TF
-Serving-compatible server (--server): --sort_window pairs (1,000) at a time,
+log p(target | source), [EOS] included), locally (--saved_model, or
+--preset, built on first use) or on a TF Serving-compatible server
+(--server); with --runtime=litert, a LiteRT model (--litert_model, or
+--preset's) scores on the host with its step signatures, without
+TensorFlow (the same scores to about 1e-3): --sort_window pairs (1,000) at a time,
 in batches of --lines_per_batch pairs of similar length, --parallel_batches
 (2) at once.
 Inputs stream (plain or gzip, chosen by content); the output is gzipped when
@@ -42,7 +47,9 @@ from absl import app
 from absl import flags as absl_flags
 
 from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, --model_name, ...
+from nmt_tf import presets
 from nmt_tf.inference.client import ClientError, SignatureClient
+from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.scoring import ScoreError, input_kind, pair_scorer, score_files
 
 absl_flags.DEFINE_string("phrase_table", None, "A Moses phrase table to extend with the model's score.")
@@ -55,25 +62,41 @@ absl_flags.DEFINE_enum("phrase_score", "logprob", ["logprob", "prob"],
 absl_flags.DEFINE_string("feature_name", "NMT", "Name of the n-best feature.")
 absl_flags.DEFINE_boolean("moses_unescape", True, "Undo Moses' escaping of special characters before scoring.")
 absl_flags.DEFINE_boolean("strict", False, "Stop at the first malformed line instead of copying it through.")
-TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "server", "model_name", "timeout", "output",
-                                             "lines_per_batch", "sort_window", "parallel_batches"))
+TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", "model_name", "timeout", "output",
+                                             "lines_per_batch", "sort_window", "parallel_batches", "runtime",
+                                             "litert_model", "litert_weights", "litert_threads"))
+
+
+def _scorer():
+    """(sources, targets) -> the score signature's outputs, for the model the flags name."""
+    FLAGS = absl_flags.FLAGS
+    log = lambda *a: print(*a, file=sys.stderr)      # noqa: E731
+    if FLAGS.runtime == "litert":
+        if FLAGS.saved_model or FLAGS.server or bool(FLAGS.litert_model) == bool(FLAGS.preset):
+            raise ScoreError("--runtime=litert scores with a LiteRT model: give exactly one of --litert_model and "
+                             "--preset")
+        folder = FLAGS.litert_model or presets.litert_model(FLAGS.preset, FLAGS.litert_weights, log=log)
+        client = LiteRTClient(folder, num_threads=FLAGS.litert_threads, interpreters=FLAGS.parallel_batches)
+        return client.score
+    if sum(bool(x) for x in (FLAGS.saved_model, FLAGS.preset, FLAGS.server)) != 1:
+        raise ScoreError("give exactly one of --saved_model, --preset and --server.")
+    client = SignatureClient("score", saved_model=presets.saved_model_for(FLAGS.saved_model, FLAGS.preset, log=log),
+                             server=FLAGS.server, model_name=FLAGS.model_name, timeout=FLAGS.timeout)
+    return pair_scorer(client)
+
 
 def main(argv):
     nmt_flags.start_cli(argv, accepts=TOOL_FLAGS)
     FLAGS = absl_flags.FLAGS
     try:
-        if bool(FLAGS.saved_model) == bool(FLAGS.server):
-            raise ScoreError("give exactly one of --saved_model and --server.")
         input_kind(FLAGS.phrase_table, FLAGS.nbest, FLAGS.source, FLAGS.target, FLAGS.tsv)   # before the model loads
-        client = SignatureClient("score", saved_model=FLAGS.saved_model, server=FLAGS.server,
-                                 model_name=FLAGS.model_name, timeout=FLAGS.timeout)
-        scored = score_files(pair_scorer(client), phrase_table=FLAGS.phrase_table, nbest=FLAGS.nbest,
+        scored = score_files(_scorer(), phrase_table=FLAGS.phrase_table, nbest=FLAGS.nbest,
                              source=FLAGS.source, target=FLAGS.target, tsv=FLAGS.tsv, output=FLAGS.output,
                              batch_size=FLAGS.lines_per_batch, moses_unescape=FLAGS.moses_unescape,
                              sort_window=FLAGS.sort_window, parallel_batches=FLAGS.parallel_batches,
                              phrase_score=FLAGS.phrase_score, feature_name=FLAGS.feature_name, strict=FLAGS.strict)
         print(f"scored {scored:,} pairs", file=sys.stderr)
-    except (ScoreError, ClientError, FileNotFoundError) as e:
+    except (ScoreError, ClientError, FileNotFoundError, ValueError, presets.PresetError) as e:   # LiteRTModelError
         return nmt_flags.user_error(e)
     return 0
 

@@ -711,12 +711,34 @@ def test_the_api_translates_with_a_litert_folder(litert_export, sentencepiece_si
     assert "never closed" in tagged[1].markup_warning
 
 
+def test_nmt_tf_score_runtime_litert_writes_the_score_signatures_log_probs(litert_export, sentencepiece_signatures,
+                                                                         tmp_path):
+    """nmt_tf.score --runtime=litert scores pairs with a LiteRT folder: the
+    SavedModel's score signature's log-probabilities (to 1e-3) and lengths;
+    --runtime=litert with --saved_model is one error."""
+    sources = ["A dog runs in the snow.", "Two men sit on a bench.", ""]
+    targets = ["Un chien court dans la neige.", "Deux hommes sont assis.", "Un chien."]
+    (tmp_path / "s").write_text("\n".join(sources) + "\n")
+    (tmp_path / "t").write_text("\n".join(targets) + "\n")
+    result = run_cli("-m", "nmt_tf.score", "--runtime=litert", f"--litert_model={litert_export}",
+                     f"--source={tmp_path / 's'}", f"--target={tmp_path / 't'}", f"--output={tmp_path / 'o'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("\t") for line in (tmp_path / "o").read_text().splitlines()]
+    want = sentencepiece_signatures["score"](source=tf.constant(sources), target=tf.constant(targets))
+    np.testing.assert_allclose([float(r[2]) for r in rows], want["log_prob"].numpy(), atol=1e-3, rtol=1e-4)
+    assert [int(r[4]) for r in rows] == list(want["target_length"].numpy())
+    wrong = run_cli("-m", "nmt_tf.score", "--runtime=litert", f"--saved_model={litert_export}",
+                    f"--source={tmp_path / 's'}", f"--target={tmp_path / 't'}")
+    assert wrong.returncode == 1 and "give exactly one of --litert_model and --preset" in wrong.stderr
+
+
 def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tensorflow(litert_export, tmp_path):
     """nmt_tf.serve --runtime=litert, in a fresh process, serves a folder of
     LiteRT versions: Predict over gRPC gives LiteRTClient's outputs, REST and
-    the page answer, GetModelMetadata shows serving_default alone and another
-    signature is FAILED_PRECONDITION, the process never loads TensorFlow, and
-    a damaged new version is refused while version 1 goes on serving."""
+    the page answer, score gives LiteRTClient.score's, GetModelMetadata shows
+    serving_default and score and another signature is FAILED_PRECONDITION,
+    the process never loads TensorFlow, and a damaged new version is refused
+    while version 1 goes on serving."""
     import socket
     import urllib.request
 
@@ -762,7 +784,17 @@ def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tens
         for alias, value in want.items():
             np.testing.assert_array_equal(tf.make_ndarray(reply.outputs[alias]), value, err_msg=alias)
         assert reply.model_spec.version.value == 1 and reply.model_spec.signature_name == "serving_default"
-        request.model_spec.signature_name = "score"
+        scoring = predict_pb2.PredictRequest()
+        scoring.model_spec.name, scoring.model_spec.signature_name = "nmt", "score"
+        targets = [b"Un chien court dans la neige.", b"", b"Deux hommes."]
+        scoring.inputs["source"].CopyFrom(tf.make_tensor_proto(lines))
+        scoring.inputs["target"].CopyFrom(tf.make_tensor_proto(targets))
+        scored = stub.Predict(scoring, timeout=60)
+        want_scores = LiteRTClient(litert_export).score(lines, targets)
+        assert sorted(scored.outputs) == sorted(want_scores)
+        for alias, value in want_scores.items():
+            np.testing.assert_array_equal(tf.make_ndarray(scored.outputs[alias]), value, err_msg=alias)
+        request.model_spec.signature_name = "translate_constrained"
         with pytest.raises(grpc.RpcError) as refused:
             stub.Predict(request, timeout=60)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -770,7 +802,7 @@ def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tens
             model_spec={"name": "nmt"}, metadata_field=["signature_def"]), timeout=60)
         signatures = get_model_metadata_pb2.SignatureDefMap()
         metadata.metadata["signature_def"].Unpack(signatures)
-        assert list(signatures.signature_def) == ["serving_default"]
+        assert sorted(signatures.signature_def) == ["score", "serving_default"]
         assert signatures.signature_def["serving_default"].outputs["nbest_translations"].tensor_shape.dim[1].size == 2
         body = json.dumps({"instances": ["A dog runs in the snow."]}).encode()
         rest = json.loads(urllib.request.urlopen(urllib.request.Request(

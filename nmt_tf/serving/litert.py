@@ -4,10 +4,11 @@
 folder written by `nmt_tf.export --format=litert`: the registry loads,
 replaces and unloads it as it does a SavedModel version, and the gRPC and
 REST front ends, the batching and the page call it the same way. It serves
-the serving_default signature only, with the SavedModel's inputs, outputs,
-dtypes and shapes (its SignatureDef is declared here, as GetModelMetadata
-shows it); the score, prefix and constrained signatures are the SavedModel's
-alone. Each request in flight takes an interpreter of its own
+the serving_default and score signatures, with the SavedModel's inputs,
+outputs, dtypes and shapes (their SignatureDefs are declared here, as
+GetModelMetadata shows them; score is forced decoding on the host,
+LiteRTClient.score); the prefix and constrained signatures are the
+SavedModel's alone. Each request in flight takes an interpreter of its own
 (nmt_tf.inference.litert_runtime.LiteRTClient), up to one per core.
 """
 
@@ -27,17 +28,32 @@ def serving_default_signature(n_best: int, with_confidence: bool = False):
     (`with_confidence`: a model with a calibrator, whose export has a
     confidence output)."""
     signature = serving_protos.SignatureDef(method_name="tensorflow/serving/predict")
-
-    def declare(info, name: str, dtype: str, shape: list) -> None:
-        info.name = name
-        info.dtype = getattr(serving_protos.DT, dtype)
-        for size in shape:
-            info.tensor_shape.dim.add(size=n_best if size == "n" else size)
-
-    declare(signature.inputs["text"], "text", "DT_STRING", [-1])
+    _declare(signature.inputs["text"], "text", "DT_STRING", [-1])
     outputs = {**OUTPUTS, **({"confidence": CONFIDENCE_OUTPUT} if with_confidence else {})}
     for alias, (dtype, shape) in outputs.items():
-        declare(signature.outputs[alias], alias, dtype, shape)
+        _declare(signature.outputs[alias], alias, dtype, shape, n_best)
+    return signature
+
+
+SCORE_OUTPUTS = {"log_prob": ("DT_FLOAT", [-1]), "log_prob_per_token": ("DT_FLOAT", [-1]),
+                 "target_length": ("DT_INT32", [-1]), "token_log_probs": ("DT_FLOAT", [-1, -1]),
+                 "truncated": ("DT_BOOL", [-1])}
+
+
+def _declare(info, name: str, dtype: str, shape: list, n_best: int = 0) -> None:
+    info.name = name
+    info.dtype = getattr(serving_protos.DT, dtype)
+    for size in shape:
+        info.tensor_shape.dim.add(size=n_best if size == "n" else size)
+
+
+def score_signature():
+    """The SignatureDef of score, as the SavedModel export has it."""
+    signature = serving_protos.SignatureDef(method_name="tensorflow/serving/predict")
+    for name in ("source", "target"):
+        _declare(signature.inputs[name], name, "DT_STRING", [-1])
+    for alias, (dtype, shape) in SCORE_OUTPUTS.items():
+        _declare(signature.outputs[alias], alias, dtype, shape)
     return signature
 
 
@@ -56,7 +72,9 @@ class LiteRTVersion(ServedVersion):
         manifest, search = model.manifest, model.search
         self.signature_defs = {DEFAULT_SIGNATURE: serving_default_signature(self.client.options["n_best"],
                                                                             model.calibrator is not None)}
-        self.signatures = [DEFAULT_SIGNATURE]
+        if model.manifest["files"].get("target_sentencepiece"):      # scoring reads the target's pieces
+            self.signature_defs["score"] = score_signature()
+        self.signatures = list(self.signature_defs)
         self.alignment_shape = alignment_bound(model.max_input_length, search)
         self.search_cost = SearchCost.of_settings(search, model.max_input_length, 1, model.pieces)
         self.metadata = {key: manifest[key] for key in ("src_lang", "tgt_lang", "model", "architecture",
@@ -67,7 +85,10 @@ class LiteRTVersion(ServedVersion):
     def run(self, signature: str, feeds: dict, outputs) -> dict:
         self.acquire()
         try:
-            result = self.client(feeds["text"].reshape(-1))
+            if signature == "score":
+                result = self.client.score(feeds["source"].reshape(-1), feeds["target"].reshape(-1))
+            else:
+                result = self.client(feeds["text"].reshape(-1))
         finally:
             self.release()
         return {alias: result[alias] for alias in outputs}
