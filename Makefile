@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 PRESET ?= multi30k_en_fr
 DEMO_PORT ?= 8501
 
-.PHONY: setup train test test-quick demo
+.PHONY: setup train test test-quick test-fast test-durations demo
 
 # Reinstalls when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -51,6 +51,14 @@ test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # The quick tier: the tests that train, export, serve or start no tool (tests/conftest.py marks the rest
-# slow); about a minute and a half on 2 cores, for after every change. `make test` is the whole suite.
+# slow); about a minute on 2 cores, for after every change. `make test` is the whole suite.
 test-quick: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests
+
+# The one-minute tier: the quick tier without its tests that took seconds last time (tests/durations.json,
+# which test-durations records again on a quiet machine; tests/conftest.py marks them heavy).
+test-fast: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not heavy" tests
+
+test-durations: setup
+	NMT_TF_RECORD_DURATIONS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests

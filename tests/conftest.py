@@ -2,6 +2,7 @@
 
 import gzip
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -222,19 +223,67 @@ SPAWNS = re.compile(r"\b(run_cli|start_cli|subprocess\.(run|Popen|check_output)|
                     r"translate_file|getfixturevalue)\(")
 
 
+# The one-minute tier (`make test-fast`, pytest -m "not slow and not heavy") also leaves out the quick
+# tier's tests that took more than HEAVY_SECONDS in their last recorded run: a model built and searched
+# or differentiated in TensorFlow in the test itself. tests/durations.json holds the call-phase seconds of
+# the quick tests that took at least half a second; `make test-durations` records them again.
+DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+HEAVY_SECONDS = 1.5
+_recorded: dict = {}
+
+
+def _durations() -> dict:
+    try:
+        with open(DURATIONS, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: trains, exports, serves or starts a tool (left out by "
-                                       "make test-quick, pytest -m 'not slow'; tests/conftest.py says which)")
+    for line in ("slow: trains, exports, serves or starts a tool (left out by make test-quick, pytest -m "
+                 "'not slow'; tests/conftest.py says which)",
+                 "subprocess: starts a tool or a Python of its own (also slow)",
+                 "browser: drives the page in headless Chromium (also slow)",
+                 "heavy: a quick-tier test that took more than HEAVY_SECONDS last time it was recorded "
+                 "(tests/durations.json; left out by make test-fast)"):
+        config.addinivalue_line("markers", line)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks the slow tier (HEAVY_FIXTURES, SPAWNS) so that `pytest -m "not
-    slow"` runs what a developer can wait for after every change."""
+    """Marks the slow tier (HEAVY_FIXTURES, SPAWNS; `subprocess` and
+    `browser` besides) so that `pytest -m "not slow"` runs what a developer
+    can wait for after every change, and `heavy` the quick tests that take
+    seconds (tests/durations.json) so that `-m "not slow and not heavy"`
+    runs in under a minute."""
+    durations = _durations()
     for item in items:
         function = getattr(item, "function", None)
         try:
             source = inspect.getsource(function) if function is not None else ""
         except (OSError, TypeError):
             source = ""
-        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) or SPAWNS.search(source):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SPAWNS.search(source):
+            item.add_marker(pytest.mark.subprocess)
+        if "browser" in fixtures:
+            item.add_marker(pytest.mark.browser)
+        if HEAVY_FIXTURES & fixtures or SPAWNS.search(source):
             item.add_marker(pytest.mark.slow)
+        elif durations.get(item.nodeid, 0.0) > HEAVY_SECONDS:
+            item.add_marker(pytest.mark.heavy)
+
+
+def pytest_runtest_logreport(report):
+    """With NMT_TF_RECORD_DURATIONS=1: each quick test's call time, for tests/durations.json."""
+    if (report.when == "call" and os.environ.get("NMT_TF_RECORD_DURATIONS") == "1" and "slow" not in report.keywords
+            and report.duration >= 0.5):          # the file lists only tests that take a while
+        _recorded[report.nodeid] = round(report.duration, 2)
+
+
+def pytest_sessionfinish(session):
+    """With NMT_TF_RECORD_DURATIONS=1, in the controlling process: writes tests/durations.json."""
+    if _recorded and os.environ.get("NMT_TF_RECORD_DURATIONS") == "1" and not hasattr(session.config, "workerinput"):
+        with open(DURATIONS, "w", encoding="utf-8") as f:
+            json.dump(dict(sorted(_recorded.items())), f, indent=0)
+            f.write("\n")
