@@ -43,12 +43,13 @@ from nmt_tf.config import DecodingConfig, SearchOptions
 from nmt_tf.core import custom_gradients, startup
 from nmt_tf.data.lexicon import for_search
 from nmt_tf.exporting import saved_model as exporter
-from nmt_tf.inference import markup as markup_module
+from nmt_tf.inference import placeholders
 from nmt_tf.inference.client import ClientError, SignatureClient
 from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line, scored_pairs
 from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.restore import restore_model
 from nmt_tf.inference.saved_models import load_saved_model, read_metadata
+from nmt_tf.inference.translation import finish, prepare
 from nmt_tf.inference.translation_graph import MAX_REQUIRED_TERMS, TranslationGraph
 
 
@@ -66,6 +67,7 @@ class Translation:
     confidence: float | None = None           # the probability that `text` is acceptable (a calibrated model), or
                                               # None: the model has no calibrator (docs/translating.md, "Confidence")
     markup_warning: str | None = None         # with markup=: why the markup was left as text or placed by position
+    placeholder_warning: str | None = None    # with protect=: a placeholder the model lost, put back by attention
 
 
 @dataclasses.dataclass
@@ -214,7 +216,7 @@ class Translator:
                        text=text, target_prefix=prefix, required_terms=terms)))
 
     def translate(self, sentences, n_best: int | None = None, batch_size: int = 64, parallel_batches: int = 2,
-                  target_prefix=None, required_terms=None, markup: str | None = None):
+                  target_prefix=None, required_terms=None, markup: str | None = None, protect="all"):
         """A `Translation` per sentence (a list for a list; one for a str),
         with at most `n_best` hypotheses (default: all the model returns).
         Sentences go in batches of `batch_size` of similar length,
@@ -228,14 +230,21 @@ class Translator:
         taken out, the plain sentences translated, and put back into
         `Translation.text` by the attention (nmt_tf.inference.markup; the
         tokens, alignment and n-best list are the plain sentence's);
-        `Translation.markup_warning` says when it could not be."""
+        `Translation.markup_warning` says when it could not be.
+        `protect`: the kinds of items carried through verbatim ("all", the
+        default: URLs, e-mail addresses, @handles, hashtags, numbers and
+        emoji; "none"; or some of nmt_tf.inference.placeholders.KINDS):
+        each is masked before translation and put back where the model
+        wrote its mask, or where the attention places it
+        (`Translation.placeholder_warning`); the n-best list keeps the masks."""
         single = isinstance(sentences, (str, bytes))
         lines = [sentences] if single else list(sentences)
-        marked = None
-        if markup is not None:
-            marked = [markup_module.strip(s.decode("utf-8", errors="replace") if isinstance(s, bytes) else s, markup)
-                      for s in lines]
-            lines = [m.text for m in marked]
+        kinds = placeholders.parse_kinds(protect)
+        prepared = None
+        if markup is not None or kinds:
+            prepared = [prepare(s.decode("utf-8", errors="replace") if isinstance(s, bytes) else s, markup, kinds)
+                        for s in lines]
+            lines = [p.text for p in prepared]
         n_best = self.n_best if n_best is None else n_best
         if not 1 <= n_best <= self.n_best:
             raise ValueError(f"n_best={n_best}: this model returns 1 to {self.n_best} hypotheses "
@@ -255,9 +264,9 @@ class Translator:
             call = lambda batch: self._constrained(*([item[i] for item in batch] for i in range(3)))
         batched = batches_by_length(call, items, batch_size, parallel_batches, length=lambda item: len(item[0].split()))
         results = [_translation(out, row, n_best) for out, row in rows_by_line(batched, len(items))]
-        if marked is not None:
-            results = [dataclasses.replace(t, **dict(zip(("text", "markup_warning"), markup_module.restore(
-                m, t.text, t.source_tokens, t.target_tokens, t.alignment)))) for t, m in zip(results, marked)]
+        if prepared is not None:
+            results = [dataclasses.replace(t, **dict(zip(("text", "markup_warning", "placeholder_warning"), finish(
+                p, t.text, t.source_tokens, t.target_tokens, t.alignment)))) for t, p in zip(results, prepared)]
         return results[0] if single else results
 
     def score(self, sources, targets, batch_size: int = 64) -> list[PairScore]:

@@ -48,6 +48,12 @@ are taken out, the plain sentence is translated, and the tags are put back
 around the target words the attention aligns to the words they wrapped
 (nmt_tf.inference.markup; docs/translating.md, "Inline markup").
 
+URLs, e-mail addresses, @handles, hashtags, numbers and emoji are carried
+through verbatim: each is replaced by a mask (°1°, °2°, ...) before
+translation and put back where the model wrote it, or where the attention
+places it, with a warning (--protect chooses the kinds or turns it off;
+nmt_tf.inference.placeholders; docs/translating.md, "Placeholders").
+
 Output: plain text, one translation per line. With --with_scores,
 --with_alignments, --with_confidence or --n_best > 1, one JSON object per line instead:
   {"translation": ..., "confidence": 0.93,                        (--with_confidence)
@@ -74,6 +80,7 @@ from nmt_tf import flags as nmt_flags  # also defines --saved_model, --server, -
 from nmt_tf import presets
 from nmt_tf.core.files import count_lines
 from nmt_tf.core.progress import Progress
+from nmt_tf.inference import placeholders
 from nmt_tf.inference.client import ClientError, SignatureClient
 from nmt_tf.inference.glossary import Glossary
 from nmt_tf.inference.litert_runtime import LiteRTClient
@@ -118,6 +125,11 @@ absl_flags.DEFINE_enum(
     "tags are put back around the target words the attention aligns to the words they wrapped (whole words; "
     "the output is always well-formed; n-best lists stay plain; docs/translating.md, 'Inline markup'). "
     "Unbalanced markup is translated as text, with a warning.")
+absl_flags.DEFINE_string(
+    "protect", "all",
+    "Items carried through verbatim: masked before translation, put back where the model wrote the mask (or by "
+    "the attention, with a warning): all, none, or some of " + ", ".join(placeholders.KINDS) + " separated by "
+    "commas. A lone digit is left to the model; n-best lists keep the masks (docs/translating.md, 'Placeholders').")
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", "model_name", "timeout", "input",
                                              "output", "lines_per_batch", "sort_window", "parallel_batches", "n_best",
                                              "runtime", "litert_model", "litert_weights", "litert_threads"))
@@ -152,6 +164,7 @@ def main(argv):
     try:
         steering = FLAGS.target_prefix or FLAGS.required_terms or FLAGS.glossary
         glossary = Glossary(FLAGS.glossary, FLAGS.glossary_ignore_case) if FLAGS.glossary else None
+        protect = placeholders.parse_kinds(FLAGS.protect)
         outputs = needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments, bool(steering),
                                  with_confidence=FLAGS.with_confidence, markup=FLAGS.markup)
         if litert:
@@ -173,7 +186,8 @@ def main(argv):
                                                   FLAGS.required_terms, glossary), out,
                             FLAGS.lines_per_batch, FLAGS.n_best,
                             FLAGS.with_scores, FLAGS.with_alignments, progress, FLAGS.sort_window,
-                            FLAGS.parallel_batches, with_confidence=FLAGS.with_confidence, markup=FLAGS.markup)
+                            FLAGS.parallel_batches, with_confidence=FLAGS.with_confidence, markup=FLAGS.markup,
+                            protect=protect)
         finally:
             progress.close()
             if FLAGS.output:

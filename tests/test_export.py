@@ -709,6 +709,12 @@ def test_the_api_translates_with_a_litert_folder(litert_export, sentencepiece_si
     assert tagged[0].source_tokens == plain.source_tokens and tagged[0].markup_warning is None
     assert [tagged[0].text.count(tag) for tag in ("<b>", "</b>", "<i>", "</i>", "<br>")] == [1, 1, 1, 1, 1]
     assert "never closed" in tagged[1].markup_warning
+    # protect (on by default): the model reads the masks; each item comes back once, verbatim
+    masked = translator.translate("A dog runs at °1° to °2°.", protect="none")
+    kept = translator.translate("A dog runs at 7:30 to www.example.org.")
+    assert kept.source_tokens == masked.source_tokens
+    assert [kept.text.count(item) for item in ("7:30", "www.example.org")] == [1, 1] and "°" not in kept.text
+    assert translator.translate("A dog runs at 7:30.", protect="none").source_tokens != masked.source_tokens
 
 
 def test_nmt_tf_score_runtime_litert_writes_the_score_signatures_log_probs(litert_export, sentencepiece_signatures,

@@ -204,6 +204,29 @@ def test_a_line_cut_to_the_input_limit_is_translated_with_a_notice(server, brows
     assert not browser.find_element(By.ID, "result").get_attribute("hidden")
 
 
+def test_items_are_kept_verbatim_and_tags_kept_when_the_line_holds_html(server, browser):
+    """The page asks for protect: a time and a URL come back once each (this
+    tiny model loses their masks: put back by the attention, with a notice).
+    With the HTML box ticked, the tags come back once each, as text."""
+    from selenium.webdriver.common.by import By
+
+    submit(browser, server + "/", "A man at 7:30 runs to www.example.org.")
+    text = browser.find_element(By.ID, "translation").text
+    assert [text.count(item) for item in ("7:30", "www.example.org")] == [1, 1] and "°" not in text
+    message = browser.find_element(By.ID, "message")
+    assert message.get_attribute("hidden") or "The model lost the placeholder" in message.text
+    load(browser, server + "/")
+    browser.find_element(By.ID, "markup").click()
+    box = browser.find_element(By.ID, "source")
+    box.send_keys("A <b>man</b> is running.")
+    browser.find_element(By.ID, "submit").click()
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 60).until(lambda b: not b.find_element(By.ID, "result").get_attribute("hidden"))
+    text = browser.find_element(By.ID, "translation").text
+    assert text.count("<b>") == 1 and text.count("</b>") == 1, text
+
+
 def test_a_stopped_server_and_a_failing_one_get_a_message(exported, tmp_path_factory, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

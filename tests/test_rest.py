@@ -156,6 +156,30 @@ def test_markup_is_taken_out_before_the_model_and_put_back_in_the_translation(se
                                                         "instances": [{"source": "A man.", "target": "Un homme."}]})
     assert code == 400 and "'markup' needs a signature" in out["error"]
 
+def test_protect_masks_items_before_the_model_and_keeps_them_verbatim(server):
+    """"protect" (nmt_tf's extension): the model reads the masked sentence and
+    each item is in the translation once, verbatim (put back by the attention
+    when this tiny model loses its mask, with a warning); without the key the
+    body is the model's input, as in TF Serving; a bad kind is a 400."""
+    masked = grpc_outputs(server, text=["A man at °1° rides °2° ."])
+    line = "A man at 7:30 rides www.example.com/a ."
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": [line], "protect": "all"})
+    assert code == 200, out
+    prediction = out["predictions"][0]
+    assert [t for t in as_bytes(prediction["source_tokens"]) if t] == [t for t in masked["source_tokens"][0] if t]
+    assert [prediction["translation"].count(item) for item in ("7:30", "www.example.com/a")] == [1, 1]
+    assert "°" not in prediction["translation"]
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": [line], "protect": "url"})
+    assert code == 200 and out["predictions"][0]["translation"].count("www.example.com/a") == 1
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": [line]})
+    raw = grpc_outputs(server, text=[line])
+    assert code == 200 and "placeholder_warning" not in out["predictions"][0]
+    assert [t for t in as_bytes(out["predictions"][0]["source_tokens"]) if t] == [t for t in raw["source_tokens"][0]
+                                                                                    if t]
+    code, out = rest(server, "/v1/models/nmt:predict", {"instances": [line], "protect": "phone"})
+    assert code == 400 and "unknown kind 'phone'" in out["error"]
+
+
 
 def test_binary_input_as_b64_and_raw_bytes_that_are_not_utf8(server):
     """{"b64": ...} carries any bytes; raw bytes that are not UTF-8 inside a JSON

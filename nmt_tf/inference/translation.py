@@ -20,6 +20,9 @@ translations as Python objects, use `nmt_tf.Translator`.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import html
 import json
 import sys
 
@@ -28,6 +31,7 @@ import numpy as np
 from nmt_tf.core.files import InputError, input_lines
 from nmt_tf.core.progress import Progress
 from nmt_tf.inference import markup as markup_module
+from nmt_tf.inference import placeholders
 from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line
 from nmt_tf.inference.translation_graph import MAX_REQUIRED_TERMS
 
@@ -38,11 +42,15 @@ class TranslationError(RuntimeError):
     """A problem the user can fix, in one sentence."""
 
 
+ALIGNMENT_OUTPUTS = ("source_tokens", "target_tokens", "alignment")
+
+
 def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool, steered: bool = False, *,
                    with_confidence: bool = False, markup: str | None = None) -> list[str]:
     """The outputs that `format_result` writes for these flags (`steered`: of
     the translate_constrained signature; `markup`: the tokens and alignment
-    that put the markup back)."""
+    that put the markup back). Placeholders need them only for the lines
+    that hold items, and `translate_lines` asks for them there."""
     outputs = ["translation", "truncated"] + (["terms_met"] if steered else [])
     if with_confidence:
         outputs += ["confidence"]
@@ -51,7 +59,7 @@ def needed_outputs(n_best: int, with_scores: bool, with_alignments: bool, steere
     if n_best > 1:
         outputs += ["nbest_translations", "nbest_scores"]
     if with_alignments or markup:
-        outputs += ["source_tokens", "target_tokens", "alignment"]
+        outputs += list(ALIGNMENT_OUTPUTS)
     return outputs
 
 
@@ -103,6 +111,69 @@ def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None 
         yield line, prefix, "\t".join(wanted).encode("utf-8")
 
 
+def with_outputs(client, names):
+    """`client` (a SignatureClient or LiteRTClient) asking for `names` too:
+    a copy on the same model, connection or interpreters."""
+    if getattr(client, "outputs", None) is None:      # it returns every output already
+        return client
+    other = copy.copy(client)
+    other.outputs = list(client.outputs) + [n for n in names if n not in client.outputs]
+    return other
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A line made ready for the model: its markup taken out
+    (nmt_tf.inference.markup), then its placeholders masked
+    (nmt_tf.inference.placeholders)."""
+
+    text: str                                           # what the model translates
+    marked: markup_module.Marked | None = None
+    protected: placeholders.Protected | None = None
+
+
+def prepare(line: str, markup: str | None = None, protect=()) -> Prepared:
+    """`line` without its markup (`markup`: "html", "xml" or None) and with
+    the items of the kinds in `protect` masked."""
+    marked = markup_module.strip(line, markup) if markup else None
+    text = marked.text if marked else line
+    protected = placeholders.protect(text, protect) if protect else None
+    return Prepared(protected.text if protected else text, marked, protected)
+
+
+def put_back(prepared: Prepared, out: dict, row: int) -> tuple[str, str | None, str | None]:
+    """Row `row`'s translation with the markup and placeholders of
+    `prepared` put back, and the warnings of each (`finish`)."""
+    if "alignment" not in out:        # a batch without items or markup: nothing to place
+        return finish(prepared, as_text(out["translation"][row]), None, None, None)
+    source = [as_text(t) for t in out["source_tokens"][row] if t]
+    target = [as_text(t) for t in out["target_tokens"][row] if t]
+    return finish(prepared, as_text(out["translation"][row]), source, target,
+                  np.asarray(out["alignment"][row])[:len(target), :len(source)])
+
+
+def finish(prepared: Prepared, translation: str, source_tokens, target_tokens,
+           alignment) -> tuple[str, str | None, str | None]:
+    """`translation` (the model's, of `prepared.text`) with the markup and
+    placeholders put back; the markup's warning and the placeholders'
+    (None: nothing to say). With markup, a placeholder the model lost goes
+    at the end (the text with tags has no word alignment)."""
+    text, markup_warning, placeholder_warning = translation, None, None
+    if prepared.marked is not None:
+        text, markup_warning = markup_module.restore(prepared.marked, translation, source_tokens, target_tokens,
+                                                     alignment)
+    protected = prepared.protected
+    if protected is not None:
+        if prepared.marked is not None and prepared.marked.elements:
+            text, placeholder_warning = placeholders.restore(protected, text, escape=lambda item: html.escape(
+                item, quote=False))
+        else:
+            text, placeholder_warning = placeholders.restore(protected, text, source_tokens, target_tokens,
+                                                             alignment)
+        placeholder_warning = placeholder_warning or protected.warning
+    return text, markup_warning, placeholder_warning
+
+
 def format_result(out: dict, i: int, n_best: int, with_scores: bool, with_alignments: bool, *,
                   with_confidence: bool = False, translation: str | None = None) -> str:
     """One output line for row i of a batch result (`translation`: instead
@@ -146,7 +217,8 @@ def signature_inputs(batch: list) -> dict:
 
 def translate_lines(client, lines, out, batch_size: int, n_best: int, with_scores: bool,
                     with_alignments: bool, progress: Progress | None = None, sort_window: int = 1,
-                    parallel_batches: int = 1, *, with_confidence: bool = False, markup: str | None = None) -> int:
+                    parallel_batches: int = 1, *, with_confidence: bool = False, markup: str | None = None,
+                    protect=()) -> int:
     """Translates an iterable of byte lines into the text stream `out` with a
     `nmt_tf.inference.client.SignatureClient` of the serving_default signature; returns lines done.
     Items may also be (line, target prefix, required terms) (`steered_lines`),
@@ -161,7 +233,12 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
     (a model with a confidence.json; nmt_tf.inference.confidence).
     `markup` ("html" or "xml"): each line's tags are taken out, the plain
     sentence translated and the tags put back by the attention
-    (nmt_tf.inference.markup); n-best hypotheses stay plain text."""
+    (nmt_tf.inference.markup); n-best hypotheses stay plain text.
+    `protect` (kinds of nmt_tf.inference.placeholders): URLs, numbers and the
+    like are masked before translation and put back verbatim where the model
+    wrote their masks; n-best hypotheses keep the masks. A batch whose lines
+    hold items also asks the client for the tokens and the alignment
+    (`with_outputs`), which place a mask the model lost."""
     if with_confidence and not client.has_output("confidence"):
         raise TranslationError(f"{client.where} has no confidence output: export a model directory that holds "
                                "a confidence calibrator (confidence.json; docs/translating.md, 'Confidence'), or "
@@ -171,11 +248,17 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
         raise TranslationError(f"--n_best={n_best} but the model was exported with n-best "
                                f"{exported} (re-export with --n_best={n_best})")
     window_size = max(sort_window, batch_size)
-    done, window, marked = 0, [], []
+    done, window, prepared = 0, [], []
+    aligned = with_outputs(client, ALIGNMENT_OUTPUTS) if protect else client
+    masked = placeholders.OPEN.encode("utf-8")
+
+    def call(batch):
+        holds_items = protect and any(masked in item[0] for item in batch)
+        return (aligned if holds_items else client)(**signature_inputs(batch))
 
     def flush():
         nonlocal done
-        batched = batches_by_length(lambda batch: client(**signature_inputs(batch)), window, batch_size,
+        batched = batches_by_length(call, window, batch_size,
                                     parallel_batches, by_length=window_size > batch_size,
                                     length=lambda item: len(item[0].split()))
         for i, (result, row) in enumerate(rows_by_line(batched, len(window), progress and progress.update)):
@@ -192,34 +275,25 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
                     "its required terms did not fit in the length limit; its translation is the best partial one"),
                     file=sys.stderr)
             text = None
-            if markup:
-                text, warning = with_markup(marked[i], result, row)
-                if warning:
+            if markup or protect:
+                text, *warnings = put_back(prepared[i], result, row)
+                for warning in filter(None, warnings):
                     print(f"warning: line {done + i + 1}: {warning}", file=sys.stderr)
             out.write(format_result(result, row, n_best, with_scores, with_alignments,
                                     with_confidence=with_confidence, translation=text) + "\n")
         out.flush()
         done += len(window)
         window.clear()
-        marked.clear()
+        prepared.clear()
 
     for line in lines:
         item = line if isinstance(line, tuple) else (line,)
-        if markup:
-            marked.append(markup_module.strip(item[0].decode("utf-8", errors="replace"), markup))
-            item = (marked[-1].text.encode("utf-8"),) + item[1:]
+        if markup or protect:
+            prepared.append(prepare(item[0].decode("utf-8", errors="replace"), markup, protect))
+            item = (prepared[-1].text.encode("utf-8"),) + item[1:]
         window.append(item)
         if len(window) == window_size:
             flush()
     if window:
         flush()
     return done
-
-
-def with_markup(marked, out: dict, row: int) -> tuple[str, str | None]:
-    """Row `row`'s translation with the markup of `marked` (a
-    `nmt_tf.inference.markup.Marked`) put back, and a warning or None."""
-    source = [as_text(t) for t in out["source_tokens"][row] if t]
-    target = [as_text(t) for t in out["target_tokens"][row] if t]
-    return markup_module.restore(marked, as_text(out["translation"][row]), source, target,
-                                 np.asarray(out["alignment"][row])[:len(target), :len(source)])

@@ -10,10 +10,14 @@ front end calls (nmt_tf.serving.versions), so that both answer alike:
   GET  /v1/models/NAME[/versions/N|/labels/L]/metadata  {"model_spec": ..., "metadata": {"signature_def": ...}}
   GET  /                                                 the translation page (nmt_tf.serving.page; not TF Serving's)
 
-A predict body may also say "markup": "html" (or "xml"), an nmt_tf extension
-(TF Serving ignores the key): the "text" inputs' tags are taken out before
-the model runs and put back into "translation" by the attention
-(nmt_tf.inference.markup); the other outputs are the plain sentences'.
+A predict body may also say "markup": "html" (or "xml") and "protect":
+"all" (or "none", or kinds such as "url,number"), nmt_tf extensions (TF
+Serving ignores the keys): the "text" inputs' tags are taken out and their
+URLs, numbers and the like masked before the model runs, and put back into
+"translation" (nmt_tf.inference.markup, nmt_tf.inference.placeholders);
+the other outputs are the model's, of the prepared sentences. Without
+"protect" nothing is masked: the body is the model's input, as in TF
+Serving (the page asks for "all").
 
 with TF Serving's JSON encoding (strings as JSON strings, {"b64": ...} for
 binary input and for outputs whose alias ends with "_bytes") and its errors:
@@ -53,7 +57,8 @@ from absl import logging
 from google.protobuf import json_format
 
 from nmt_tf.inference import markup as markup_module
-from nmt_tf.inference.translation import with_markup
+from nmt_tf.inference import placeholders
+from nmt_tf.inference.translation import prepare, put_back
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving.http_receiver import PrefetchedReader, Receiver, error_reply
 from nmt_tf.serving.page import PAGE_HEADERS, page_file
@@ -435,45 +440,56 @@ def predict_request_from_json(registry: ModelRegistry, model_spec, body: bytes, 
     with _large_body_turn(len(body)):
         doc = _parse_json_object(body)
         request, row = _predict_request(registry, model_spec, doc, max_batch_size)
-        return request, row, _take_markup(registry, request, doc)
+        return request, row, _take_text_options(registry, request, doc)
 
 
 MARKUP_OUTPUTS = ("translation", "source_tokens", "target_tokens", "alignment")
 
 
-def _take_markup(registry: ModelRegistry, request, doc: dict):
-    """With "markup" in `doc`: the "text" input's tags taken out (the request
-    then carries the plain sentences), the Marked lines returned."""
-    if "markup" not in doc:
+def _take_text_options(registry: ModelRegistry, request, doc: dict):
+    """With "markup" or "protect" in `doc`: the "text" input's tags taken out
+    and its items masked (the request then carries the prepared sentences),
+    the Prepared lines returned (else None)."""
+    if "markup" not in doc and "protect" not in doc:
         return None
-    kind = doc["markup"]
-    if kind not in markup_module.KINDS:
+    kind = doc.get("markup")
+    if kind is not None and kind not in markup_module.KINDS:
         raise _invalid(f"'markup' must be \"html\" or \"xml\", not {_json_text(kind)}")
+    try:
+        kinds = placeholders.parse_kinds(doc.get("protect", "none"))
+    except ValueError as e:
+        raise _invalid(f"{e} (not {_json_text(doc['protect'])})") from None
+    if kind is None and not kinds:
+        return None
+    name = "'markup'" if kind else "'protect'"
     loaded = registry.get(request.model_spec)
     outputs = loaded.signature_defs[request.model_spec.signature_name or DEFAULT_SIGNATURE].outputs
     text = request.inputs["text"] if "text" in request.inputs else None
     if text is None or text.dtype != serving_protos.DT.DT_STRING or not all(k in outputs for k in MARKUP_OUTPUTS):
-        raise _invalid("'markup' needs a signature with a string input 'text' and the outputs "
+        raise _invalid(f"{name} needs a signature with a string input 'text' and the outputs "
                        f"{', '.join(MARKUP_OUTPUTS)} (serving_default, translate_constrained)")
-    marked = [markup_module.strip(value.decode("utf-8", "replace"), kind) for value in text.string_val]
+    marked = [prepare(value.decode("utf-8", "replace"), kind, kinds) for value in text.string_val]
     del text.string_val[:]
     text.string_val.extend(m.text.encode("utf-8") for m in marked)
     return marked
 
 
-def _put_markup_back(outputs, marked: list) -> list[str]:
-    """The "translation" output with each line's markup put back (in place);
-    returns the warnings, one per line ("" for none)."""
+def _put_markup_back(outputs, marked: list):
+    """The "translation" output with each line's markup and placeholders put
+    back (in place), and outputs "markup_warning" and "placeholder_warning"
+    added when a line has one ("" for the lines without)."""
     arrays = {k: serving_protos.to_array(outputs[k]) for k in MARKUP_OUTPUTS}
     texts, warnings = [], []
     for i, m in enumerate(marked):
-        text, warning = with_markup(m, arrays, i)
+        text, *warning = put_back(m, arrays, i)
         texts.append(text.encode("utf-8"))
-        warnings.append(warning or "")
+        warnings.append([w or "" for w in warning])
     proto = outputs["translation"]
     del proto.string_val[:]
     proto.string_val.extend(texts)
-    return warnings
+    for k, name in enumerate(("markup_warning", "placeholder_warning")):
+        if any(w[k] for w in warnings):
+            serving_protos.from_array(np.array([w[k].encode() for w in warnings], object), outputs[name])
 
 
 def _predict_request(registry: ModelRegistry, model_spec, doc: dict, max_batch_size: int):
@@ -620,10 +636,7 @@ def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, m
                 response = run_predict(registry, request, max_batch_size, max_message_bytes, can_filter=False,
                                        batcher=batcher)
             if marked is not None:
-                warnings = _put_markup_back(response.outputs, marked)
-                if any(warnings):
-                    serving_protos.from_array(np.array([w.encode() for w in warnings], object),
-                                              response.outputs["markup_warning"])
+                _put_markup_back(response.outputs, marked)
             return predict_response_json(response.outputs, row)
         if match.group(4) in ("classify", "regress"):
             raise ServingError(grpc.StatusCode.UNIMPLEMENTED,

@@ -13,6 +13,7 @@ const source = document.getElementById("source");
 const submit = document.getElementById("submit");
 const message = document.getElementById("message");
 const result = document.getElementById("result");
+const markup = document.getElementById("markup");
 
 function say(text, kind) {
   message.textContent = text;
@@ -49,7 +50,10 @@ async function translate() {
       response = await fetch(`/v1/models/${encodeURIComponent(modelName)}:predict`, {
         method: "POST",
         headers: {"Content-Type": "application/json"},
-        body: JSON.stringify({signature_name: "serving_default", instances: [text]}),
+        // nmt_tf's extensions: protect keeps URLs, numbers, e-mail addresses, handles, hashtags and emoji
+        // verbatim; markup takes the tags out and puts them back around the words they wrap
+        body: JSON.stringify({signature_name: "serving_default", instances: [text], protect: "all",
+                              ...(markup.checked ? {markup: "html"} : {})}),
         signal: controller.signal,
       });
     } catch (error) {
@@ -88,6 +92,9 @@ function show(prediction, elapsed) {
   if (prediction.truncated) {
     say(`The line is longer than the model's input limit of ${maxInputTokens || "its"} tokens: only its ` +
         "beginning was translated.", "notice");
+  } else if (prediction.markup_warning || prediction.placeholder_warning) {
+    say([prediction.markup_warning, prediction.placeholder_warning].filter(Boolean)
+      .map((w) => w.charAt(0).toUpperCase() + w.slice(1) + ".").join(" "), "notice");
   }
   const nbest = document.getElementById("nbest");
   nbest.replaceChildren();
