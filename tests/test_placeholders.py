@@ -46,6 +46,10 @@ def test_masks_written_once_are_replaced_and_extra_ones_removed():
     text, warning = placeholders.restore(protected, "Rendez-vous à °1° sur ° 2 °, ou écrivez à °3° !")
     assert text == "Rendez-vous à 7:30 sur www.example.com/a?b=1, ou écrivez à jo.ann@example.co.uk !"
     assert warning is None
+    # a mask written against the word before it gets the space the source had
+    spaced = placeholders.protect("A photo in Paris 🙂 and Rome.")
+    assert placeholders.restore(spaced, "Une photo à Paris°1° et Rome.")[0] == "Une photo à Paris 🙂 et Rome."
+    assert placeholders.restore(placeholders.protect("It costs 5€."), "Il coûte °1°.")[0] == "Il coûte 5€."
     text, warning = placeholders.restore(protected, "À °1° °1° sur °2° °9°, écrivez °3°.")
     assert text == "À 7:30 sur www.example.com/a?b=1, écrivez jo.ann@example.co.uk."
     assert warning is None

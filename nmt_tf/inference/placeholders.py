@@ -62,6 +62,7 @@ class Protected:
     text: str                       # what to translate: the line with °1°, °2°, ... for its items
     items: list[str]                # item k is mask °k+1°
     warning: str | None = None      # why nothing was protected
+    apart: list[bool] = dataclasses.field(default_factory=list)    # item k had a space before it
 
 
 def parse_kinds(value) -> tuple[str, ...]:
@@ -115,14 +116,15 @@ def protect(line: str, kinds=KINDS) -> Protected:
         return Protected(line, [], f"the line holds {OPEN}, the placeholders' mark: nothing was protected")
     if not spans:
         return Protected(line, [])
-    out, items, at = [], [], 0
+    out, items, apart, at = [], [], [], 0
     for start, end in spans:
         out.append(line[at:start])
         items.append(line[start:end])
+        apart.append(start > 0 and line[start - 1].isspace())
         out.append(mask(len(items)))
         at = end
     out.append(line[at:])
-    return Protected("".join(out), items)
+    return Protected("".join(out), items, apart=apart)
 
 
 def restore(protected: Protected, translation: str, source_tokens=None, target_tokens=None, alignment=None,
@@ -141,7 +143,10 @@ def restore(protected: Protected, translation: str, source_tokens=None, target_t
         k = int(m.group(2))
         if 1 <= k <= len(items) and k not in seen:
             seen.add(k)
-            return m.group(1) + items[k - 1]
+            # a mask written against the word before it, where the source had a space: "Paris °2°", not "Paris°2°"
+            glued = not m.group(1) and m.start() > 0 and m.string[m.start() - 1].isalnum()
+            space = " " if glued and k - 1 < len(protected.apart) and protected.apart[k - 1] else ""
+            return m.group(1) + space + items[k - 1]
         return ""                     # written again, or never given: removed with the space before it
 
     # masks written with spaces inside ("° 1 °") made whole first, so that each is in one word
