@@ -50,6 +50,8 @@ def test_masks_written_once_are_replaced_and_extra_ones_removed():
     spaced = placeholders.protect("A photo in Paris 🙂 and Rome.")
     assert placeholders.restore(spaced, "Une photo à Paris°1° et Rome.")[0] == "Une photo à Paris 🙂 et Rome."
     assert placeholders.restore(placeholders.protect("It costs 5€."), "Il coûte °1°.")[0] == "Il coûte 5€."
+    # an item of no letters or digits put back before the final punctuation keeps its own word
+    assert placeholders.restore(spaced, "Une photo à Paris °1°.")[0] == "Une photo à Paris 🙂."
     text, warning = placeholders.restore(protected, "À °1° °1° sur °2° °9°, écrivez °3°.")
     assert text == "À 7:30 sur www.example.com/a?b=1, écrivez jo.ann@example.co.uk."
     assert warning is None

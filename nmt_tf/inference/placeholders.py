@@ -153,8 +153,10 @@ def restore(protected: Protected, translation: str, source_tokens=None, target_t
     model_words = _MASK.sub(lambda m: m.group(1) + mask(int(m.group(2))), translation).split()
     words, index = [], []             # what is kept of each model word; the model word each kept word is
     for i, word in enumerate(model_words):
+        before = len(seen)
         word = _STRAY.sub("", _MASK.sub(put, word))
-        if word and words and not any(c.isalnum() for c in word) and OPEN in model_words[i]:
+        removed_only = len(seen) == before and OPEN in model_words[i]      # a mask dropped, no item put back
+        if word and words and removed_only and not any(c.isalnum() for c in word):
             words[-1] += word         # "écrivez °3°." with °3° removed: "écrivez."
         elif word:
             words.append(word)
