@@ -58,7 +58,7 @@ from google.protobuf import json_format
 
 from nmt_tf.inference import markup as markup_module
 from nmt_tf.inference import placeholders
-from nmt_tf.inference.translation import prepare, put_back
+from nmt_tf.inference.translation import ALIGNMENT_OUTPUTS, prepare, put_back
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving.http_receiver import PrefetchedReader, Receiver, error_reply
 from nmt_tf.serving.page import PAGE_HEADERS, page_file
@@ -433,7 +433,8 @@ def _parse_json_object(body: bytes) -> dict:
 def predict_request_from_json(registry: ModelRegistry, model_spec, body: bytes, max_batch_size: int):
     """A PredictRequest from a REST predict body, whether it was in row
     format ("instances") rather than columnar ("inputs"), and with "markup"
-    the texts' `nmt_tf.inference.markup.Marked` (else None); TF Serving's
+    or "protect" the texts' `nmt_tf.inference.translation.Prepared` lines
+    (else None; `_take_text_options`); TF Serving's
     rules and messages (json_tensor.cc, FillPredictRequestFromJson). Batches
     over `max_batch_size` are refused before their items are converted. A
     body over _LARGE_BODY_BYTES waits for its turn (`_large_body_turn`)."""
@@ -443,7 +444,7 @@ def predict_request_from_json(registry: ModelRegistry, model_spec, body: bytes, 
         return request, row, _take_text_options(registry, request, doc)
 
 
-MARKUP_OUTPUTS = ("translation", "source_tokens", "target_tokens", "alignment")
+PUT_BACK_OUTPUTS = ("translation",) + ALIGNMENT_OUTPUTS       # what puts markup and placeholders back
 
 
 def _take_text_options(registry: ModelRegistry, request, doc: dict):
@@ -465,23 +466,23 @@ def _take_text_options(registry: ModelRegistry, request, doc: dict):
     loaded = registry.get(request.model_spec)
     outputs = loaded.signature_defs[request.model_spec.signature_name or DEFAULT_SIGNATURE].outputs
     text = request.inputs["text"] if "text" in request.inputs else None
-    if text is None or text.dtype != serving_protos.DT.DT_STRING or not all(k in outputs for k in MARKUP_OUTPUTS):
+    if text is None or text.dtype != serving_protos.DT.DT_STRING or not all(k in outputs for k in PUT_BACK_OUTPUTS):
         raise _invalid(f"{name} needs a signature with a string input 'text' and the outputs "
-                       f"{', '.join(MARKUP_OUTPUTS)} (serving_default, translate_constrained)")
-    marked = [prepare(value.decode("utf-8", "replace"), kind, kinds) for value in text.string_val]
+                       f"{', '.join(PUT_BACK_OUTPUTS)} (serving_default, translate_constrained)")
+    prepared = [prepare(value.decode("utf-8", "replace"), kind, kinds) for value in text.string_val]
     del text.string_val[:]
-    text.string_val.extend(m.text.encode("utf-8") for m in marked)
-    return marked
+    text.string_val.extend(p.text.encode("utf-8") for p in prepared)
+    return prepared
 
 
-def _put_markup_back(outputs, marked: list):
+def _put_back(outputs, prepared: list):
     """The "translation" output with each line's markup and placeholders put
     back (in place), and outputs "markup_warning" and "placeholder_warning"
     added when a line has one ("" for the lines without)."""
-    arrays = {k: serving_protos.to_array(outputs[k]) for k in MARKUP_OUTPUTS}
+    arrays = {k: serving_protos.to_array(outputs[k]) for k in PUT_BACK_OUTPUTS}
     texts, warnings = [], []
-    for i, m in enumerate(marked):
-        text, *warning = put_back(m, arrays, i)
+    for i, p in enumerate(prepared):
+        text, *warning = put_back(p, arrays, i)
         texts.append(text.encode("utf-8"))
         warnings.append([w or "" for w in warning])
     proto = outputs["translation"]
@@ -630,13 +631,13 @@ def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, m
     spec = _rest_model_spec(*match.group(1, 2, 3))
     if method == "POST":
         if match.group(4) == "predict":
-            request, row, marked = predict_request_from_json(registry, spec, body, max_batch_size)
+            request, row, prepared = predict_request_from_json(registry, spec, body, max_batch_size)
             turn = gate.turn(client, BATCH_WAIT_SECONDS) if gate is not None else contextlib.nullcontext()
             with turn:
                 response = run_predict(registry, request, max_batch_size, max_message_bytes, can_filter=False,
                                        batcher=batcher)
-            if marked is not None:
-                _put_markup_back(response.outputs, marked)
+            if prepared is not None:
+                _put_back(response.outputs, prepared)
             return predict_response_json(response.outputs, row)
         if match.group(4) in ("classify", "regress"):
             raise ServingError(grpc.StatusCode.UNIMPLEMENTED,

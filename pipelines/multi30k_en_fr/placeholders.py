@@ -47,6 +47,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
+
+from markup import STOPWORDS, lexicon, norm, reference_word  # noqa: E402  (the markup pipeline, beside this file)
+
+from nmt_tf.inference import placeholders  # noqa: E402
+
 DATA = os.path.join(REPO, "data", "multi30k")
 OUT = os.path.join(HERE, "placeholders")
 SEED = 93
@@ -78,16 +83,13 @@ def split_end(words: list[str]) -> tuple[list[str], str]:
     return words[:-1] + [body], punct
 
 
-def masked_pair(source: str, target: str, rng: random.Random, lex, protect) -> tuple[str, str]:
+def masked_pair(source: str, target: str, rng: random.Random, lex) -> tuple[str, str]:
     """`source` and `target` with masks at corresponding places (the module docstring's rules)."""
-    from markup import norm, reference_word
-    from nmt_tf.inference import placeholders
-
     s_items = [source[a:b] for a, b in placeholders.find(source)]
     t_items = [target[a:b] for a, b in placeholders.find(target)]
     natural = bool(s_items) and sorted(s_items) == sorted(t_items)
     if natural:                        # the same items on both sides: masked alike (numbered by the source)
-        source = protect(source).text
+        source = placeholders.protect(source).text
         order = {item: i + 1 for i, item in enumerate(s_items)}
         target_items = iter(t_items)
         target = re.sub("|".join(re.escape(t) for t in sorted(set(t_items), key=len, reverse=True)),
@@ -123,19 +125,13 @@ def masked_pair(source: str, target: str, rng: random.Random, lex, protect) -> t
     return " ".join(src) + s_end, " ".join(tgt) + t_end
 
 
-from markup import STOPWORDS  # noqa: E402  (the markup pipeline's list, beside this file)
-
-
 def make_training(args):
-    from markup import lexicon
-    from nmt_tf.inference import placeholders
-
     sources, targets = read(args.train_src), read(args.train_tgt)
     if len(sources) != len(targets):
         raise SystemExit(f"{args.train_src} has {len(sources)} lines, {args.train_tgt} {len(targets)}")
     lex = lexicon()
     rng = random.Random(SEED)
-    pairs = [masked_pair(s, t, rng, lex, placeholders.protect) for s, t in zip(sources, targets)]
+    pairs = [masked_pair(s, t, rng, lex) for s, t in zip(sources, targets)]
     os.makedirs(OUT, exist_ok=True)
     for side, lang in ((0, "en"), (1, "fr")):
         with gzip.open(os.path.join(OUT, f"train.masked.{lang}.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
