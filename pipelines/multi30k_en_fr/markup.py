@@ -93,7 +93,8 @@ def reference_word(word: str, reference: str, lex) -> str | None:
         return None
     best, score = None, 0.0
     nf, ne = len(vf.words), len(ve.words)
-    for w in {norm(x) for x in reference.split() if norm(x)}:
+    # the reference's words in their order (a set's order changed with the hash seed, and so did ties)
+    for w in dict.fromkeys(norm(x) for x in reference.split() if norm(x)):
         f = vf.ids.get(w)
         if f is None:
             continue
