@@ -25,10 +25,10 @@ errors as {"error": "..."} with the HTTP status it maps from the gRPC one,
 and at / a page that translates what you type and shows the n-best list and
 the attention as a heatmap, through that REST API (nmt_tf.serving.page). A
 request body larger than --max_message_mb is refused with 413 before it is
-read. Each front end answers --threads requests at a time; the REST API
-reads each request whole on one receiver thread before a worker takes it (a
-slow or idle client holds no worker; 30 s for the headers, 120 s for the
-body, then 408), with at most --rest_max_connections connections open, and
+read. Each front end answers --threads requests at a time; the REST API's
+HTTP server (aiohttp's) reads every connection on one event loop before a
+worker takes the request (a slow or idle client holds no worker; 30 s for
+the headers, 120 s for the body, then 408), with at most --rest_max_connections connections open, and
 --rest_max_connections_per_client from one client address (one more: 503
 at once). The model versions and the requests'
 checks (the same for both) are nmt_tf.serving.versions. With --enable_batching

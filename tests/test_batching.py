@@ -17,6 +17,7 @@ from conftest import REPO, run_cli
 from nmt_tf.serving import batching, rest
 from nmt_tf.serving import server as nmt_server
 from nmt_tf.serving.batching import Batcher, BatchingError, BatchingParameters, parse_batching_parameters
+from nmt_tf.serving.http_server import RestSettings
 
 SENTENCES = ["A man in a blue shirt.", "Two dogs run.", "A girl is eating.", "People walk on a street.",
              "A woman sings.", "The boy jumps into the water.", "A dog catches a ball.", "Men play music."]
@@ -152,7 +153,7 @@ def batching_server(exported, tmp_path_factory):
     threads = batching.request_threads(2, params)
     srv, registry, port = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=threads,
                                              poll_seconds=60, log=lambda *a: None, batcher=batcher)
-    web = rest.start_rest_server(registry, 0, "127.0.0.1", threads, batcher=batcher)
+    web = rest.start_rest_server(registry, RestSettings(host="127.0.0.1", threads=threads), batcher=batcher)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     yield {"predict": prediction_service_pb2_grpc.PredictionServiceStub(channel), "batcher": batcher,
            "rest_port": web.port, "registry": registry}

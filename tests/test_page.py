@@ -16,6 +16,7 @@ from nmt_tf.inference.client import SignatureClient
 from nmt_tf.serving import page
 from nmt_tf.serving import rest as rest_api
 from nmt_tf.serving import server as nmt_server
+from nmt_tf.serving.http_server import RestSettings
 
 SENTENCE = "A man in a blue shirt is running."
 
@@ -25,7 +26,7 @@ def start(exported, tmp_path_factory, name="nmt"):
     base = str(tmp_path_factory.mktemp("page") / "nmt")
     shutil.copytree(exported[1], base)
     srv, registry, _ = nmt_server.start_server(name, base, port=0, host="127.0.0.1", threads=2, log=lambda *a: None)
-    return srv, registry, rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2)
+    return srv, registry, rest_api.start_rest_server(registry, RestSettings(host="127.0.0.1", threads=2))
 
 
 def stop(servers):
@@ -92,7 +93,7 @@ def test_the_page_names_the_served_architecture():
 def test_a_server_without_the_page_answers_its_path_as_the_rest_api(exported, tmp_path_factory):
     srv, registry, rest = start(exported, tmp_path_factory)
     rest.stop()
-    bare = rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2, page=False)
+    bare = rest_api.start_rest_server(registry, RestSettings(host="127.0.0.1", threads=2, page=False))
     try:
         status, headers, _ = fetch(f"http://127.0.0.1:{bare.port}/")
         assert status == 404 and headers["Content-Type"] == "application/json"
@@ -244,8 +245,9 @@ def test_a_stopped_server_and_a_failing_one_get_a_message(exported, tmp_path_fac
     # A server whose API answers an error: its message is shown with the HTTP status.
     srv, registry, rest = start(exported, tmp_path_factory)
     rest.stop()
-    failing = rest_api.RestServer("127.0.0.1", 0, 2, lambda *a, **k: (500, rest_api.error_json("INTERNAL: the model broke")),
-                                  1 << 20, functools.partial(page.page_file, registry))
+    failing = rest_api.RestServer(RestSettings(host="127.0.0.1", threads=2, max_message_mb=1.0),
+                                  lambda *a, **k: (500, rest_api.error_json("INTERNAL: the model broke")),
+                                  functools.partial(page.page_file, registry))
     try:
         submit(browser, f"http://127.0.0.1:{failing.port}/", SENTENCE)
         assert ("The server answered with an error (HTTP 500): INTERNAL: the model broke"
@@ -276,7 +278,7 @@ def test_a_low_confidence_is_shown_as_a_warning(trained_model_dir, tmp_path, bro
                         log=lambda *a: None)
         srv, registry, _ = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=2,
                                                    log=lambda *a: None)
-        servers = (srv, registry, rest_api.start_rest_server(registry, 0, "127.0.0.1", threads=2))
+        servers = (srv, registry, rest_api.start_rest_server(registry, RestSettings(host="127.0.0.1", threads=2)))
         try:
             submit(browser, f"http://127.0.0.1:{servers[2].port}/", SENTENCE)
             line = browser.find_element(By.ID, "confidence")

@@ -15,6 +15,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from test_serve import request
 
 from nmt_tf.serving import rest, tls
+from nmt_tf.serving.http_server import RestSettings
 from nmt_tf.serving import server as nmt_server
 
 
@@ -49,7 +50,8 @@ def tls_server(exported, certs, tmp_path_factory):
     srv, registry, port = nmt_server.start_server("nmt", base, port=0, host="127.0.0.1", threads=2, poll_seconds=60,
                                              log=lambda *a: None, tls=config)
     plain_config = tls.read_ssl_config(ssl_config(certs["folder"] / "server.config", key, cert))
-    web = rest.start_rest_server(registry, 0, "127.0.0.1", 2, ssl_context=plain_config.ssl_context())
+    web = rest.start_rest_server(registry, RestSettings(host="127.0.0.1", threads=2),
+                                ssl_context=plain_config.ssl_context())
     yield {"port": port, "rest_port": web.port}
     web.stop()
     registry.stop()

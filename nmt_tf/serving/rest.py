@@ -22,33 +22,25 @@ Serving (the page asks for "all").
 with TF Serving's JSON encoding (strings as JSON strings, {"b64": ...} for
 binary input and for outputs whose alias ends with "_bytes") and its errors:
 {"error": "..."} with the HTTP status TF Serving maps from the gRPC one
-(`HTTP_STATUS`). The HTTP layer is the standard library's http.server: one
-receiver thread reads every connection's request whole (nmt_tf.serving.http_receiver,
-with deadlines and a connection cap, so slow clients hold no worker), then a
-fixed pool of worker threads answers; a request body larger than the message
-limit is refused with 413 before it is read.
+(`HTTP_STATUS`). The HTTP server under it is aiohttp's
+(nmt_tf.serving.http_server: deadlines and connection caps, so slow clients
+hold no worker, then a fixed pool of worker threads answers); a request body
+larger than the message limit is refused with 413 before it is read.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import collections
-import concurrent.futures
 import contextlib
 import errno
 import functools
-import http.server
-import io
 import json
 import math
 import re
-import socket
-import socketserver
 import struct
 import sys
 import threading
-import time
 import urllib.parse
 
 import grpc
@@ -60,8 +52,8 @@ from nmt_tf.inference import markup as markup_module
 from nmt_tf.inference import placeholders
 from nmt_tf.inference.translation import ALIGNMENT_OUTPUTS, prepare, put_back
 from nmt_tf.serving import api_protos as serving_protos
-from nmt_tf.serving.http_receiver import PrefetchedReader, Receiver, error_reply
-from nmt_tf.serving.page import PAGE_HEADERS, page_file
+from nmt_tf.serving.http_server import RestServer, RestSettings, error_json
+from nmt_tf.serving.page import page_file
 from nmt_tf.serving.versions import (
     BATCH_WAIT_SECONDS,
     DEFAULT_SIGNATURE,
@@ -653,17 +645,12 @@ def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, m
     return _proto_json(model_status(registry, request), False).encode()
 
 
-def error_json(message: str) -> bytes:
-    """TF Serving's REST error body: {"error": message}."""
-    return json.dumps({"error": message}).encode()
-
-
 def rest_response(registry: ModelRegistry, method: str, path: str, body: bytes, max_batch_size: int = 1024,
                   max_message_bytes: int | None = None, batcher=None, gate=None, client: str = "") -> tuple[int, bytes]:
     """(HTTP status, JSON body) of one REST request, as TF Serving's REST API
     answers it (model_servers/http_rest_api_handler.cc): the same functions as
     the gRPC services, their status mapped to HTTP as TF Serving maps it.
-    `path` without the query string, as http.server gives it (ISO-8859-1).
+    `path` without the query string, as the request line has it.
     `batcher`: nmt_tf.serving.batching's, to join concurrent predictions;
     else `gate` (nmt_tf.serving.versions.FairGate, shared with the gRPC
     front end): a prediction decodes in the turn of its `client` (address)."""
@@ -679,303 +666,20 @@ def rest_response(registry: ModelRegistry, method: str, path: str, body: bytes, 
         return 500, error_json(f"{type(e).__name__}: {e}")
 
 
-class _RestHandler(http.server.BaseHTTPRequestHandler):
-    """One HTTP/1.1 request per connection, answered with JSON and closed
-    (so that a worker is never held by an idle keep-alive connection)."""
-
-    protocol_version = "HTTP/1.1"
-    timeout = 30.0                  # seconds a client may pause while sending its request
-    body_seconds = 120.0            # and the most it may take to send the body
-    _answered = False
-    _to_drain = 0                   # bytes of a refused body to read and drop before closing
-    _continued = False              # the receiver answered "Expect: 100-continue" already
-
-    def setup(self):
-        """Reads first what the server's receiver read of the request (nmt_tf.serving.http_receiver)."""
-        super().setup()
-        prefetched = self.server.take_prefetched(self.request)
-        if prefetched is not None:
-            self._continued = prefetched.continued
-            self.rfile = io.BufferedReader(PrefetchedReader(prefetched.data, self.rfile))
-
-    def _declared_length(self) -> int | None:
-        """The body's Content-Length; None once a body this server will not
-        read has been answered (an error in JSON)."""
-        if self._answered:
-            return None
-        limit = self.server.max_body_bytes
-        if "Transfer-Encoding" in self.headers:
-            self._to_drain = limit
-            self._reply(411, error_json("Length Required: send the request body with a Content-Length header "
-                                        "(chunked transfer encoding is not accepted)"))
-            return None
-        lengths = {value.strip() for value in self.headers.get_all("Content-Length") or ["0"]}
-        if len(lengths) > 1:         # which one frames the body? (RFC 9110 §8.6: a 400; request smuggling otherwise)
-            self._to_drain = limit
-            self._reply(400, error_json(f"Bad Content-Length: the request has conflicting values {sorted(lengths)}"))
-            return None
-        declared = lengths.pop()
-        if not (declared.isascii() and declared.isdigit()):
-            self._to_drain = limit
-            self._reply(400, error_json(f"Bad Content-Length: {declared!r}"))
-            return None
-        if int(declared) > limit:
-            self._to_drain = int(declared)
-            self._reply(413, error_json(
-                f"Request Entity Too Large: the request body is {int(declared)} bytes, more than this server's "
-                f"limit of {limit} bytes (--max_message_mb={limit / 2**20:g})"))
-            return None
-        return int(declared)
-
-    def handle_expect_100(self):
-        """Refuses a body that is too large before the client sends it."""
-        if self._declared_length() is None:
-            return False
-        return self._continued or super().handle_expect_100()
-
-    def _read_body(self, length: int) -> bytearray | None:
-        """The body, read into one buffer of its length (no chunks joined);
-        None if the client closed the connection or took longer than
-        body_seconds (answered with 408)."""
-        deadline = time.monotonic() + self.body_seconds
-        body = bytearray(length)
-        view, done = memoryview(body), 0
-        while done < length:
-            if time.monotonic() > deadline:
-                self._to_drain = length - done
-                self._reply(408, error_json(f"Request Timeout: the body took more than {self.body_seconds:g} s"))
-                return None
-            got = self.rfile.readinto1(view[done:done + (1 << 20)])
-            if not got:
-                self.close_connection = True
-                return None
-            done += got
-        return body
-
-    def _misdirected(self) -> bytes | None:
-        """The error for a request this server will not answer whatever it
-        asks: a Host that is not one of --rest_allowed_hosts (when given: a
-        page of another site pointing its name at this server, DNS
-        rebinding), or a request other than GET / HEAD sent by a page of
-        another origin (its Origin header is not this Host: another site's
-        page posting text/plain translations, which a browser sends without
-        asking). Clients that are not browsers send no Origin."""
-        host = (self.headers.get("Host") or "").strip()
-        allowed = self.server.allowed_hosts
-        if allowed and _host_name(host) not in allowed:
-            return error_json(f"Forbidden: the Host {host[:100]!r} is not one of this server's names "
-                              "(--rest_allowed_hosts)")
-        origin = self.headers.get("Origin")
-        if origin is not None and self.command not in ("GET", "HEAD"):
-            if origin.strip() == "null" or urllib.parse.urlsplit(origin.strip()).netloc.lower() != host.lower():
-                return error_json(f"Forbidden: a request from a page of another origin ({origin[:100]!r}); this "
-                                  "server answers its own page and clients that are not browsers")
-        return None
-
-    def _handle(self):
-        refused = self._misdirected()
-        if refused is not None:
-            self._to_drain = self.server.max_body_bytes
-            self._reply(403, refused)
-            return
-        length = self._declared_length()
-        body = None if length is None else self._read_body(length)
-        if body is None:
-            return
-        path = self.path.split("?", 1)[0].split("#", 1)[0]
-        page = self.server.page(self.command, path) if self.server.page else None
-        if page is not None:
-            self._reply(200, *page, headers=PAGE_HEADERS)
-        else:
-            self._reply(*self.server.answer(self.command, path, body, client=self.client_address[0]))
-
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _handle
-
-    def send_error(self, code, message=None, explain=None):
-        """http.server's own errors (bad request line, header too long, unknown method) in JSON too."""
-        self._reply(code, error_json(message or http.HTTPStatus(code).phrase))
-
-    def _reply(self, status: int, payload: bytes, content_type: str = "application/json", headers=None):
-        self._answered = True
-        self.close_connection = True
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
-        if self._to_drain:
-            self._drain()
-
-    def _drain(self):
-        """Reads and drops (for at most 5 s) the body of a refused request, so
-        that a client still sending it reads the answer instead of a reset
-        connection."""
-        try:
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(1.0)
-            deadline = time.monotonic() + 5.0
-            while self._to_drain > 0 and time.monotonic() < deadline:
-                chunk = self.rfile.read1(min(self._to_drain, 1 << 16))
-                if not chunk:
-                    break
-                self._to_drain -= len(chunk)
-        except OSError:
-            pass
-
-    def version_string(self):
-        return "nmt_tf.serve"
-
-    def log_message(self, format, *args):
-        logging.debug("REST %s: " + format, self.address_string(), *args)
-
-
-def _host_name(host: str) -> str:
-    """A Host header's name without its port, lowercased ("[::1]:8501" -> "[::1]")."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[:host.find("]") + 1] if "]" in host else host
-    return host.rsplit(":", 1)[0] if ":" in host else host
-
-
-class RestServer(socketserver.TCPServer):
-    """TF Serving's REST API over HTTP (the standard library's http.server).
-
-    Requests are read whole by one receiver thread (nmt_tf.serving.http_receiver:
-    a connection costs no thread while its client sends, however slowly,
-    within the deadlines) and answered by a fixed pool of `threads` workers.
-    At most `max_connections` connections are open at once (being read,
-    waiting for a worker, or answered), and at most
-    `max_connections_per_client` from one client address; one more is
-    answered 503 at once (closed at once over TLS). Serves from a thread of
-    its own; stop() ends it."""
-
-    allow_reuse_address = True   # rebind at once after a restart (TIME_WAIT); a port in use is still refused
-    request_queue_size = socket.SOMAXCONN
-
-    def __init__(self, host: str, port: int, threads: int, answer, max_body_bytes: int, page=None,
-                 max_connections: int = 64, header_seconds: float = 30.0, ssl_context=None,
-                 max_connections_per_client: int | None = None, allowed_hosts=()):
-        host = host.strip("[]")                 # "[::]" as gRPC's address is written, "::" as a socket's
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.answer, self.max_body_bytes = answer, max_body_bytes
-        self.page = page        # (method, path) -> (body, Content-Type) of the translation page, or None
-        self.max_connections = max_connections
-        self.max_connections_per_client = max_connections_per_client or max_connections
-        self.allowed_hosts = frozenset(_host_name(h) for h in allowed_hosts if h.strip())    # empty: any Host
-        self._per_client: collections.Counter = collections.Counter()      # client address -> connections open
-        self._client_of: dict = {}                                           # socket -> its client address
-        self.ssl_context = ssl_context     # HTTPS (nmt_tf.serving.tls) when given
-        self._connections, self._count_lock = 0, threading.Lock()
-        self._prefetched: dict = {}
-        super().__init__((host, port), _RestHandler)
-        self.port = self.server_address[1]
-        self._workers = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="rest-api")
-        self._receiver = Receiver(self._deliver, self._release, max_body_bytes, header_seconds,
-                                  _RestHandler.body_seconds)
-        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
-                         name="rest-api-accept").start()
-
-    def _admit(self, client: str) -> str | None:
-        """Counts a new connection of `client` in, or says why it is refused."""
-        with self._count_lock:
-            if self._connections >= self.max_connections:
-                return (f"this server has {self.max_connections} connections open, its limit "
-                        "(--rest_max_connections)")
-            if self._per_client[client] >= self.max_connections_per_client:
-                return (f"this client address has {self.max_connections_per_client} connections open, this "
-                        "server's limit per client (--rest_max_connections_per_client)")
-            self._connections += 1
-            self._per_client[client] += 1
-        return None
-
-    def process_request(self, request, client_address):
-        client = client_address[0]
-        refused = self._admit(client)
-        if refused is None:
-            if self.ssl_context is not None:
-                try:
-                    request = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
-                except OSError:
-                    self.shutdown_request(request)
-                    self._release(client=client)
-                    return
-            with self._count_lock:
-                self._client_of[request] = client
-            self._receiver.add(request, client_address)
-            return
-        if self.ssl_context is not None:       # no handshake on the accepting thread: closed at once
-            self.shutdown_request(request)
-            return
-        try:
-            request.settimeout(1.0)
-            request.sendall(error_reply(503, "Service Unavailable", f"Service Unavailable: {refused}; try again"))
-        except OSError:
-            pass
-        self.shutdown_request(request)
-
-    def _deliver(self, request, client_address, prefetched):
-        self._prefetched[request] = prefetched
-        self._workers.submit(self._serve, request, client_address)
-
-    @property
-    def open_connections(self) -> int:
-        """Connections being read, waiting for a worker or answered."""
-        with self._count_lock:
-            return self._connections
-
-    def take_prefetched(self, request):
-        return self._prefetched.pop(request, None)
-
-    def _release(self, request=None, client: str | None = None):
-        """Counts a connection out (`request`, the socket admitted, or only its `client`)."""
-        with self._count_lock:
-            self._connections -= 1
-            client = self._client_of.pop(request, client)
-            if client is not None:
-                self._per_client[client] -= 1
-                if self._per_client[client] <= 0:
-                    del self._per_client[client]
-
-    def _serve(self, request, client_address):
-        try:
-            self.finish_request(request, client_address)
-        except Exception as e:
-            logging.warning(f"REST connection from {client_address[0]} ended: {type(e).__name__}: {e}")
-        finally:
-            self.shutdown_request(request)
-            self._release(request)
-
-    def stop(self):
-        self.shutdown()
-        self.server_close()
-        self._receiver.stop()
-        self._workers.shutdown(wait=False)
-
-
-def start_rest_server(registry: ModelRegistry, port: int, host: str = "0.0.0.0", threads: int = 8,
-                      max_message_mb: float = 32.0, max_batch_size: int = 1024, page: bool = True,
-                      max_connections: int = 64, header_seconds: float = 30.0, batcher=None, gate=None,
-                      ssl_context=None, max_connections_per_client: int | None = None,
-                      allowed_hosts=()) -> RestServer:
-    """Serves TF Serving's REST API for `registry` on `port` (0: a free one,
-    then in .port), and with `page` the translation page at / (nmt_tf.serving.page);
-    a port that another process holds is refused. See RestServer for
-    `threads`, `max_connections`, `max_connections_per_client` (None: as
-    `max_connections`) and `header_seconds`; `allowed_hosts`: the Host
-    names it answers (empty: any; _RestHandler._misdirected); `batcher` and
-    `gate` as in rest_response; with an `ssl_context` (nmt_tf.serving.tls) it speaks HTTPS."""
-    limit = int(max_message_mb * 1024 * 1024)
-    answer = functools.partial(rest_response, registry, max_batch_size=max_batch_size, max_message_bytes=limit,
-                               batcher=batcher, gate=gate)
+def start_rest_server(registry: ModelRegistry, settings: RestSettings, batcher=None, gate=None,
+                      ssl_context=None) -> RestServer:
+    """Serves TF Serving's REST API for `registry` as `settings` say (port 0:
+    a free one, then in .port), with the translation page at / (nmt_tf.serving.page)
+    unless settings.page is False; a port that another process holds is
+    refused. `batcher` and `gate` as in rest_response; with an `ssl_context`
+    (nmt_tf.serving.tls) it speaks HTTPS."""
+    answer = functools.partial(rest_response, registry, max_batch_size=settings.max_batch_size,
+                               max_message_bytes=settings.max_body_bytes, batcher=batcher, gate=gate)
     try:
-        return RestServer(host, port, threads, answer, limit, functools.partial(page_file, registry) if page else None,
-                          max_connections, header_seconds, ssl_context, max_connections_per_client, allowed_hosts)
+        return RestServer(settings, answer, functools.partial(page_file, registry) if settings.page else None,
+                          ssl_context)
     except OSError as e:
         reason = {errno.EADDRINUSE: "the port is in use",
                   errno.EADDRNOTAVAIL: "the address is not this machine's"}.get(e.errno, e.strerror or str(e))
-        raise OSError(f"could not listen on {host}:{port} for the REST API: {reason}; "
+        raise OSError(f"could not listen on {settings.host}:{settings.port} for the REST API: {reason}; "
                       "choose another --rest_api_port") from None

@@ -32,6 +32,7 @@ from nmt_tf.core.hardware import set_onednn
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving.batching import Batcher, BatchingParameters, read_batching_parameters, request_threads
 from nmt_tf.serving.litert import LiteRTVersion
+from nmt_tf.serving.http_server import RestSettings
 from nmt_tf.serving.rest import start_rest_server
 from nmt_tf.serving.tls import TlsConfig, expiry_warning, read_ssl_config
 from nmt_tf.serving.versions import (
@@ -228,6 +229,15 @@ class RunningServer:
         self.registry.stop()
 
 
+def rest_settings(config: ServerConfig, threads: int) -> RestSettings:
+    """The REST API's settings of a server configuration (its --rest_* flags)."""
+    return RestSettings(port=config.rest_api_port, host=config.host, threads=threads,
+                        max_message_mb=config.max_message_mb, max_batch_size=config.max_batch_size,
+                        max_connections=config.rest_max_connections,
+                        max_connections_per_client=config.rest_max_connections_per_client,
+                        allowed_hosts=tuple(config.rest_allowed_hosts))
+
+
 def start(config: ServerConfig, log=print) -> RunningServer:
     """Starts serving `config`'s model; `log` gets what was chosen and where it
     listens. Raises ConfigError or another ValueError naming the file or
@@ -279,10 +289,7 @@ def start(config: ServerConfig, log=print) -> RunningServer:
     rest = None
     if config.rest_api_port:
         try:
-            rest = start_rest_server(registry, config.rest_api_port, config.host, threads, config.max_message_mb,
-                                     config.max_batch_size, max_connections=config.rest_max_connections,
-                                     max_connections_per_client=config.rest_max_connections_per_client,
-                                     allowed_hosts=config.rest_allowed_hosts, batcher=batcher, gate=gate,
+            rest = start_rest_server(registry, rest_settings(config, threads), batcher=batcher, gate=gate,
                                      ssl_context=tls.ssl_context() if tls else None)
         except OSError:
             grpc_server.stop(grace=0)
