@@ -22,6 +22,13 @@ after the load), and every other server's requests/s and p50 over the
 
   python benchmarks/serve_load.py --model_base_path=E --batching_parameters_file=export/batching_parameters.txt
   python benchmarks/serve_load.py --model_base_path=<build>/export --litert_base_path=<build>/litert-int8 --rounds=3
+
+With --beam_sizes, every measurement is made once per beam size, with
+requests of the translate_with_options signature asking for that beam (the
+export's other settings); each result says its "beam_size".
+
+  python benchmarks/serve_load.py --model_base_path=<build>/export --litert_base_path=<build>/litert-int8 \
+      --clients_list=1 --beam_sizes=1,2,3,5,10 --rounds=2
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ absl_flags.DEFINE_string("litert_base_path", None,
                          "Also measure nmt_tf.serve --runtime=litert serving the LiteRT model versions under this "
                          "folder (a preset's: the folder above the one python -m nmt_tf.presets "
                          "--build_litert=multi30k_en_fr prints), side by side.")
+absl_flags.DEFINE_list("beam_sizes", [], "Measure each of these beam sizes (translate_with_options requests); "
+                       "none: serving_default, the export's search.")
 absl_flags.DEFINE_integer("rounds", 1, "With --batching_parameters_file or --litert_base_path: measurements per "
                           "server and client count, turning which server goes first.", lower_bound=1)
 
@@ -84,7 +93,7 @@ def start_server(base_path: str, model_name: str, onednn: bool, extra_args=()):
     raise RuntimeError("the server did not start")
 
 
-def run(address, model_name, sentences, clients, total, warmup):
+def run(address, model_name, sentences, clients, total, warmup, beam_size=None):
     import grpc
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -99,6 +108,9 @@ def run(address, model_name, sentences, clients, total, warmup):
         r = predict_pb2.PredictRequest()
         r.model_spec.name = model_name
         r.inputs["text"].CopyFrom(tf.make_tensor_proto([s], dtype=tf.string))
+        if beam_size is not None:
+            r.model_spec.signature_name = "translate_with_options"
+            r.inputs["beam_size"].CopyFrom(tf.make_tensor_proto(beam_size, dtype=tf.int32))
         r.output_filter.append("translation")
         requests.append(r)
     lock = threading.Lock()
@@ -139,7 +151,8 @@ def run(address, model_name, sentences, clients, total, warmup):
     q = lambda p: round(1000 * lat[min(len(lat) - 1, int(p * len(lat)))], 1) if lat else None
     for c in channels:
         c.close()
-    return {"clients": clients, "requests": total, "seconds": round(seconds, 2),
+    return {"clients": clients, **({} if beam_size is None else {"beam_size": beam_size}),
+            "requests": total, "seconds": round(seconds, 2),
             "requests_per_sec": round(len(lat) / seconds, 2), "p50_ms": q(0.5), "p90_ms": q(0.9),
             "p99_ms": q(0.99), "mean_ms": round(1000 * statistics.fmean(lat), 1) if lat else None,
             "errors": len(errors)}
@@ -156,7 +169,12 @@ def memory_mb(pid: int) -> dict:
     return {"rss_mb": fields.get("VmRSS"), "peak_rss_mb": fields.get("VmHWM")}
 
 
-def compare(sentences, model_name, servers: dict, clients_list, rounds, total, warmup):
+def cases(clients_list, beam_sizes) -> list[tuple[int, int | None]]:
+    """(clients, beam size or None) of every measurement, in order."""
+    return [(int(c), int(b) if b is not None else None) for c in clients_list for b in (beam_sizes or [None])]
+
+
+def compare(sentences, model_name, servers: dict, clients_list, rounds, total, warmup, beam_sizes=()):
     """Servers side by side, {name: (base path, nmt_tf.serve flags)}, the first
     the baseline: each client count on each, --rounds times, the order
     turning round by round. {"rounds": [...], "median": {...}, "memory":
@@ -170,24 +188,26 @@ def compare(sentences, model_name, servers: dict, clients_list, rounds, total, w
         rounds_out = []
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
-            rounds_out.append({name: [run(started[name][1], model_name, sentences, int(c), total, warmup)
-                                      for c in clients_list] for name in order})
+            rounds_out.append({name: [run(started[name][1], model_name, sentences, c, total, warmup, b)
+                                      for c, b in cases(clients_list, beam_sizes)] for name in order})
         memory = {name: memory_mb(proc.pid) for name, (proc, _) in started.items()}
     finally:
         for proc, _ in started.values():
             proc.terminate()
             proc.wait()
+    measured = cases(clients_list, beam_sizes)
+    label = lambda c, b: {"clients": c, **({} if b is None else {"beam_size": b})}
     median = {name: [{key: statistics.median(r[name][i][key] for r in rounds_out)
                       for key in ("requests_per_sec", "p50_ms", "p90_ms", "p99_ms", "errors")}
-                     | {"clients": int(c)} for i, c in enumerate(clients_list)]
+                     | label(c, b) for i, (c, b) in enumerate(measured)]
               for name in names}
     base = names[0]
-    ratios = {name: [{"clients": int(c),
+    ratios = {name: [{**label(c, b),
                       "requests_per_sec": round(median[name][i]["requests_per_sec"]
                                                 / median[base][i]["requests_per_sec"], 2),
                       "p50": round(median[name][i]["p50_ms"] / median[base][i]["p50_ms"], 2),
                       "p99_over_lone_baseline_p50": round(median[name][i]["p99_ms"] / median[base][0]["p50_ms"], 2)}
-                     for i, c in enumerate(clients_list)]
+                     for i, (c, b) in enumerate(measured)]
               for name in names[1:]}
     return {"servers": {name: " ".join(["nmt_tf.serve", *(["--onednn"] if onednn else []), *extra])
                         for name, (_, (onednn, extra)) in servers.items()},
@@ -210,7 +230,7 @@ def main(argv):
         if FLAGS.litert_base_path:
             servers["litert"] = (FLAGS.litert_base_path, (False, [*FLAGS.server_args, "--runtime=litert"]))
         out = compare(sentences, FLAGS.model_name, servers, FLAGS.clients_list, FLAGS.rounds, FLAGS.requests,
-                      FLAGS.warmup)
+                      FLAGS.warmup, FLAGS.beam_sizes)
         if FLAGS.batching_parameters_file:
             with open(FLAGS.batching_parameters_file) as f:
                 out["batching_parameters"] = f.read()
@@ -224,8 +244,8 @@ def main(argv):
         proc, address = start_server(FLAGS.model_base_path, FLAGS.model_name, FLAGS.server_onednn,
                                      FLAGS.server_args)
     try:
-        results = [run(address, FLAGS.model_name, sentences, int(c), FLAGS.requests, FLAGS.warmup)
-                   for c in FLAGS.clients_list]
+        results = [run(address, FLAGS.model_name, sentences, c, FLAGS.requests, FLAGS.warmup, b)
+                   for c, b in cases(FLAGS.clients_list, FLAGS.beam_sizes)]
     finally:
         if proc:
             proc.terminate()

@@ -48,9 +48,15 @@ from nmt_tf.inference.client import ClientError, SignatureClient
 from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line, scored_pairs
 from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.restore import restore_model
-from nmt_tf.inference.saved_models import load_saved_model, read_metadata
+from nmt_tf.inference.saved_models import load_saved_model, read_metadata, signature_defaults
 from nmt_tf.inference.translation import finish, prepare
-from nmt_tf.inference.translation_graph import MAX_REQUIRED_TERMS, TranslationGraph
+from nmt_tf.inference.translation_graph import (
+    MAX_REQUIRED_TERMS,
+    SEARCH_SETTINGS,
+    WITH_OPTIONS_SIGNATURE,
+    TranslationGraph,
+    failed_check_text,
+)
 
 
 @dataclasses.dataclass
@@ -87,15 +93,22 @@ class Translator:
     """Translates and scores with one nmt_tf model; make one with a `from_*` class method."""
 
     def __init__(self, translate_fn, score_fn, n_best: int, description: str, metadata: dict | None = None,
-                 constrained_fn=None, gradients: custom_gradients.Registrations | None = None):
+                 constrained_fn=None, gradients: custom_gradients.Registrations | None = None,
+                 with_options_fn=None, settings: dict | None = None):
         if gradients is not None:
             # The custom gradients that loading the model registered, and those its functions register when
             # first traced, pin its graphs in TensorFlow's registry: they are let go with this Translator.
-            translate_fn, score_fn, constrained_fn = (fn and gradients.recorded(fn)
-                                                      for fn in (translate_fn, score_fn, constrained_fn))
+            translate_fn, score_fn, constrained_fn, with_options_fn = (
+                fn and gradients.recorded(fn) for fn in (translate_fn, score_fn, constrained_fn, with_options_fn))
             weakref.finalize(self, gradients.release).atexit = False     # nothing to let go of at exit
         self._translate, self._score = translate_fn, score_fn
         self._constrained = constrained_fn    # (texts, prefixes, terms) -> outputs, or None: the model has none
+        self._with_options = with_options_fn  # (texts, settings) -> outputs (translate_with_options), or None
+        self.settings = dict(settings or {})  # search settings of every translate() call (beam_size, ...)
+        if self.settings and with_options_fn is None:
+            raise ValueError(f"{', '.join(sorted(self.settings))}: {description} takes no search settings per "
+                             "request (an export made before nmt_tf 0.3 has no translate_with_options: export it "
+                             "again)")
         self.n_best = n_best                  # n-best size the model returns at most
         self.description = description
         self.metadata = metadata or {}        # languages, tokenizer, search settings (an export's nmt_tf.json)
@@ -111,19 +124,17 @@ class Translator:
         standard error, or to `log`). runtime="litert": its LiteRT model
         (`litert_weights` storage), built on first use and cached, translated
         without TensorFlow (`from_litert`), which also takes search settings
-        (`beam_size=`, `n_best=`, `length_penalty=`, `length_alpha=`)."""
+        (`beam_size=`, `n_best=`, `length_penalty=`, `length_alpha=`). The
+        SavedModel takes `beam_size=`, `n_best=` and `length_alpha=` for
+        every call (`from_saved_model`)."""
         log = log or (lambda *a: print(*a, file=sys.stderr))
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices (imports nothing itself)
         if runtime == "litert":
             return cls.from_litert(presets.litert_model(name, litert_weights, cache_dir, log=log),
                                    _description=f"preset {name} on LiteRT ({litert_weights})", **search)
-        if search:
-            raise ValueError(f"{', '.join(sorted(search))}: a SavedModel's search was fixed at its export; "
-                             "runtime='litert' takes them per Translator (or export the preset again: "
-                             "docs/translating.md, 'A preset with another search')")
         if runtime != "tensorflow":
             raise ValueError(f"runtime={runtime!r}: choose tensorflow or litert")
-        return cls.from_saved_model(presets.build(name, cache_dir, log=log), _description=f"preset {name}")
+        return cls.from_saved_model(presets.build(name, cache_dir, log=log), _description=f"preset {name}", **search)
 
     @classmethod
     def from_litert(cls, path: str, num_threads: int = 1, _description: str | None = None,
@@ -136,11 +147,16 @@ class Translator:
         prefixes and required terms are not there yet."""
         client = LiteRTClient(path, num_threads=num_threads, search=search)
         return cls(lambda text: client(text=text), client.score, client.output_size("nbest_scores", 1),
-                   _description or f"LiteRT model {path}", client.model.manifest)
+                   _description or f"LiteRT model {path}", client.model.manifest,
+                   with_options_fn=lambda text, given: client(text, given))
 
     @classmethod
-    def from_saved_model(cls, path: str, _description: str | None = None) -> "Translator":
-        """An nmt_tf SavedModel version directory (nmt_tf.export's output)."""
+    def from_saved_model(cls, path: str, _description: str | None = None, **settings) -> "Translator":
+        """An nmt_tf SavedModel version directory (nmt_tf.export's output).
+        `settings` (`beam_size=`, `n_best=`, `length_alpha=`) choose the
+        search of every call, within what the export allows (its
+        translate_with_options signature: beams up to --max_beam_size);
+        `translate` also takes them per call."""
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         import tensorflow as tf
 
@@ -149,6 +165,8 @@ class Translator:
             signatures = load_saved_model(path).signatures
         translate, score = signatures["serving_default"], signatures["score"]
         constrained = signatures.get("translate_constrained")
+        with_options = signatures.get(WITH_OPTIONS_SIGNATURE)
+        defaults = signature_defaults(path, WITH_OPTIONS_SIGNATURE) if with_options is not None else {}
         n_best = translate.structured_outputs["nbest_scores"].shape[1]
         strings = lambda values: tf.constant(values, tf.string)
         return cls(lambda text: _numpy(translate(text=strings(text))),
@@ -156,7 +174,8 @@ class Translator:
                    n_best, _description or f"SavedModel {path}", read_metadata(path),
                    constrained and (lambda text, prefix, terms: _numpy(constrained(
                        text=strings(text), target_prefix=strings(prefix), required_terms=strings(terms)))),
-                   gradients)
+                   gradients, with_options and (lambda text, given: _numpy(with_options(
+                       text=strings(text), **_setting_tensors({**defaults, **given})))), settings)
 
     @classmethod
     def from_model_dir(cls, model_dir: str, checkpoint: str = "best", average_checkpoints: int = 1,
@@ -189,36 +208,48 @@ class Translator:
                                      shortlist=for_search(model_dir, restored.model, options),
                                      confidence=exporter.graph_confidence([model_dir], log))
         functions = graph.functions()
-        translate, score, constrained = (functions[name] for name in ("translate", "score", "translate_constrained"))
+        translate, score, constrained, with_options = (functions[name] for name in (
+            "translate", "score", "translate_constrained", WITH_OPTIONS_SIGNATURE))
         metadata = exporter.metadata(restored.config, decoding, restored.checkpoint)
         strings = lambda values: tf.constant(values, tf.string)
         return cls(lambda text: _numpy(translate(strings(text))),
                    lambda source, target: _numpy(score(strings(source), strings(target))),
                    options.n_best, f"{model_dir}, {restored.checkpoint}", metadata,
                    lambda text, prefix, terms: _numpy(constrained(strings(text), strings(prefix), strings(terms))),
-                   gradients)
+                   gradients, lambda text, given: _numpy(with_options(strings(text), **_setting_tensors(given))))
 
     @classmethod
     def from_server(cls, address: str, model_name: str = "nmt", version: int = 0,
-                    timeout: float = 60.0) -> "Translator":
-        """A model served over TF Serving's gRPC API (tensorflow_model_server or nmt_tf.serve)."""
+                    timeout: float = 60.0, **settings) -> "Translator":
+        """A model served over TF Serving's gRPC API (tensorflow_model_server
+        or nmt_tf.serve); `settings` as in from_saved_model."""
         startup.quiet_tensorflow_import()      # as the tools: no start-up notices
         where = dict(server=address, model_name=model_name, version=version, timeout=timeout)
         translate = SignatureClient(**where)
         score = SignatureClient("score", **where)
-        try:
-            constrained = SignatureClient("translate_constrained", **where)
-        except ClientError:        # an older export, or one with a shortlist
-            constrained = None
+        optional = {}
+        for name in ("translate_constrained", WITH_OPTIONS_SIGNATURE):
+            try:
+                optional[name] = SignatureClient(name, **where)
+            except ClientError:        # an older export, or (constrained) one with a shortlist
+                optional[name] = None
+        constrained, with_options = optional["translate_constrained"], optional[WITH_OPTIONS_SIGNATURE]
         return cls(lambda text: translate(text=text), lambda source, target: score(source=source, target=target),
                    translate.output_size("nbest_scores", 1) or 1, f"{model_name} at {address}",
                    constrained_fn=constrained and (lambda text, prefix, terms: constrained(
-                       text=text, target_prefix=prefix, required_terms=terms)))
+                       text=text, target_prefix=prefix, required_terms=terms)),
+                   with_options_fn=with_options and (lambda text, given: with_options.call({"text": text}, given)),
+                   settings=settings)
 
     def translate(self, sentences, n_best: int | None = None, batch_size: int = 64, parallel_batches: int = 2,
-                  target_prefix=None, required_terms=None, markup: str | None = None, protect="all"):
+                  target_prefix=None, required_terms=None, markup: str | None = None, protect="all",
+                  beam_size: int | None = None, length_alpha: float | None = None):
         """A `Translation` per sentence (a list for a list; one for a str),
         with at most `n_best` hypotheses (default: all the model returns).
+        `beam_size` and `length_alpha` (over the Translator's `settings`)
+        choose this call's search (the export's translate_with_options
+        signature: beams up to its --max_beam_size; `n_best` then up to
+        `beam_size`); a setting out of range is a ValueError naming it.
         Sentences go in batches of `batch_size` of similar length,
         `parallel_batches` at once (as nmt_tf.translate does).
         `target_prefix`: text each translation starts with (a str for a
@@ -245,13 +276,29 @@ class Translator:
             prepared = [prepare(s.decode("utf-8", errors="replace") if isinstance(s, bytes) else s, markup, kinds)
                         for s in lines]
             lines = [p.text for p in prepared]
-        n_best = self.n_best if n_best is None else n_best
-        if not 1 <= n_best <= self.n_best:
-            raise ValueError(f"n_best={n_best}: this model returns 1 to {self.n_best} hypotheses "
-                             "(export it again with a larger --n_best)")
+        given = {name: value for name, value in (("beam_size", beam_size), ("length_alpha", length_alpha))
+                 if value is not None}
+        settings = {**self.settings, **given}
         items = [(_bytes(s),) for s in lines]
-        call = lambda batch: self._translate([item[0] for item in batch])
+        if settings:
+            if self._with_options is None:
+                raise ValueError(f"{', '.join(sorted(settings))}: {self.description} takes no search settings per "
+                                 "request (an export made before nmt_tf 0.3 has no translate_with_options: export "
+                                 "it again)")
+            if n_best is not None:
+                settings["n_best"] = n_best
+            call = lambda batch: self._searched(settings, [item[0] for item in batch])
+            n_best = n_best or settings.get("n_best") or self.n_best
+        else:
+            n_best = self.n_best if n_best is None else n_best
+            if not 1 <= n_best <= self.n_best:
+                raise ValueError(f"n_best={n_best}: this model returns 1 to {self.n_best} hypotheses "
+                                 "(export it again with a larger --n_best, or ask for a beam_size)")
+            call = lambda batch: self._translate([item[0] for item in batch])
         if target_prefix is not None or required_terms is not None:
+            if settings:
+                raise ValueError("beam_size, n_best and length_alpha choose the search of plain translation: with "
+                                 "target_prefix or required_terms the export's search serves")
             if self._constrained is None:
                 raise ValueError(f"{self.description} has no translate_constrained signature (an export made "
                                  "with --shortlist_size, or before nmt_tf had prefixes and terms): export it again")
@@ -268,6 +315,19 @@ class Translator:
             results = [dataclasses.replace(t, **dict(zip(("text", "markup_warning", "placeholder_warning"), finish(
                 p, t.text, t.source_tokens, t.target_tokens, t.alignment)))) for t, p in zip(results, prepared)]
         return results[0] if single else results
+
+    def _searched(self, settings: dict, texts: list) -> dict:
+        """translate_with_options on one batch; a setting out of its range is a ValueError naming it."""
+        try:
+            return self._with_options(texts, settings)
+        except ClientError as e:
+            if "INVALID_ARGUMENT" in str(e):
+                raise ValueError(str(e)) from None
+            raise
+        except Exception as e:      # the graph's check (tf.errors.InvalidArgumentError), without importing TF here
+            if type(e).__name__ == "InvalidArgumentError":
+                raise ValueError(failed_check_text(getattr(e, "message", str(e)))) from None
+            raise
 
     def score(self, sources, targets, batch_size: int = 64) -> list[PairScore]:
         """log p(target | source) of each pair (lists of equal length)."""
@@ -299,6 +359,13 @@ def join_terms(terms) -> str:
 
 def _bytes(text) -> bytes:
     return text.encode("utf-8") if isinstance(text, str) else text
+
+
+def _setting_tensors(settings: dict) -> dict:
+    """translate_with_options' scalar inputs as tensors of their dtypes."""
+    import tensorflow as tf
+
+    return {name: tf.constant(value, SEARCH_SETTINGS[name]) for name, value in settings.items()}
 
 
 def _numpy(outputs: dict) -> dict:

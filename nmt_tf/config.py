@@ -449,8 +449,18 @@ class ExportConfig(DecodingConfig):
         "(3 x hidden_size + 2 x maxout_size - embedding_size) more values (the default Multi30k model: 151 "
         "instead of 82 MB; BUILD_NOTES.md, 'Decoding speed').")
 
+    max_beam_size: int = setting(
+        "integer", 0,
+        "The widest beam a request of the translate_with_options signature may ask for (it chooses its "
+        "beam_size, n_best and length_alpha; the export's --beam_size, --n_best and --length_alpha are its "
+        "defaults). One search is built per width, so a wider bound makes the export take longer. 0: "
+        "--beam_size.", lower=0)
+
     def __post_init__(self):
         super().__post_init__()
+        if self.max_beam_size and self.max_beam_size < self.search.beam_size:
+            raise ConfigError(f"--max_beam_size={self.max_beam_size}: must be 0 or at least --beam_size "
+                              f"({self.search.beam_size})")
         if self.freeze_token_products and not self.freeze_step_weights:
             raise ConfigError("--freeze_token_products needs --freeze_step_weights (the products are stored "
                               "with the frozen step matrices).")

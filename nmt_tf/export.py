@@ -74,6 +74,20 @@ translate_constrained (serving_default's outputs, steered):
   gives an empty translation. Searches the whole target vocabulary: an
   export with --shortlist_size has no translate_constrained signature.
 
+translate_with_options (serving_default with the request's search settings):
+  inputs   text                [batch] string, raw sentences
+           beam_size           int32 scalar, 1 to --max_beam_size (default: --beam_size)
+           n_best              int32 scalar, 1 to beam_size (default: --n_best)
+           length_alpha        float scalar, 0 to 10 (default: --length_alpha)
+  outputs  serving_default's, with N = the request's n_best
+  Each setting may be left out of a request (the signature's defaults, which
+  TF Serving and nmt_tf.serve fill in). One search is built per beam width up
+  to --max_beam_size; a setting out of its range is INVALID_ARGUMENT naming
+  it and its bound. With tensorflow_model_server's --enable_batching, which
+  batches every input along its first dimension, call serving_default or
+  translate instead: a scalar input cannot be batched there (nmt_tf.serve's
+  batching joins requests of the same settings).
+
 score (forced decoding, for rescoring and phrase scoring):
   inputs   source, target      [batch] string
   outputs  log_prob            [batch] float, log p(target | source), [EOS] included
@@ -102,7 +116,8 @@ absl_flags.DEFINE_enum("format", "savedmodel", ["savedmodel", "litert"],
                        "--runtime=litert without TensorFlow and on devices (docs/litert.md); SentencePiece models "
                        "only, one model (no --ensemble), float32 search, no --shortlist_size or --replace_unk; "
                        "--litert_weights chooses the weights' storage.")
-nmt_flags.define_settings(ExportConfig, ("freeze_step_weights", "freeze_token_products"), module_name=__name__)
+nmt_flags.define_settings(ExportConfig, ("freeze_step_weights", "freeze_token_products", "max_beam_size"),
+                          module_name=__name__)
 
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("model_dir", "ensemble", "max_input_length", "mixed_precision",
                                              "litert_weights", *nmt_flags.SEARCH_FLAGS, *nmt_flags.WEIGHTS_FLAGS))

@@ -16,8 +16,14 @@ TensorFlow (--litert_model=FOLDER, from nmt_tf.export --format=litert; or
 the same outputs; one sentence at a time 2.4-3.1x as fast as the SavedModel
 on an AMX Xeon, batches of 64 slower from beam 3 up (docs/litert.md). Its
 search runs here, so --beam_size, --length_penalty and --length_alpha
-apply (and --n_best up to --beam_size when that is given), where a
-SavedModel fixed them at export.
+apply (and --n_best up to --beam_size when that is given).
+
+A SavedModel, a preset or a server takes --beam_size and --length_alpha
+too (and then --n_best up to --beam_size): the lines go through the
+export's translate_with_options signature, which searches with the
+request's settings (beams up to the export's --max_beam_size; the preset's:
+10). Without them the export's own settings serve; --length_penalty stays
+the export's.
 
 With --saved_model the SavedModel runs in this process (--preset: the
 SavedModel of a model shipped with nmt_tf, built on first use; see
@@ -63,7 +69,7 @@ Output: plain text, one translation per line. With --with_scores,
    "alignment": [[...], ...], "truncated": false}                 (--with_alignments)
 alignment[i][j] is the weight of source token j when output token i was
 generated; both token lists end with "[EOS]". --n_best cannot exceed the
-n-best size fixed at export. Input longer than the export's
+n-best size fixed at export (or --beam_size, when given). Input longer than the export's
 --max_input_length tokens is cut (its "truncated" is true; in plain-text
 mode a warning goes to stderr); so is a --target_prefix line. Undecodable bytes become U+FFFD. On a
 terminal, progress with an ETA goes to stderr.
@@ -85,6 +91,7 @@ from nmt_tf.inference.client import ClientError, SignatureClient
 from nmt_tf.inference.glossary import Glossary
 from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.markup import KINDS
+from nmt_tf.inference.translation_graph import WITH_OPTIONS_SIGNATURE
 from nmt_tf.inference.translation import (
     CONSTRAINED_SIGNATURE,
     TranslationError,
@@ -132,11 +139,23 @@ absl_flags.DEFINE_string(
     "commas. A lone digit is left to the model; n-best lists keep the masks (docs/translating.md, 'Placeholders').")
 TOOL_FLAGS = nmt_flags.tool_flags(__name__, ("saved_model", "preset", "server", "model_name", "timeout", "input",
                                              "output", "lines_per_batch", "sort_window", "parallel_batches", "n_best",
-                                             "runtime", "litert_model", "litert_weights", "litert_threads"))
+                                             "beam_size", "length_alpha", "runtime", "litert_model", "litert_weights", "litert_threads"))
 
 
 # With --runtime=litert the search runs here: these search flags are honoured (a SavedModel fixed them).
 LITERT_SEARCH_FLAGS = ("beam_size", "length_penalty", "length_alpha")
+# A SavedModel, preset or server takes these per request (translate_with_options), --n_best with them.
+REQUEST_SEARCH_FLAGS = ("beam_size", "length_alpha")
+
+
+def request_settings() -> dict:
+    """The search settings the command line gives for translate_with_options
+    ({} when none: the export's own search serves, through serving_default)."""
+    FLAGS = absl_flags.FLAGS
+    settings = {name: FLAGS[name].value for name in REQUEST_SEARCH_FLAGS if FLAGS[name].present}
+    if settings and FLAGS["n_best"].present:
+        settings["n_best"] = FLAGS.n_best
+    return settings
 
 
 def litert_client(outputs: list[str]):
@@ -175,10 +194,15 @@ def main(argv):
         else:
             saved_model = presets.saved_model_for(FLAGS.saved_model, FLAGS.preset,
                                                   log=lambda *a: print(*a, file=sys.stderr))
-            signature = CONSTRAINED_SIGNATURE if steering else "serving_default"
+            settings = request_settings()
+            if settings and steering:
+                raise ValueError("--beam_size and --length_alpha choose the search of plain translation: with "
+                                 "--target_prefix, --required_terms or --glossary the export's search serves")
+            signature = (CONSTRAINED_SIGNATURE if steering else WITH_OPTIONS_SIGNATURE if settings
+                         else "serving_default")
             client = SignatureClient(signature, saved_model=saved_model, server=FLAGS.server,
                                      model_name=FLAGS.model_name, version=FLAGS.model_version, timeout=FLAGS.timeout,
-                                     outputs=outputs)
+                                     outputs=outputs, settings=settings)
         progress = Progress(count_lines(FLAGS.input) if sys.stderr.isatty() and FLAGS.input else None)
         out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
         try:

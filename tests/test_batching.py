@@ -200,6 +200,34 @@ def test_requests_with_different_output_filters_share_one_queue(batching_server)
         assert sorted(reply.outputs) == sorted(wanted)
 
 
+def test_requests_with_other_search_settings_are_never_merged(batching_server, exported):
+    """Issue 91: translate_with_options requests are batched with those of
+    the same settings only, and each gets the translation of its own
+    settings (the SavedModel's, alone)."""
+    stub, batcher = batching_server["predict"], batching_server["batcher"]
+    settings = [(1, 0.5), (3, 1.0), (1, 0.5), (3, 1.0), (2, 1.0), (1, 0.5)]
+
+    def ask(i):
+        beam, alpha = settings[i]
+        return stub.Predict(request(signature="translate_with_options",
+                                    text=tf.make_tensor_proto([SENTENCES[i]], dtype=tf.string),
+                                    beam_size=tf.make_tensor_proto(beam, dtype=tf.int32),
+                                    length_alpha=tf.make_tensor_proto(alpha, dtype=tf.float32)), timeout=60)
+
+    before = batcher.batches_run
+    with concurrent.futures.ThreadPoolExecutor(len(settings)) as pool:
+        replies = list(pool.map(ask, range(len(settings))))
+    runs = batcher.batches_run - before
+    assert len(set(settings)) <= runs < len(settings)           # joined within settings, never across
+    local = tf.saved_model.load(exported[2]).signatures["translate_with_options"]
+    for i, reply in enumerate(replies):
+        beam, alpha = settings[i]
+        alone = local(text=tf.constant([SENTENCES[i]]), beam_size=tf.constant(beam), n_best=tf.constant(0),
+                      length_alpha=tf.constant(alpha))
+        assert tf.make_ndarray(reply.outputs["translation"])[0] == alone["translation"].numpy()[0]
+        assert tf.make_ndarray(reply.outputs["nbest_translations"]).shape == alone["nbest_translations"].shape
+
+
 def test_batching_keeps_tf_servings_errors(batching_server):
     stub = batching_server["predict"]
     code, details = status_of(lambda: stub.Predict(request(SENTENCES + ["One more."]), timeout=60))

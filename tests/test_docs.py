@@ -143,7 +143,7 @@ def test_each_tool_lists_its_own_flags_and_refuses_other_tools_flags(tool):
 def test_search_flags_with_a_saved_model_are_refused_as_fixed_at_export(tmp_path):
     from conftest import run_cli
 
-    for tool, args in (("translate", ["--beam_size=1"]),
+    for tool, args in (("translate", ["--length_penalty=gnmt"]),
                        ("evaluate", ["--beam_size=1", "--mixed_precision=mixed_bfloat16", "--src=a", "--ref=b"]),
                        ("visualize", ["--length_alpha=0.5", "--text=x"])):
         done = run_cli("-m", f"nmt_tf.{tool}", f"--saved_model={tmp_path}", *args, timeout=120)

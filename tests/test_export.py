@@ -167,6 +167,54 @@ def test_translation_equals_the_python_search(exported, signatures):
     assert got["score"].numpy()[0] == pytest.approx(float(out["scores"][0, 0]), rel=1e-5)
 
 
+def test_translate_with_options_searches_with_the_requests_settings(exported, signatures):
+    """translate_with_options: left out, a setting is the export's (the
+    outputs of translate, exactly); given, the search is the Python search
+    at that beam, n-best and length alpha; out of range, one error naming
+    the setting and its bound (issue 91)."""
+    import dataclasses
+
+    from nmt_tf.inference.translation_graph import failed_check_text
+
+    text = tf.constant(["A man in a blue shirt.", "Two dogs run.", ""])
+    with_options = signatures["translate_with_options"]
+    from tensorflow.python.saved_model import loader_impl
+
+    signature_def = loader_impl.parse_saved_model(exported[2]).meta_graphs[0].signature_def["translate_with_options"]
+    assert {alias: tf.make_ndarray(value).item() for alias, value in signature_def.defaults.items()} == {
+        "beam_size": 3, "n_best": 0, "length_alpha": 1.0}          # TF Serving and nmt_tf.serve fill these in
+    defaults = with_options(text=text, **{alias: tf.constant(tf.make_ndarray(value))
+                                          for alias, value in signature_def.defaults.items()})
+    plain = signatures["translate"](text=text)
+    assert set(defaults) == set(plain)
+    for alias in plain:
+        np.testing.assert_array_equal(defaults[alias].numpy(), plain[alias].numpy())
+    model, src_tok, tgt_tok = restore_model(exported[0], log=lambda *a: None)[:3]
+    ids = tf.concat([src_tok.encode(text[:2]).to_tensor(), tf.fill([2, 1], 3)], axis=1)
+    for beam, asked, alpha in ((1, 0, 1.0), (2, 2, 0.0), (3, 3, 0.6), (3, 0, 1.0)):
+        n_best = asked or min(OPTIONS.n_best, beam)        # 0: the export's, at most the beam
+        options = dataclasses.replace(OPTIONS, beam_size=beam, n_best=n_best, length_alpha=alpha)
+        want = search.search(model, ids, options)
+        got = with_options(text=text[:2], beam_size=tf.constant(beam), n_best=tf.constant(asked),
+                           length_alpha=tf.constant(alpha))
+        assert got["nbest_translations"].shape == (2, n_best)
+        for rank in range(n_best):
+            assert list(got["nbest_translations"].numpy()[:, rank]) == list(
+                tgt_tok.decode(want["tokens"][:, rank]).numpy())
+        np.testing.assert_allclose(got["nbest_scores"].numpy(), want["scores"].numpy(), rtol=1e-5)
+    for settings, message in (((4, 1, 1.0), "beam_size must be at most 3, the widest beam of this export"),
+                              ((0, 1, 1.0), "beam_size must be at least 1"),
+                              ((2, 3, 1.0), "n_best must be at most beam_size"),
+                              ((2, -1, 1.0), "n_best must be at least 1 (or 0: the n-best of the export"),
+                              ((2, 1, -1.0), "length_alpha must be at least 0"),
+                              ((2, 1, 11.0), "length_alpha must be at most 10")):
+        beam, n_best, alpha = settings
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            with_options(text=text, beam_size=tf.constant(beam), n_best=tf.constant(n_best),
+                         length_alpha=tf.constant(alpha))
+        assert failed_check_text(error.value.message).startswith(message), error.value.message
+
+
 PREFIXES = ["Un homme", "", "Deux  chiens Zyxwvq ", "Un homme, en 3 mots"]
 
 
@@ -636,7 +684,7 @@ def test_a_litert_search_is_chosen_per_client_and_checked(litert_export, tmp_pat
                    f"--input={source}", "--beam_size=2", "--n_best=2")
     assert done.returncode == 0, done.stderr[-2000:]
     assert [len(json.loads(line)["nbest"]) <= 2 for line in done.stdout.splitlines()] == [True, True]
-    refused = run_cli("-m", "nmt_tf.translate", f"--saved_model={litert_export}", "--beam_size=2")
+    refused = run_cli("-m", "nmt_tf.translate", f"--saved_model={litert_export}", "--length_penalty=gnmt")
     assert refused.returncode == 1 and "fixed when the SavedModel was exported" in refused.stderr
 
 
@@ -808,8 +856,25 @@ def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tens
             model_spec={"name": "nmt"}, metadata_field=["signature_def"]), timeout=60)
         signatures = get_model_metadata_pb2.SignatureDefMap()
         metadata.metadata["signature_def"].Unpack(signatures)
-        assert sorted(signatures.signature_def) == ["score", "serving_default"]
+        assert sorted(signatures.signature_def) == ["score", "serving_default", "translate_with_options"]
         assert signatures.signature_def["serving_default"].outputs["nbest_translations"].tensor_shape.dim[1].size == 2
+        # translate_with_options (issue 91): the host search with the request's settings; left out: the export's
+        request.model_spec.signature_name = "translate_with_options"
+        request.inputs["beam_size"].CopyFrom(tf.make_tensor_proto(1, dtype=tf.int32))
+        greedy = stub.Predict(request, timeout=60)
+        want_greedy = LiteRTClient(litert_export, search={"beam_size": 1, "n_best": 1})(text=lines)
+        for alias in ("translation", "nbest_translations", "score"):
+            np.testing.assert_array_equal(tf.make_ndarray(greedy.outputs[alias]), want_greedy[alias], err_msg=alias)
+        del request.inputs["beam_size"]
+        defaulted = stub.Predict(request, timeout=60)
+        np.testing.assert_array_equal(tf.make_ndarray(defaulted.outputs["nbest_translations"]),
+                                      want["nbest_translations"])
+        request.inputs["beam_size"].CopyFrom(tf.make_tensor_proto(4, dtype=tf.int32))
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Predict(request, timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith("beam_size must be at most 3"), refused.value.details()
+        del request.inputs["beam_size"]
         body = json.dumps({"instances": ["A dog runs in the snow."]}).encode()
         rest = json.loads(urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{rest_port}/v1/models/nmt:predict", data=body), timeout=60).read())

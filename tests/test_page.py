@@ -185,6 +185,36 @@ def test_a_sentence_is_translated_with_its_nbest_list_and_heatmap(server, browse
     assert not errors, errors          # no script error, nothing refused by the page's policy, no missing file
 
 
+def test_a_chosen_beam_is_asked_for_and_its_translation_shown(server, browser, exported):
+    """Issue 91: the page offers the beams of the export's
+    translate_with_options (1 to 3 here, 3 the served default); with one
+    chosen, the request asks for it (markup and protect still work) and the
+    page shows that search's translation and n-best list."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    load(browser, server + "/")
+    assert not browser.find_element(By.ID, "beam-option").get_attribute("hidden")
+    choice = Select(browser.find_element(By.ID, "beam"))
+    assert [o.text for o in choice.options] == ["1", "2", "3 (served default)"]
+    choice.select_by_visible_text("1")
+    browser.find_element(By.ID, "markup").click()
+    browser.find_element(By.ID, "source").send_keys("A <b>man</b> in a blue shirt.")
+    browser.find_element(By.ID, "submit").click()
+    WebDriverWait(browser, 60).until(lambda b: not b.find_element(By.ID, "result").get_attribute("hidden")
+                                     or not b.find_element(By.ID, "message").get_attribute("hidden"))
+    assert browser.find_element(By.ID, "result").get_attribute("hidden") is None, \
+        browser.find_element(By.ID, "message").text
+    greedy = SignatureClient("translate_with_options", saved_model=exported[2],
+                             settings={"beam_size": 1})(text=["A man in a blue shirt."])
+    shown = browser.find_element(By.ID, "translation").text
+    assert shown.replace("<b>", "").replace("</b>", "").split() == greedy["translation"][0].decode().split()
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#nbest li")) == 1
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("   ", "The line is empty"),
     ("word " * 500, "this page translates lines of at most 2,000 characters"),

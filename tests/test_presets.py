@@ -25,7 +25,8 @@ def tiny_preset(exported, tmp_path_factory):
     model_dir, _, _ = exported
     folder = str(tmp_path_factory.mktemp("presets") / "tiny_en_fr")
     presets.create(model_dir, folder, "tiny_en_fr", weights="best", weights_dtype="float32",
-                   export_settings={"beam_size": 3, "n_best": 2, "max_input_length": 20}, log=lambda *a: None)
+                   export_settings={"beam_size": 3, "n_best": 2, "max_input_length": 20, "max_beam_size": 3},
+                   log=lambda *a: None)
     cache = str(tmp_path_factory.mktemp("cache"))
     return folder, cache, presets.build(folder, cache, log=lambda *a: None)
 
@@ -207,6 +208,33 @@ def test_the_translator_of_a_model_dir_or_a_preset_translates_alike(tiny_preset,
         from_dir.translate(SENTENCES[0], required_terms=["un\tdeux"])
     with pytest.raises(ValueError, match="17 required terms for one sentence; the model takes at most 16"):
         from_dir.translate(SENTENCES[0], required_terms=["chien"] * 17)
+
+
+def test_the_translator_takes_search_settings_per_call_and_per_translator(tiny_preset, exported):
+    """Issue 91: a SavedModel Translator searches with the beam, n-best and
+    length alpha a call (or the Translator) asks for, as the model directory
+    searched with those settings does; a setting out of range is one
+    ValueError naming its bound."""
+    import nmt_tf
+
+    translator = nmt_tf.Translator.from_saved_model(tiny_preset[2])
+    greedy = translator.translate(SENTENCES, beam_size=1, length_alpha=0.5)
+    reference = nmt_tf.Translator.from_model_dir(exported[0], beam_size=1, n_best=1, length_alpha=0.5,
+                                                 max_input_length=20)
+    assert [r.text for r in greedy] == [r.text for r in reference.translate(SENTENCES)]
+    assert all(len(r.nbest) <= 1 for r in greedy)
+    wide = translator.translate(SENTENCES[0], beam_size=3, n_best=3)
+    assert 2 <= len(wide.nbest) <= 3 and wide.nbest[0][0] == wide.text
+    fixed = nmt_tf.Translator.from_preset(tiny_preset[0], cache_dir=tiny_preset[1], beam_size=1, length_alpha=0.5)
+    assert [r.text for r in fixed.translate(SENTENCES)] == [r.text for r in greedy]
+    assert [r.text for r in translator.translate(SENTENCES)] == [r.text for r in translator.translate(
+        SENTENCES, beam_size=3)]                                 # the export's beam, either way
+    with pytest.raises(ValueError, match="beam_size must be at most 3, the widest beam of this export"):
+        translator.translate(SENTENCES[0], beam_size=4)
+    with pytest.raises(ValueError, match="n_best must be at most beam_size"):
+        translator.translate(SENTENCES[0], beam_size=1, n_best=2)
+    with pytest.raises(ValueError, match="the export's search serves"):
+        translator.translate(SENTENCES[0], beam_size=1, target_prefix="Un")
 
 
 def test_a_dropped_translator_lets_go_of_its_graphs_and_a_live_one_keeps_translating(tiny_preset, exported):

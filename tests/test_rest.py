@@ -128,6 +128,27 @@ def test_rest_and_grpc_give_the_same_outputs(server, signature, inputs, form):
         assert_same(got[alias], value)
 
 
+def test_translate_with_options_takes_its_settings_as_scalar_inputs(server):
+    """Issue 91 over REST, in TF Serving's columnar form: the settings are
+    scalars beside the text; left out, they are the export's."""
+    texts = ["A man in a blue shirt.", "Two dogs run."]
+    code, greedy = rest(server, "/v1/models/nmt:predict", {
+        "signature_name": "translate_with_options", "inputs": {"text": texts, "beam_size": 1, "length_alpha": 0.5}})
+    assert code == 200, greedy
+    want = grpc_outputs(server, "translate_with_options", text=texts)      # the export's settings
+    code, defaulted = rest(server, "/v1/models/nmt:predict", {"signature_name": "translate_with_options",
+                                                              "inputs": {"text": texts}})
+    assert code == 200 and len(defaulted["outputs"]["nbest_translations"][0]) == 2
+    assert_same(defaulted["outputs"]["translation"], want["translation"])
+    assert len(greedy["outputs"]["nbest_translations"][0]) == 1
+    code, rows = rest(server, "/v1/models/nmt:predict", {"signature_name": "translate_with_options",
+                                                         "instances": texts})     # rows: the settings left out
+    assert code == 200 and [row["translation"] for row in rows["predictions"]] == defaulted["outputs"]["translation"]
+    code, refused = rest(server, "/v1/models/nmt:predict", {"signature_name": "translate_with_options",
+                                                            "inputs": {"text": texts, "beam_size": 11}})
+    assert code == 400 and refused["error"].startswith("beam_size must be at most 3"), refused
+
+
 def test_output_filter_is_grpc_only_and_other_keys_are_ignored(server):
     """TF Serving's REST API has no output_filter; unknown top-level keys are ignored, as there."""
     code, out = rest(server, "/v1/models/nmt:predict", {"instances": ["A man."], "output_filter": ["score"]})

@@ -125,6 +125,40 @@ def test_output_filter_and_score_signature(server):
     assert tf.make_ndarray(scored.outputs["log_prob"]).shape == (1,)
 
 
+def test_translate_with_options_over_grpc_fills_in_defaults_and_checks_the_settings(server, exported):
+    """Issue 91: a request of translate_with_options that leaves a setting
+    out gets the export's (as TF Serving fills in a signature's defaults);
+    one that gives them gets that search; a beam over the export's widest is
+    one INVALID_ARGUMENT naming the bound, before any work."""
+    texts = ["A man in a blue shirt.", "Two dogs run."]
+    text = tf.make_tensor_proto(texts, dtype=tf.string)
+    plain = server["predict"].Predict(request(texts), timeout=60)
+    defaulted = server["predict"].Predict(request(signature="translate_with_options", text=text), timeout=60)
+    assert defaulted.model_spec.signature_name == "translate_with_options"
+    for key in plain.outputs:
+        np.testing.assert_array_equal(tf.make_ndarray(defaulted.outputs[key]), tf.make_ndarray(plain.outputs[key]))
+    local = tf.saved_model.load(exported[2]).signatures["translate_with_options"](
+        text=tf.constant(texts), beam_size=tf.constant(1), n_best=tf.constant(1), length_alpha=tf.constant(0.5))
+    greedy = server["predict"].Predict(request(signature="translate_with_options", text=text,
+                                               beam_size=tf.make_tensor_proto(1, dtype=tf.int32),
+                                               length_alpha=tf.make_tensor_proto(0.5, dtype=tf.float32)),
+                                       timeout=60)
+    for key in ("translation", "score", "nbest_translations"):
+        np.testing.assert_array_equal(tf.make_ndarray(greedy.outputs[key]), local[key].numpy())
+    for inputs, fragment in (
+            (dict(beam_size=tf.make_tensor_proto(99, dtype=tf.int32)),
+             "beam_size must be at most 3, the widest beam of this export (nmt_tf.export --max_beam_size)"),
+            (dict(n_best=tf.make_tensor_proto(3, dtype=tf.int32), beam_size=tf.make_tensor_proto(2, dtype=tf.int32)),
+             "n_best must be at most beam_size"),
+            (dict(beam_size=tf.make_tensor_proto([2], dtype=tf.int32)), "input beam_size must have rank 0"),
+            (dict(beam_size=tf.make_tensor_proto(2, dtype=tf.int64)), "Expects arg[0] to be int32 but int64")):
+        code, details = status_of(lambda: server["predict"].Predict(
+            request(signature="translate_with_options", text=text, **inputs), timeout=60))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(fragment) or fragment in details, \
+            details
+    still_serving(server)
+
+
 def test_metadata_and_status(server):
     meta_req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
     meta_req.model_spec.name = "nmt"
@@ -374,6 +408,28 @@ def test_translate_cli_through_the_server_and_locally(server, cli_source, transl
     lines = via_server.stdout.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""        # one line per input line, order kept
     assert via_server.stdout == translated_locally
+
+
+def test_translate_cli_chooses_the_search_through_the_server_and_locally(server, exported, cli_source):
+    """Issue 91: --beam_size and --length_alpha with a SavedModel or a server
+    go through translate_with_options: the same lines either way, those of
+    that search (the SavedModel's signature called with the settings); a
+    beam over the export's widest is one error line."""
+    settings = ("--beam_size=1", "--length_alpha=0.5")
+    runs = [run_cli("-m", "nmt_tf.translate", where, f"--input={cli_source}", *settings, "--with_scores")
+            for where in (f"--server=127.0.0.1:{server['port']}", f"--saved_model={exported[2]}")]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout
+    records = [json.loads(line) for line in runs[0].stdout.splitlines()]
+    sentences = cli_source.read_text().splitlines()
+    want = tf.saved_model.load(exported[2]).signatures["translate_with_options"](
+        text=tf.constant(sentences), beam_size=tf.constant(1), n_best=tf.constant(1), length_alpha=tf.constant(0.5))
+    assert [r["translation"] for r in records] == [t.decode() for t in want["translation"].numpy()]
+    wide = run_cli("-m", "nmt_tf.translate", f"--saved_model={exported[2]}", f"--input={cli_source}",
+                   "--beam_size=4")
+    assert wide.returncode == 1 and "beam_size must be at most 3" in wide.stderr, wide.stderr[-2000:]
+    assert len([line for line in wide.stderr.splitlines() if not line.startswith("E0000")]) == 1, wide.stderr
 
 
 def test_translate_cli_with_target_prefixes_through_the_server_and_locally(server, exported, cli_source,

@@ -104,6 +104,8 @@ def export_litert(model_dir, export_dir: str, config: ExportConfig | None = None
                 "format": "nmt_tf-litert", "format_version": FORMAT_VERSION,
                 **metadata(trained, config, restored.checkpoint),
                 "weights": weights, "vocab_size": restored.target_tokenizer.vocab_size, "step_beams": beams,
+                # the widest beam a served request may ask for (nmt_tf.serve's translate_with_options)
+                "max_beam_size": max(config.max_beam_size, config.search.beam_size),
                 **({"host_embeddings": host_embeddings} if host_embeddings else {}),
                 "files": {"model": MODEL_FILE, **files},
                 "card": dict(card or {}),

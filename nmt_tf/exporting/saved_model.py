@@ -77,6 +77,7 @@ def write_metadata(saved_model_dir: str, model_dirs: list[str], trained, decodin
     meta = {"format_version": METADATA_FORMAT,
             **metadata(trained, decoding, relative(checkpoint) if os.path.isabs(checkpoint) else checkpoint),
             "model_dirs": [relative(d) for d in model_dirs], "replace_unk": decoding.replace_unk,
+            "max_beam_size": max(getattr(decoding, "max_beam_size", 0), decoding.search.beam_size),
             "unk_dictionary": decoding.unk_dictionary if decoding.replace_unk else None,
             "asset_sha256": asset_digests(saved_model_dir)}
     with open(os.path.join(extra, EXPORT_METADATA), "w", encoding="utf-8") as f:
@@ -190,12 +191,13 @@ def _export(model_dir, export_dir: str, config: ExportConfig | None, version: in
     step_weights = (model.freeze_step_weights(config.freeze_token_products, output_layer=shortlist is None)
                     if config.freeze_step_weights else [])
     module = TranslationGraph(model, src_tok, tgt_tok, options, config.max_input_length, unk_replacement,
-                              shortlist, graph_confidence(model_dirs, log)).module()
+                              shortlist, graph_confidence(model_dirs, log), config.max_beam_size).module()
     module.step_weights = step_weights
     # The tf.functions, not concrete functions: tf.saved_model.save traces them in its own context,
     # where a function traced before would be traced again (the save's variable policy is part of the
     # tracing key), so each is traced once.
-    signatures = {"serving_default": module.translate, "translate": module.translate, "score": module.score}
+    signatures = {"serving_default": module.translate, "translate": module.translate, "score": module.score,
+                  "translate_with_options": module.translate_with_options}
     if shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export leaves out
         signatures["translate_constrained"] = module.translate_constrained
     try:
@@ -210,6 +212,7 @@ def _export(model_dir, export_dir: str, config: ExportConfig | None, version: in
         _remove_new(tmp, export_dir if created else None)
         raise
     log(f"Exported {final} (beam {options.beam_size}, n-best {options.n_best}"
+        f"{f', requests may ask for beams up to {config.max_beam_size}' if config.max_beam_size > options.beam_size else ''}"
         f"{f', shortlist of {options.shortlist_size}, no translate_constrained' if shortlist is not None else ''}"
         f"{'' if config.precision == 'float32' else f', {config.precision}'}"
         f"{f', an ensemble of {len(model_dirs)} models' if len(model_dirs) > 1 else ''}).\n"

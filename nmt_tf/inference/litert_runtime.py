@@ -630,8 +630,12 @@ class LiteRTClient:
             return self.options["n_best"]
         return None
 
-    def __call__(self, text) -> dict:
+    def __call__(self, text, search: dict | None = None) -> dict:
+        """The outputs for a string vector; `search`: settings for this call
+        over the client's (checked_search)."""
         model, options = self.model, self.options
+        if search:
+            options = {**options, **checked_search(search, options)}
         lines = list(text)
         sources = [model.source(line) for line in lines]
         n = options["n_best"]

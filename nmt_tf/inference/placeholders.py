@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import numpy as np
 
 from nmt_tf.inference.markup import word_alignment, words_of_tokens
 

@@ -85,6 +85,25 @@ def read_metadata(saved_model_dir: str) -> dict:
     return meta
 
 
+def signature_defaults(path: str, name: str) -> dict:
+    """The default values of a SavedModel signature's inputs, as Python
+    numbers by input name (translate_with_options' search settings; TF
+    Serving fills them in for a request that leaves them out, but a
+    signature called in Python takes every input). {} for a signature
+    without defaults; FileNotFoundError as load_saved_model's."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    with _loading(path):
+        with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+            saved_model.ParseFromString(f.read())
+    signature = saved_model.meta_graphs[0].signature_def.get(name) if saved_model.meta_graphs else None
+    if signature is None:
+        return {}
+    return {alias: tf.make_ndarray(value).item() for alias, value in signature.defaults.items()}
+
+
 def load_signature(path: str, name: str = "serving_default"):
     """One signature of an nmt_tf SavedModel (see `load_saved_model`)."""
     signatures = load_saved_model(path).signatures

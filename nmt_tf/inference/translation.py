@@ -243,8 +243,8 @@ def translate_lines(client, lines, out, batch_size: int, n_best: int, with_score
         raise TranslationError(f"{client.where} has no confidence output: export a model directory that holds "
                                "a confidence calibrator (confidence.json; docs/translating.md, 'Confidence'), or "
                                "use a preset that ships one")
-    exported = client.output_size("nbest_scores", 1)
-    if n_best > exported:
+    exported = client.output_size("nbest_scores", 1)       # None: the request chooses (translate_with_options)
+    if exported is not None and n_best > exported:
         raise TranslationError(f"--n_best={n_best} but the model was exported with n-best "
                                f"{exported} (re-export with --n_best={n_best})")
     window_size = max(sort_window, batch_size)

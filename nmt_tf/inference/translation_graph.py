@@ -13,8 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 MAX_REQUIRED_TERMS = 16      # per sentence: each term adds a bank to its beam (nmt_tf.inference.constraints)
+MAX_LENGTH_ALPHA = 10.0      # the largest length_alpha a translate_with_options request may ask for
+# The signature whose requests choose their search, and its settings' dtypes (scalar inputs with defaults).
+WITH_OPTIONS_SIGNATURE = "translate_with_options"
+SEARCH_SETTINGS = {"beam_size": "int32", "n_best": "int32", "length_alpha": "float32"}
+
+
+def failed_check_text(message: str) -> str:
+    """A graph's failed check as its own words ("beam_size must be at most
+    10, ...") instead of TensorFlow's wrapping of them (the function's node
+    name, the condition and the values); another message as it is."""
+    found = re.search(r"assertion failed: \[(.*?)\]", message, re.S)
+    return found.group(1).replace("\\'", "'") if found else message
 
 
 class UnkReplacement:
@@ -115,7 +128,8 @@ class TranslationGraph:
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, max_input_length: int,
-                 unk_replacement: UnkReplacement | None = None, shortlist=None, confidence=None):
+                 unk_replacement: UnkReplacement | None = None, shortlist=None, confidence=None,
+                 max_beam_size: int | None = None):
         import tensorflow as tf
 
         self.tf = tf
@@ -127,6 +141,8 @@ class TranslationGraph:
         self.unk_replacement = unk_replacement
         self.shortlist = shortlist          # nmt_tf.data.lexicon.LexicalShortlist, for options.shortlist_size
         self.confidence = confidence        # nmt_tf.inference.confidence.GraphConfidence: a confidence output
+        # The widest beam a translate_with_options request may ask for (a search is built for each width).
+        self.max_beam_size = max(max_beam_size or options.beam_size, options.beam_size)
 
     def _ids(self, tokenizer, text, add_bos=False):
         """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
@@ -171,6 +187,35 @@ class TranslationGraph:
             tf.debugging.assert_equal(tf.size(text), tf.size(value),
                                       message=f"text and {name} must have the same number of sentences")
         return self._translate(text, target_prefix, required_terms)
+
+    def translate_with_options(self, text, beam_size, n_best, length_alpha):
+        """`translate` with the search settings of the request: beam_size in
+        [1, max_beam_size], n_best in [1, beam_size] (0: the export's n-best,
+        or beam_size if that is less) and length_alpha in [0,
+        MAX_LENGTH_ALPHA] (scalars; the signature's defaults are the
+        export's beam and alpha, and n_best 0). A setting out of its range is
+        an InvalidArgumentError naming it and its bound. One search is built
+        per beam width, and the request's runs (`tf.switch_case`)."""
+        tf = self.tf
+        limit = self.max_beam_size
+        checks = [
+            tf.debugging.assert_greater_equal(beam_size, 1, message="beam_size must be at least 1"),
+            tf.debugging.assert_less_equal(beam_size, limit, message=(
+                f"beam_size must be at most {limit}, the widest beam of this export (nmt_tf.export "
+                "--max_beam_size)")),
+            tf.debugging.assert_greater_equal(n_best, 0, message=(
+                "n_best must be at least 1 (or 0: the n-best of the export, at most beam_size)")),
+            tf.debugging.assert_less_equal(n_best, beam_size, message="n_best must be at most beam_size"),
+            tf.debugging.assert_greater_equal(length_alpha, 0.0, message="length_alpha must be at least 0"),
+            tf.debugging.assert_less_equal(length_alpha, MAX_LENGTH_ALPHA, message=(
+                f"length_alpha must be at most {MAX_LENGTH_ALPHA:g}")),
+        ]
+        with tf.control_dependencies(checks):
+            index = tf.identity(beam_size) - 1
+            n_best = tf.where(n_best > 0, n_best, tf.minimum(self.options.n_best, beam_size))
+        branch = lambda k: lambda: self._translate(text, options=_RequestOptions(self.options, k, n_best,
+                                                                                 length_alpha))
+        return tf.switch_case(index, [branch(k) for k in range(1, limit + 1)])
 
     def _required_terms(self, required_terms):
         """Tab-separated terms -> (ids [B, C, L] 0-padded, their tokens [B, C, L]
@@ -226,14 +271,14 @@ class TranslationGraph:
         tokens = whole[:, :self.max_input_length]
         return self._dense(self._target_ids(tokens)), tokens.to_tensor(""), given, cut
 
-    def _translate(self, text, target_prefix=None, required_terms=None):
+    def _translate(self, text, target_prefix=None, required_terms=None, options=None):
         from nmt_tf.data.text import PAD_ID, UNK_ID
         from nmt_tf.inference.search import search
 
         tf = self.tf
         source, _, source_tokens, truncated, empty = self._ids(self.source_tokenizer, text)
         source = self._dense(source)
-        options, shortlist, prefix_ids, term_ids = self.options, self.shortlist, None, None
+        options, shortlist, prefix_ids, term_ids = options or self.options, self.shortlist, None, None
         if target_prefix is not None:
             options, shortlist = dataclasses.replace(options, shortlist_size=0), None
             prefix_ids, prefix_tokens, given, prefix_cut = self._prefix(target_prefix)
@@ -319,6 +364,7 @@ class TranslationGraph:
             module.confidence_tokens = self.confidence.table         # the calibrator's frequent source tokens
         functions = self.functions()
         module.translate = functions["translate"]
+        module.translate_with_options = functions["translate_with_options"]
         if self.shortlist is None:      # forced tokens need the whole output layer, which a shortlist's export drops
             module.translate_constrained = functions["translate_constrained"]
         module.score = functions["score"]
@@ -331,11 +377,30 @@ class TranslationGraph:
         its source changed nothing and cost ~40 % of an export's time."""
         tf = self.tf
         strings = lambda *names: [tf.TensorSpec([None], tf.string, name=name) for name in names]
+        # Tensors as defaults: tf.saved_model.save writes those (only) as the signature's defaults.
+        defaults = (tf.constant(self.options.beam_size, tf.int32), tf.constant(0, tf.int32),
+                    tf.constant(self.options.length_alpha, tf.float32))
+        with_options = lambda text, beam_size=defaults[0], n_best=defaults[1], length_alpha=defaults[2]: \
+            self.translate_with_options(text, beam_size, n_best, length_alpha)
         return {"translate": tf.function(self.translate, autograph=False, input_signature=strings("text")),
+                "translate_with_options": tf.function(with_options, autograph=False, input_signature=[
+                    *strings("text"), tf.TensorSpec([], tf.int32, name="beam_size"),
+                    tf.TensorSpec([], tf.int32, name="n_best"), tf.TensorSpec([], tf.float32, name="length_alpha")]),
                 "translate_constrained": tf.function(self.translate_constrained, autograph=False,
                                                      input_signature=strings("text", "target_prefix",
                                                                              "required_terms")),
                 "score": tf.function(self.score, autograph=False, input_signature=strings("source", "target"))}
+
+
+class _RequestOptions:
+    """An export's SearchOptions with a request's beam width (a Python int:
+    one search is built per width) and its n_best and length_alpha (scalar
+    tensors, read where the search reads them)."""
+
+    def __init__(self, options, beam_size: int, n_best, length_alpha):
+        for field in dataclasses.fields(options):
+            setattr(self, field.name, getattr(options, field.name))
+        self.beam_size, self.n_best, self.length_alpha = beam_size, n_best, length_alpha
 
 
 def _overlay(tf, tokens, prefix_tokens):

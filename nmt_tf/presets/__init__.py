@@ -270,11 +270,13 @@ def _write_model_dir(folder: str, manifest: dict, out: str) -> None:
 
 
 def _export_config(settings: dict) -> nmt_config.ExportConfig:
-    """The export of a manifest's "export" settings (SearchOptions fields and
-    max_input_length) from the preset's averaged weights; checked."""
-    search = {k: v for k, v in settings.items() if k != "max_input_length"}
+    """The export of a manifest's "export" settings (SearchOptions fields,
+    max_input_length and max_beam_size, 0 where absent) from the preset's
+    averaged weights; checked."""
+    search = {k: v for k, v in settings.items() if k not in ("max_input_length", "max_beam_size")}
     return nmt_config.ExportConfig(nmt_config.SearchOptions(**search), weights="averaged",
-                                   max_input_length=settings["max_input_length"])
+                                   max_input_length=settings["max_input_length"],
+                                   max_beam_size=settings.get("max_beam_size", 0))
 
 
 def _export(manifest: dict, model_dir_path: str, export_dir: str) -> str:
@@ -347,13 +349,16 @@ def create(model_dir_path: str, out_dir: str, name: str, weights="averaged", wei
     """Writes a preset of a trained model directory to `out_dir` (which must
     not hold one yet) and returns its manifest. `weights`: a
     `nmt_tf.core.checkpoints.WeightsChoice` or a --checkpoint value;
-    `export_settings`: SearchOptions fields and max_input_length for the
-    SavedModel that `build` makes (defaults: beam 10, n-best 5, 100 tokens)."""
+    `export_settings`: SearchOptions fields, max_input_length and
+    max_beam_size for the SavedModel that `build` makes (defaults: beam 10,
+    n-best 5, 100 tokens, requests may ask for beams up to 10 or the beam
+    if wider)."""
     if os.path.exists(os.path.join(out_dir, MANIFEST)):
         raise PresetError(f"{out_dir} holds a preset already; a model of record is replaced deliberately: "
                           "remove it first")
     settings = {**dataclasses.asdict(nmt_config.SearchOptions(n_best=5)), "max_input_length": 100,
                 **(export_settings or {})}
+    settings.setdefault("max_beam_size", max(10, settings["beam_size"]))
     _export_config(settings)     # checks them
     restored = restore_model(model_dir_path, weights, log=log)
     arrays = weight_arrays(restored.model, weights_dtype)

@@ -19,6 +19,8 @@ import functools
 import html
 import os
 
+from nmt_tf.inference.translation_graph import WITH_OPTIONS_SIGNATURE
+
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
 # path -> (file in nmt_tf/serving/web/, Content-Type)
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
@@ -39,14 +41,19 @@ def _read(name: str) -> bytes:
         return f.read()
 
 
-def index_html(model_name: str, metadata: dict, version: int | None) -> bytes:
-    """index.html with the served model's name, languages and input limit filled in (HTML-escaped)."""
+def index_html(model_name: str, metadata: dict, version: int | None, beams: bool = False) -> bytes:
+    """index.html with the served model's name, languages and input limit
+    filled in (HTML-escaped); `beams`: the served version has
+    translate_with_options, so the page offers a beam size up to its
+    nmt_tf.json's max_beam_size."""
     src, tgt = metadata.get("src_lang", "?"), metadata.get("tgt_lang", "?")
     values = {"model_name": model_name, "src_lang": src, "tgt_lang": tgt,
               "src_language": LANGUAGES.get(src, src), "tgt_language": LANGUAGES.get(tgt, tgt),
               "max_input_tokens": str(metadata.get("max_input_length", "")),
               "max_line_characters": str(MAX_LINE_CHARACTERS),
               "version": "" if version is None else str(version),
+              "beam_size": str((metadata.get("search") or {}).get("beam_size", "")),
+              "max_beam_size": str(metadata.get("max_beam_size", "") if beams else ""),
               "architecture": metadata.get("architecture") or metadata.get("model", "an nmt_tf model")}
     text = _read("index.html").decode("utf-8")
     for key, value in values.items():
@@ -63,4 +70,5 @@ def page_file(registry, method: str, path: str) -> tuple[bytes, str] | None:
         return _read(name), content_type
     loaded = registry.current
     metadata = loaded.metadata if loaded is not None else {}    # {} without nmt_tf.json: the page says less
-    return index_html(registry.name, metadata, loaded.version if loaded is not None else None), content_type
+    beams = loaded is not None and WITH_OPTIONS_SIGNATURE in loaded.signatures
+    return index_html(registry.name, metadata, loaded.version if loaded is not None else None, beams), content_type

@@ -371,18 +371,21 @@ def _inputs_from_instances(instances: list, infos, tensors) -> None:
             tensors[name].tensor_shape.dim.add(size=size)
 
 
-def _inputs_from_columns(inputs, infos, tensors, max_batch_size: int) -> None:
-    """Columnar format: the tensor itself when the signature has one input,
-    else an object of inputs (FillTensorMapFromInputsMap; as there, keys that
-    are not inputs of the signature are not looked at)."""
+def _inputs_from_columns(inputs, infos, tensors, max_batch_size: int, defaulted=frozenset()) -> None:
+    """Columnar format: the tensor itself when the signature has one input
+    (besides those with a default, `defaulted`), else an object of inputs
+    (FillTensorMapFromInputsMap; as there, keys that are not inputs of the
+    signature are not looked at; an input with a default may be left out)."""
     if not isinstance(inputs, dict) or _is_b64(inputs):
-        if len(infos) > 1:
+        if len(set(infos) - set(defaulted)) > 1:
             raise _invalid("inputs is a plain value/list, but expecting an object as multiple input tensors required "
                            "as per tensorinfo_map")
-        columns = {next(iter(infos)): inputs}
+        columns = {min(set(infos) - set(defaulted) or infos): inputs}
     else:
         columns = {}
         for name in sorted(infos):
+            if name not in inputs and name in defaulted:
+                continue
             if name not in inputs:
                 raise _invalid(f"Missing named input: {name} in 'inputs' object.")
             columns[name] = inputs[name]
@@ -497,7 +500,8 @@ def _predict_request(registry: ModelRegistry, model_spec, doc: dict, max_batch_s
     name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     if name not in loaded.signature_defs:
         raise _invalid(f'Serving signature name: "{name}" not found in signature def')
-    infos = loaded.signature_defs[name].inputs
+    signature = loaded.signature_defs[name]
+    infos = signature.inputs
     if not infos:
         raise _invalid(f"Failed to get input map for signature: {request.model_spec.signature_name or 'DEFAULT'}")
     if "instances" in doc:
@@ -508,11 +512,13 @@ def _predict_request(registry: ModelRegistry, model_spec, doc: dict, max_batch_s
             raise _invalid(f"JSON Value: {_json_text(doc)} Excepting 'instances' to be an list/array")
         if not doc["instances"]:
             raise _invalid(f"JSON Value: {_json_text(doc)} No values in 'instances' array")
-        check_batch_size(min(infos), len(doc["instances"]), max_batch_size)
-        _inputs_from_instances(doc["instances"], infos, request.inputs)
+        # Inputs with a default (translate_with_options' settings, one per call) are not per instance: left out.
+        rows = {alias: info for alias, info in infos.items() if alias not in signature.defaults} or infos
+        check_batch_size(min(rows), len(doc["instances"]), max_batch_size)
+        _inputs_from_instances(doc["instances"], rows, request.inputs)
         return request, True
     if "inputs" in doc:
-        _inputs_from_columns(doc["inputs"], infos, request.inputs, max_batch_size)
+        _inputs_from_columns(doc["inputs"], infos, request.inputs, max_batch_size, set(signature.defaults))
         return request, False
     raise _invalid("Missing 'inputs' or 'instances' key")
 

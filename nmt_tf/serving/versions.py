@@ -27,6 +27,7 @@ from absl import logging
 from nmt_tf.core.files import files_stamp, sha256
 from nmt_tf.inference.host_text import source_counter
 from nmt_tf.inference.saved_models import load_session, read_metadata
+from nmt_tf.inference.translation_graph import failed_check_text
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving import batching
 from nmt_tf.serving import config_protos as protos
@@ -148,7 +149,7 @@ class LoadedVersion(ServedVersion):
             return self._session.run({alias: sig.outputs[alias].name for alias in outputs},
                                      {sig.inputs[alias].name: value for alias, value in feeds.items()})
         except self._invalid_argument as e:
-            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, e.message) from e
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, failed_check_text(e.message)) from e
         finally:
             self.release()
 
@@ -252,12 +253,14 @@ class SearchCost:
     max_input_length: int
     models: int
     counter: object
+    max_beam_size: int = 0              # the widest a request may ask for (translate_with_options)
 
     @classmethod
-    def of_settings(cls, search: dict, max_input_length: int, models: int, counter) -> "SearchCost":
+    def of_settings(cls, search: dict, max_input_length: int, models: int, counter,
+                    max_beam_size: int = 0) -> "SearchCost":
         """From an export's search settings and input limit (a SavedModel's or a LiteRT folder's)."""
         return cls(int(search["beam_size"]), int(search["max_length"]), float(search["max_length_ratio"]),
-                   int(max_input_length), max(1, models), counter)
+                   int(max_input_length), max(1, models), counter, max(int(max_beam_size), int(search["beam_size"])))
 
     @classmethod
     def of(cls, path: str) -> "SearchCost | None":
@@ -265,7 +268,7 @@ class SearchCost:
         try:
             meta = read_metadata(path)
             return cls.of_settings(meta["search"], meta["max_input_length"], len(meta.get("model_dirs") or [None]),
-                                   source_counter(path, meta.get("tokenizer", "")))
+                                   source_counter(path, meta.get("tokenizer", "")), meta.get("max_beam_size", 0))
         except (FileNotFoundError, KeyError, TypeError, ValueError):
             return None
 
@@ -273,21 +276,22 @@ class SearchCost:
         tokens = self.counter.count(source, self.max_input_length) + 1
         return min(self.max_length, max(1, math.ceil(self.max_length_ratio * tokens)))
 
-    def check(self, rows: int, sources, prefixed: bool, limit: int) -> None:
+    def check(self, rows: int, sources, prefixed: bool, limit: int, beam_size: int | None = None) -> None:
         """Refuses a search of `rows` sentences (whose distinct texts are
         `sources`; `prefixed`: some have a target prefix, which may lengthen
         the output to max_length) that could take more than `limit`
-        hypothesis-steps."""
+        hypothesis-steps, at `beam_size` (default: the export's)."""
+        beam = beam_size or self.beam_size
         longest = self.max_length if prefixed else max(map(self.output_limit, set(sources)), default=1)
-        work = rows * self.beam_size * longest * self.models
+        work = rows * beam * longest * self.models
         if work <= limit:
             return
         models = f" x {self.models} models" if self.models > 1 else ""
-        fits = limit // (self.beam_size * longest * self.models)
+        fits = limit // (beam * longest * self.models)
         raise ServingError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"this request's search could take {work:,} hypothesis-steps ({rows} sentences x beam "
-            f"{self.beam_size} x up to {longest} output tokens{models}), more than this server's limit of "
+            f"{beam} x up to {longest} output tokens{models}), more than this server's limit of "
             f"{limit:,} per request (--max_search_work): send at most {fits} such sentences per request, or "
             "shorter ones")
 
@@ -700,7 +704,18 @@ def check_search_work(loaded: ServedVersion, inputs, limit: int) -> None:
         return
     prefix = inputs["target_prefix"] if "target_prefix" in inputs else None
     prefixed = prefix is not None and any(value.strip() for value in prefix.string_val)
-    cost.check(dims[0], inputs["text"].string_val, prefixed, limit)
+    beam = None
+    if "beam_size" in inputs:           # translate_with_options: the request's beam, checked against the export's
+        try:
+            beam = int(serving_protos.to_array(inputs["beam_size"]).reshape(-1)[0])
+        except (ValueError, IndexError):
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "tensor parsing error: beam_size") from None
+        if not 1 <= beam <= cost.max_beam_size:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, (
+                "beam_size must be at least 1" if beam < 1 else
+                f"beam_size must be at most {cost.max_beam_size}, the widest beam of this export (nmt_tf.export "
+                "--max_beam_size)"))
+    cost.check(dims[0], inputs["text"].string_val, prefixed, limit, beam)
 
 
 def client_address(peer: str) -> str:
@@ -808,8 +823,10 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
     signature_def = loaded.signature_defs[name]
     expected = set(signature_def.inputs)
     sent = set(request.inputs)
-    if sent != expected:
-        extra, missing = sorted(sent - expected), sorted(expected - sent)
+    # As TF Serving: an input left out takes the signature's default, if it has one (translate_with_options').
+    defaults = {alias: signature_def.defaults[alias] for alias in expected - sent if alias in signature_def.defaults}
+    if sent | set(defaults) != expected:
+        extra, missing = sorted(sent - expected), sorted(expected - sent - set(defaults))
         raise ServingError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"input size does not match signature: {len(sent)}!={len(expected)} "
@@ -826,17 +843,18 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
         dup = next(a for a in outputs if outputs.count(a) > 1)
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"duplicate output tensor alias: {dup}")
 
+    inputs = {**defaults, **request.inputs}
     for i, alias in enumerate(sorted(expected)):
-        info, proto = signature_def.inputs[alias], request.inputs[alias]
+        info, proto = signature_def.inputs[alias], inputs[alias]
         if proto.dtype != info.dtype:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"Expects arg[{i}] to be {serving_protos.dtype_name(info.dtype)} but "
                                f"{serving_protos.dtype_name(proto.dtype) if proto.dtype else 'invalid'} is provided")
         check_declared_size(alias, proto, info, max_batch_size, max_message_bytes)
-    check_search_work(loaded, request.inputs, registry.max_search_work)
+    check_search_work(loaded, inputs, registry.max_search_work)
     feeds = {}
     for alias in sorted(expected):
-        proto = request.inputs[alias]
+        proto = inputs[alias]
         try:
             value = serving_protos.to_array(proto)
         except Exception as e:
@@ -848,17 +866,21 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
     if max_message_bytes:
         check_reply_size(loaded, outputs, max(sizes, default=0), max_message_bytes, can_filter)
 
-    batchable = batcher is not None and sizes and all(v.ndim for v in feeds.values())
-    if not batchable:
+    # Scalar inputs (translate_with_options' search settings) are the same for every row of a call.
+    settings = {alias: value for alias, value in feeds.items() if not value.ndim}
+    rows = {alias: value for alias, value in feeds.items() if value.ndim}
+    if batcher is None or not sizes:
         result = loaded.run(name, feeds, outputs)
     else:
         wait = BATCH_WAIT_SECONDS if timeout is None else min(max(timeout, 0.0), BATCH_WAIT_SECONDS)
-        # One queue per version and signature, as TF Serving's: a merged batch fetches every output and
-        # each request keeps its own. (Keyed by the output filter too, permuted filters opened queues of
-        # their own, each with its max_enqueued_batches: issue 95.)
+        # One queue per version, signature and search settings (requests of other settings are never
+        # merged), as TF Serving's per signature: a merged batch fetches every output and each request
+        # keeps its own. (Keyed by the output filter too, permuted filters opened queues of their own,
+        # each with its max_enqueued_batches: issue 95.)
         everything = sorted(signature_def.outputs)
+        key = (loaded, name, tuple((alias, settings[alias].item()) for alias in sorted(settings)))
         try:
-            result = batcher.run((loaded, name), lambda arrays: loaded.run(name, arrays, everything), feeds,
+            result = batcher.run(key, lambda arrays: loaded.run(name, {**arrays, **settings}, everything), rows,
                                  sizes.pop(), wait)
         except batching.TooLarge as e:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None

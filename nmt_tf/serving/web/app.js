@@ -1,5 +1,5 @@
 // The translation page of nmt_tf.serve: one sentence to the server's REST API
-// (TF Serving's predict, serving_default signature), the answer drawn as text,
+// (TF Serving's predict: serving_default, or translate_with_options for a chosen beam), the answer drawn as text,
 // an n-best list and an attention heatmap. No library, nothing from elsewhere.
 "use strict";
 
@@ -14,6 +14,43 @@ const submit = document.getElementById("submit");
 const message = document.getElementById("message");
 const result = document.getElementById("result");
 const markup = document.getElementById("markup");
+const beam = document.getElementById("beam");
+// The beams a request may ask for (the export's translate_with_options signature); none: the control stays hidden.
+const servedBeam = Number(body.dataset.beamSize) || 0;
+const maxBeam = Number(body.dataset.maxBeamSize) || 0;
+if (maxBeam > 1) {
+  for (let size = 1; size <= maxBeam; size++) {
+    const choice = document.createElement("option");
+    choice.value = size === servedBeam ? "" : String(size);
+    choice.textContent = size === servedBeam ? `${size} (served default)` : String(size);
+    choice.selected = size === servedBeam;
+    beam.append(choice);
+  }
+  document.getElementById("beam-option").hidden = false;
+}
+
+// The request's body: serving_default, or with a chosen beam translate_with_options (TF Serving's columnar
+// form, whose scalar inputs are the search settings). nmt_tf's extensions: protect keeps URLs, numbers, e-mail
+// addresses, handles, hashtags and emoji verbatim; markup takes the tags out and puts them back around the
+// words they wrap.
+function requestBody(text) {
+  const extensions = {protect: "all", ...(markup.checked ? {markup: "html"} : {})};
+  if (beam.value) {
+    return {signature_name: "translate_with_options", inputs: {text: [text], beam_size: Number(beam.value)},
+            ...extensions};
+  }
+  return {signature_name: "serving_default", instances: [text], ...extensions};
+}
+
+// The first row of an answer in either form: {"predictions": [row]} or {"outputs": {alias: [values]}}.
+function firstRow(payload) {
+  if (!payload) return null;
+  if (Array.isArray(payload.predictions)) return payload.predictions[0];
+  if (payload.outputs && typeof payload.outputs === "object") {
+    return Object.fromEntries(Object.entries(payload.outputs).map(([alias, values]) => [alias, values[0]]));
+  }
+  return null;
+}
 
 function say(text, kind) {
   message.textContent = text;
@@ -50,10 +87,7 @@ async function translate() {
       response = await fetch(`/v1/models/${encodeURIComponent(modelName)}:predict`, {
         method: "POST",
         headers: {"Content-Type": "application/json"},
-        // nmt_tf's extensions: protect keeps URLs, numbers, e-mail addresses, handles, hashtags and emoji
-        // verbatim; markup takes the tags out and puts them back around the words they wrap
-        body: JSON.stringify({signature_name: "serving_default", instances: [text], protect: "all",
-                              ...(markup.checked ? {markup: "html"} : {})}),
+        body: JSON.stringify(requestBody(text)),
         signal: controller.signal,
       });
     } catch (error) {
@@ -70,13 +104,14 @@ async function translate() {
       payload = null;
     }
     const elapsed = performance.now() - started;
-    if (!response.ok || !payload || !Array.isArray(payload.predictions)) {
+    const prediction = firstRow(payload);
+    if (!response.ok || !prediction) {
       result.hidden = true;
       const reason = payload && payload.error ? payload.error : response.statusText || "no readable answer";
       say(`The server answered with an error (HTTP ${response.status}): ${reason}`);
       return;
     }
-    show(payload.predictions[0], elapsed);
+    show(prediction, elapsed);
   } finally {
     clearTimeout(timer);
     busy(false);
