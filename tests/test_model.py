@@ -86,6 +86,22 @@ def test_weights_only_checkpoint_holds_every_weight(tmp_path, options):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_training_gives_its_layers_the_machines_step_products_choice(monkeypatch, transposed):
+    """Issue 94: the layers no longer read the CPU while they run; training
+    builds them with the choice this machine's kernels make
+    (nmt_tf.core.hardware.transposed_step_products), and a model built
+    elsewhere (translation, export) multiplies as stored."""
+    monkeypatch.setattr(training, "transposed_step_products", lambda: transposed)
+    config = TrainingConfig(src_vocab_size=13, tgt_vocab_size=11, embedding_size=5, hidden_size=4, attention_size=6,
+                            maxout_size=3, encoder_layers=2, decoder="cgru")
+    model = training.build_model(config, 13, 11)
+    layers = [*model.encoders, model.decoder]
+    assert [layer.transposed_products for layer in layers] == [transposed] * 3
+    assert not any(layer.transposed_products for layer in RNNSearch(13, 11, **{
+        k: getattr(config, k) for k in ("embedding_size", "hidden_size", "attention_size", "maxout_size")}).encoders)
+
+
 def test_paper_sized_model_has_80_4_million_parameters():
     config = TrainingConfig(src_vocab_size=30000, tgt_vocab_size=30000)
     lines = []
@@ -484,7 +500,7 @@ def test_token_losses_gradient_and_no_underflow():
 
 @pytest.mark.parametrize("layer_norm,decoder,transposed", [(False, "bahdanau", False), (True, "bahdanau", False),
                                                             (True, "cgru", False), (True, "cgru", True)])
-def test_projected_annotations_gradient_after_the_loop_is_autodiffs(monkeypatch, layer_norm, decoder, transposed):
+def test_projected_annotations_gradient_after_the_loop_is_autodiffs(layer_norm, decoder, transposed):
     """In training, the decoder takes the gradient of C h_j after its loop,
     from all steps' alpha_i and d(C c_i) (nmt_tf.layers.ops.AfterLoopGradient;
     the cGRU's W_2 h_j likewise), and with `transposed` multiplies its states
@@ -493,10 +509,7 @@ def test_projected_annotations_gradient_after_the_loop_is_autodiffs(monkeypatch,
     dropout the two compute the same loss, and every gradient must agree too,
     traced as model.fit traces the step and eagerly (to 1e-3 with the
     transposes, whose products round in another order: 2e-4 was seen)."""
-    from nmt_tf.core import hardware
-
-    monkeypatch.setattr(hardware, "transposed_step_products", lambda: transposed)
-    model = tiny_model(layer_norm=layer_norm, decoder=decoder)
+    model = tiny_model(layer_norm=layer_norm, decoder=decoder, transposed_products=transposed)
     x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
     y = padded([t[1:] + [3] for t in TARGETS])
 
@@ -528,25 +541,30 @@ def test_after_loop_gradient_needs_the_left_operands():
 
 
 @pytest.mark.parametrize("model_type", ["rnnsearch", "rnnencdec"])
-def test_transposed_step_products_change_no_gradient(monkeypatch, model_type):
+def test_transposed_step_products_change_no_gradient(model_type):
     """Training's loops may multiply by stored transposes of their step
     matrices (nmt_tf.layers.ops.StepKernel, chosen by the CPU's kernels):
     the loss and every gradient are those of the plain products."""
-    from nmt_tf.core import hardware
     from nmt_tf.models.rnnencdec import RNNEncDec
 
-    if model_type == "rnnsearch":
-        model = tiny_model(layer_norm=True)
-    else:
-        model = RNNEncDec(13, 11, embedding_size=5, hidden_size=4, maxout_size=3)
+    def make(transposed):
+        if model_type == "rnnsearch":
+            return tiny_model(layer_norm=True, transposed_products=transposed)
+        model = RNNEncDec(13, 11, embedding_size=5, hidden_size=4, maxout_size=3, transposed_products=transposed)
         model.build()
         for w in model.weights:   # large random weights, as tiny_model's
             w.assign(RNG.normal(0, 0.5, size=w.shape).astype("float32"))
+        return model
+
     x = {"source_ids": padded(SOURCES), "target_ids": padded(TARGETS)}
     y = padded([t[1:] + [3] for t in TARGETS])
     results = []
+    plain = make(False)
     for transposed in (False, True):
-        monkeypatch.setattr(hardware, "transposed_step_products", lambda t=transposed: t)
+        model = make(True) if transposed else plain
+        if transposed:              # the same weights, multiplied by their stored transposes
+            for w, v in zip(model.weights, plain.weights):
+                w.assign(v)
         with tf.GradientTape() as tape:
             loss = model.batch_nll(x, y, training=True)[0]
         results.append((loss, tape.gradient(loss, model.trainable_variables)))

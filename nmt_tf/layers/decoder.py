@@ -34,18 +34,18 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from nmt_tf.core import hardware
 from nmt_tf.layers.attention import AdditiveAttention, score_bias
 from nmt_tf.layers.gru import ConditionalGRUCell, GRUCell, TransitionGRUCell, gru_update, recurrent_dropout_mask
 from nmt_tf.layers.ops import AfterLoopGradient, project, step_kernel, step_matmul
 
 
-def step_loop_weights(weights: dict, state_kernels, training: bool) -> dict:
-    """`step_weights()` for a teacher-forcing loop: in training, where
-    `transposed_step_products()` says so, the matrices that multiply the
-    state as `StepKernel`s; `state_kernels` are their key paths in `weights`
-    (tuples of keys into nested dicts)."""
-    if not (training and hardware.transposed_step_products()):
+def step_loop_weights(weights: dict, state_kernels, transposed: bool) -> dict:
+    """`step_weights()` for a teacher-forcing loop: where `transposed` (in
+    training, on a machine where `nmt_tf.core.hardware.transposed_step_products()`
+    says so), the matrices that multiply the state as `StepKernel`s;
+    `state_kernels` are their key paths in `weights` (tuples of keys into
+    nested dicts)."""
+    if not transposed:
         return weights
 
     def replaced(tree: dict, path: tuple) -> dict:
@@ -83,13 +83,14 @@ class AttentionDecoder(keras.layers.Layer):
     """
 
     def __init__(self, units: int, attention_units: int, context_dim: int, recurrent_dropout: float = 0.0,
-                 layer_norm: bool = False, **kwargs):
+                 layer_norm: bool = False, transposed_products: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.attention_units = attention_units
         self.context_dim = context_dim
         self.recurrent_dropout = recurrent_dropout
         self.layer_norm = layer_norm
+        self.transposed_products = transposed_products      # as nmt_tf.layers.gru.BidirectionalGRU's
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
         self.cell = self._make_cell()
         self.attention = AdditiveAttention(attention_units, name="attention")
@@ -253,7 +254,8 @@ class AttentionDecoder(keras.layers.Layer):
         if keys is None:
             keys = self.precompute(annotations)
         bias = score_bias(mask)
-        weights = step_loop_weights(self.step_weights(), self.loop_state_kernels(), training)
+        weights = step_loop_weights(self.step_weights(), self.loop_state_kernels(),
+                                    training and self.transposed_products)
         # C c_i = sum_j alpha_ij (C h_j), as in search: the annotations are
         # multiplied by C once, as one large product, instead of every step's
         # context by C (same products, the loop's share done in bulk; its
@@ -327,11 +329,11 @@ class CGRUDecoder(AttentionDecoder):
                                                                 ("transition", "recurrent_candidate"))
 
     def __init__(self, units: int, attention_units: int, context_dim: int, recurrent_dropout: float = 0.0,
-                 layer_norm: bool = False, transition_depth: int = 2, **kwargs):
+                 layer_norm: bool = False, transition_depth: int = 2, transposed_products: bool = False, **kwargs):
         if transition_depth < 2:
             raise ValueError(f"transition_depth must be at least 2 (GRU_1 and GRU_2), got {transition_depth}")
         super().__init__(units, attention_units, context_dim, recurrent_dropout=recurrent_dropout,
-                         layer_norm=layer_norm, **kwargs)
+                         layer_norm=layer_norm, transposed_products=transposed_products, **kwargs)
         self.transition_depth = transition_depth
         self.transition = GRUCell(units, layer_norm=layer_norm, name="transition")
         # Plain attributes gru_3, ... (a checkpoint follows attributes), so a
@@ -471,12 +473,13 @@ class ContextDecoder(keras.layers.Layer):
     """
 
     def __init__(self, units: int, context_dim: int, recurrent_dropout: float = 0.0, layer_norm: bool = False,
-                 **kwargs):
+                 transposed_products: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.context_dim = context_dim
         self.recurrent_dropout = recurrent_dropout
         self.layer_norm = layer_norm
+        self.transposed_products = transposed_products      # as nmt_tf.layers.gru.BidirectionalGRU's
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
         self.cell = ConditionalGRUCell(units, context_dim, layer_norm=layer_norm, name="gru")
 
@@ -519,7 +522,8 @@ class ContextDecoder(keras.layers.Layer):
     def call(self, target_embeddings, initial_state, context, training=False):
         dtype = self.compute_dtype
         context_proj = self.precompute(context)
-        kernels = step_loop_weights(self.step_weights(), [("recurrent_rz",), ("recurrent_candidate",)], training)
+        kernels = step_loop_weights(self.step_weights(), [("recurrent_rz",), ("recurrent_candidate",)],
+                                    training and self.transposed_products)
         x_proj = self.cell.project_inputs(tf.transpose(tf.cast(target_embeddings, dtype), [1, 0, 2]))
         state_mask = recurrent_dropout_mask(tf.shape(initial_state), self.recurrent_dropout,
                                             self.seed_generator, dtype, training)

@@ -37,7 +37,6 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from nmt_tf.core import hardware
 from nmt_tf.layers.initializers import BlockOrthogonal, weight_init
 from nmt_tf.layers.ops import (
     freeze_values,
@@ -232,11 +231,15 @@ class BidirectionalGRU(FrozenRecurrentSplits, keras.layers.Layer):
       [batch, time, 2 * units] annotations h_j = [->h_j ; <-h_j].
     """
 
-    def __init__(self, units: int, recurrent_dropout: float = 0.0, layer_norm: bool = False, **kwargs):
+    def __init__(self, units: int, recurrent_dropout: float = 0.0, layer_norm: bool = False,
+                 transposed_products: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.recurrent_dropout = recurrent_dropout
         self.layer_norm = layer_norm
+        # In training, multiply the state by stored transposes of U (a choice of the machine, made by whoever
+        # builds the model: nmt_tf.core.hardware.transposed_step_products; not part of the layer's config).
+        self.transposed_products = transposed_products
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
 
     def build(self, input_shape):
@@ -316,7 +319,7 @@ class BidirectionalGRU(FrozenRecurrentSplits, keras.layers.Layer):
             norm = None if recurrent_norms is None else tuple(                           # [2, 1, 3n] each
                 tf.stack([recurrent_norms[0][i], recurrent_norms[1][i]])[:, None] for i in range(2))
             states = masked_gru_scan(x_proj, m, u, tf.stack([h0, h0]), drop, norm,     # [T, 2, B, n]
-                                     transposed_products=training and hardware.transposed_step_products())
+                                     transposed_products=training and self.transposed_products)
             forward, backward = tf.unstack(states, axis=1)
             backward = tf.reverse(backward, [0])
         return tf.transpose(tf.concat([forward, backward], axis=-1), [1, 0, 2])
@@ -350,11 +353,15 @@ class GRU(FrozenRecurrentSplits, keras.layers.Layer):
       (states [batch, time, units], last real state h_T [batch, units]).
     """
 
-    def __init__(self, units: int, recurrent_dropout: float = 0.0, layer_norm: bool = False, **kwargs):
+    def __init__(self, units: int, recurrent_dropout: float = 0.0, layer_norm: bool = False,
+                 transposed_products: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.units = units
         self.recurrent_dropout = recurrent_dropout
         self.layer_norm = layer_norm
+        # In training, multiply the state by stored transposes of U (a choice of the machine, made by whoever
+        # builds the model: nmt_tf.core.hardware.transposed_step_products; not part of the layer's config).
+        self.transposed_products = transposed_products
         self.seed_generator = keras.random.SeedGenerator() if recurrent_dropout else None
 
     def build(self, input_shape):
@@ -376,7 +383,7 @@ class GRU(FrozenRecurrentSplits, keras.layers.Layer):
         h0 = tf.zeros(tf.stack([tf.shape(inputs)[0], n]), dtype)
         drop = recurrent_dropout_mask(tf.shape(h0), self.recurrent_dropout, self.seed_generator, dtype, training)
         states = masked_gru_scan(x_proj, m, self.recurrent_splits(dtype)[0], h0, drop, norm("recurrent"),
-                                 transposed_products=training and hardware.transposed_step_products())  # [T, B, n]
+                                 transposed_products=training and self.transposed_products)  # [T, B, n]
         return tf.transpose(states, [1, 0, 2]), states[-1]
 
     def compute_output_shape(self, input_shape):

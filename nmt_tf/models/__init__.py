@@ -217,10 +217,15 @@ def model_class(name: str):
     return getattr(importlib.import_module(architecture.module), architecture.model_class)
 
 
-def build_model(model_config: ModelConfig, source_vocab_size: int, target_vocab_size: int):
+def build_model(model_config: ModelConfig, source_vocab_size: int, target_vocab_size: int,
+                transposed_products: bool = False):
     """The model of `model_config` (an architecture's configuration, e.g.
-    `TrainingConfig.model_config()`), all weights created."""
+    `TrainingConfig.model_config()`), all weights created.
+    `transposed_products`: training's time loops multiply by stored
+    transposes of their step matrices (what
+    nmt_tf.core.hardware.transposed_step_products() chooses for this
+    machine; the numbers are the same to rounding)."""
     cls = model_class(architecture_of(model_config))
-    model = cls.from_model_config(model_config, source_vocab_size, target_vocab_size)
+    model = cls.from_model_config(model_config, source_vocab_size, target_vocab_size, transposed_products)
     model.build()
     return model

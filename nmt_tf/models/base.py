@@ -77,7 +77,8 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
                  hidden_size: int, maxout_size: int, dropout: float = 0.0, annotation_dropout: float = 0.0,
                  recurrent_dropout: float = 0.0, source_word_dropout: float = 0.0,
                  target_word_dropout: float = 0.0, layer_norm: bool = False, tied_embeddings: str = "none",
-                 label_smoothing: float = 0.0, rdrop_alpha: float = 0.0, **kwargs):
+                 label_smoothing: float = 0.0, rdrop_alpha: float = 0.0, transposed_products: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
         if tied_embeddings not in TIED_EMBEDDINGS:
             raise ValueError(f"tied_embeddings must be one of {', '.join(TIED_EMBEDDINGS)}, got {tied_embeddings!r}")
@@ -99,6 +100,9 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
         self.tied_embeddings = tied_embeddings
         self.label_smoothing = label_smoothing
         self.rdrop_alpha = rdrop_alpha
+        # Training's time loops multiply by stored transposes of their step matrices (the machine's choice,
+        # nmt_tf.core.hardware.transposed_step_products, given by whoever builds the model; not a setting).
+        self.transposed_products = transposed_products
         self.target_embedding = keras.layers.Embedding(
             target_vocab_size, embedding_size, embeddings_initializer=weight_init(), name="target_embedding")
         self.source_embedding = self.target_embedding if tied_embeddings == "all" else keras.layers.Embedding(
@@ -120,11 +124,13 @@ class Seq2SeqModel(TrainingStep, SearchStep, keras.Model):
         self.target_token_count = keras.metrics.Sum(name="target_tokens")
 
     @classmethod
-    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int):
+    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int,
+                          transposed_products: bool = False):
         """The model of `model_config`, its architecture's configuration
         (nmt_tf.models; not built yet): each setting is the constructor
         argument of the same name."""
-        return cls(source_vocab_size, target_vocab_size, **dataclasses.asdict(model_config))
+        return cls(source_vocab_size, target_vocab_size, transposed_products=transposed_products,
+                   **dataclasses.asdict(model_config))
 
     def build_shared(self, context_dim: int):
         """Creates the embeddings', readout's and output layer's weights."""

@@ -64,23 +64,25 @@ class RNNEncDec(Seq2SeqModel):
         self.encoder_type = encoder
         self.grconv_size = grconv_size
         self.encoder = (GRU(hidden_size, recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
-                            name="encoder")
+                            transposed_products=self.transposed_products, name="encoder")
                         if encoder == "rnn" else GatedRecursiveConvolution(grconv_size, name="encoder"))
         self.summarizer = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=weight_init(),
                                           name="summarizer")                   # c = tanh(V h_T)
         self.initial_state = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=weight_init(),
                                                 name="initial_state")          # s_0 = tanh(V' c)
         self.decoder = ContextDecoder(hidden_size, hidden_size, recurrent_dropout=self.recurrent_dropout,
-                                      layer_norm=self.layer_norm, name="decoder")
+                                      layer_norm=self.layer_norm, transposed_products=self.transposed_products,
+                                      name="decoder")
 
     @property
     def encoder_output_size(self) -> int:
         return self.hidden_size if self.encoder_type == "rnn" else self.grconv_size
 
     @classmethod
-    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int):
+    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int,
+                          transposed_products: bool = False):
         return cls(source_vocab_size, target_vocab_size, name=f"rnnencdec_{model_config.encoder}",
-                   **dataclasses.asdict(model_config))
+                   transposed_products=transposed_products, **dataclasses.asdict(model_config))
 
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""

@@ -81,23 +81,26 @@ class RNNSearch(Seq2SeqModel):
         self.attention_size = attention_size
         self.encoder_layers = encoder_layers
         self.encoder = BidirectionalGRU(hidden_size, recurrent_dropout=self.recurrent_dropout,
-                                        layer_norm=self.layer_norm, name="encoder")
+                                        layer_norm=self.layer_norm, transposed_products=self.transposed_products,
+                                        name="encoder")
         # Plain attributes encoder_2, ... (a checkpoint follows attributes), so
         # a one-layer model's checkpoints are what they were before layers.
         for k in range(2, encoder_layers + 1):
             setattr(self, f"encoder_{k}", BidirectionalGRU(
                 hidden_size, recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
-                name=f"encoder_{k}"))
+                transposed_products=self.transposed_products, name=f"encoder_{k}"))
         self.initial_state = keras.layers.Dense(
             hidden_size, activation="tanh", kernel_initializer=weight_init(), name="initial_state")
         depth = {"transition_depth": decoder_transition_depth} if decoder == "cgru" else {}
         self.decoder = DECODERS[decoder](hidden_size, attention_size, 2 * hidden_size,
                                          recurrent_dropout=self.recurrent_dropout, layer_norm=self.layer_norm,
-                                         name="decoder", **depth)
+                                         transposed_products=self.transposed_products, name="decoder", **depth)
 
     @classmethod
-    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int):
-        return cls(source_vocab_size, target_vocab_size, name="rnnsearch", **dataclasses.asdict(model_config))
+    def from_model_config(cls, model_config, source_vocab_size: int, target_vocab_size: int,
+                          transposed_products: bool = False):
+        return cls(source_vocab_size, target_vocab_size, name="rnnsearch", transposed_products=transposed_products,
+                   **dataclasses.asdict(model_config))
 
     def build(self, input_shape=None):
         """Creates every weight from the sizes alone (no data needed)."""

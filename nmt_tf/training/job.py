@@ -43,7 +43,7 @@ from nmt_tf.config import ConfigError, TrainingConfig
 from nmt_tf.core import custom_gradients, precision
 from nmt_tf.core import model_dir as layout
 from nmt_tf.core.files import write_atomically
-from nmt_tf.core.hardware import step_products_choice, training_kernels
+from nmt_tf.core.hardware import step_products_choice, training_kernels, transposed_step_products
 from nmt_tf.core.precision import dtype_policy
 from nmt_tf.training import distribution, fine_tune, schedules
 
@@ -111,10 +111,13 @@ def check_config(config) -> None:
 
 def build_model(config, source_vocab_size: int, target_vocab_size: int):
     """The model of `config`'s architecture (nmt_tf.models.build_model of
-    `config.model_config()`), with its ValueErrors as one-line TrainingErrors."""
+    `config.model_config()`), with its ValueErrors as one-line TrainingErrors;
+    its time loops multiply as this machine does fastest
+    (`transposed_step_products`, said in the log by `step_products_choice`)."""
     check_config(config)
     try:
-        return models.build_model(config.model_config(), source_vocab_size, target_vocab_size)
+        return models.build_model(config.model_config(), source_vocab_size, target_vocab_size,
+                                  transposed_products=transposed_step_products())
     except ValueError as e:
         raise TrainingError(str(e)) from None
 
