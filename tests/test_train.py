@@ -141,18 +141,18 @@ def test_an_interrupted_and_resumed_run_evaluates_when_an_uninterrupted_one_does
     uninterrupted run sees (the stop used to add an evaluation)."""
     from nmt_tf.training import callbacks as cb
 
-    original = cb.TrainingController.on_train_batch_end
+    original = cb.Budget.on_train_batch_end
 
     def signal_at_update_3(self, batch, logs=None):
-        original(self, batch, logs)
-        if self.step == 3 and self.received_signal is None:
+        if self.status.step == 3 and self.received_signal is None:
             self._interrupted, self.received_signal = True, "SIGTERM"   # what the handler sets
-    monkeypatch.setattr(cb.TrainingController, "on_train_batch_end", signal_at_update_3)
+        original(self, batch, logs)
+    monkeypatch.setattr(cb.Budget, "on_train_batch_end", signal_at_update_3)
     config = tiny_config(model_dir=str(tmp_path / "m"), max_epochs=2)
     first = training.train(config, **QUIET)
     assert first["status"] == "interrupted" and 3 <= first["steps"] < 5 and first["dev"] is None
     assert tf.train.latest_checkpoint(str(tmp_path / "m" / "checkpoints")).endswith(f"ckpt-{first['steps']}")
-    monkeypatch.setattr(cb.TrainingController, "on_train_batch_end", original)
+    monkeypatch.setattr(cb.Budget, "on_train_batch_end", original)
     resumed = training.train(config, **QUIET)
     assert resumed["status"] == "max_epochs" and resumed["steps"] == 10
     dev = read_scalars(str(tmp_path / "m" / "logs" / "dev"))
@@ -187,7 +187,7 @@ def test_death_between_the_last_batch_and_the_epoch_end_checkpoint_resumes_exact
     class Died(Exception):
         pass
 
-    original = cb.TrainingController.on_epoch_end
+    original = cb.DevAndCheckpoints.on_epoch_end
 
     def dies_at_the_second_epoch_end(self, epoch, logs=None):
         if epoch == 1:
@@ -195,7 +195,7 @@ def test_death_between_the_last_batch_and_the_epoch_end_checkpoint_resumes_exact
         return original(self, epoch, logs)
 
     config = tiny_config(model_dir=str(tmp_path / "m"), max_epochs=3, checkpoint_every_steps=5)
-    monkeypatch.setattr(cb.TrainingController, "on_epoch_end", dies_at_the_second_epoch_end)
+    monkeypatch.setattr(cb.DevAndCheckpoints, "on_epoch_end", dies_at_the_second_epoch_end)
     with pytest.raises(Died):
         training.train(config, **QUIET)
     monkeypatch.undo()
@@ -450,13 +450,13 @@ def test_learning_rate_halves_on_plateaus_and_patience_stops(tiny_config, tmp_pa
     state = callbacks.TrainingState()
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(state=state), str(tmp_path / "c"), 1)
     losses = [3.0, 2.0, 2.5, 2.1, 2.2, 2.0, 1.9, 2.0, 2.0, 2.0, 2.0, 2.0]
-    controller = callbacks.TrainingController(
+    controller = callbacks.TrainingCallbacks(
         tiny_config(decay_factor=0.5, decay_patience=2, patience=5), state, manager, None,
         ScriptedDevLoss(losses), str(tmp_path / "logs"), 10, log=lambda *a: None)
     controller.set_model(model)
     rates = []
     for step in range(1, len(losses) + 1):
-        controller.evaluate(step)
+        controller.dev.evaluate(step)
         rates.append(round(float(model.optimizer.learning_rate.numpy()), 6))
     # bad evaluations: -, -, 1, 2*, 3, 4* (2.0 is not better than 2.0), -, 1, 2*, 3, 4*, 5 -> stop
     assert rates == [0.4, 0.4, 0.4, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05, 0.025, 0.025]

@@ -551,7 +551,7 @@ def _dataset(run: _Run, path_src: str, path_tgt: str, **kw):
 
 def _controller(run: _Run) -> None:
     """What watches the training: dev loss and dev BLEU, the best checkpoints,
-    the learning-rate schedule and the budgets (callbacks.TrainingController)."""
+    the learning-rate schedule and the budgets (callbacks.TrainingCallbacks)."""
     import tensorflow as tf
 
     from nmt_tf.core import checkpoints
@@ -572,7 +572,7 @@ def _controller(run: _Run) -> None:
         tf.train.Checkpoint(model=run.model), checkpoints.best_dir(run.write_dir), config.keep_best_checkpoints,
         higher_is_better=run.bleu is not None and config.early_stopping_metric == "bleu") if has_dev else None
     run.print_lines = not cb.is_terminal()
-    controller = run.controller = cb.TrainingController(
+    controller = run.controller = cb.TrainingCallbacks(
         config, run.state, run.manager, run.best_checkpoints, run.evaluator,
         layout.path(run.write_dir, layout.LOGS), run.n_batches, log=log, print_lines=run.print_lines, bleu=run.bleu)
     controller.set_model(run.model)
@@ -584,7 +584,7 @@ def _controller(run: _Run) -> None:
             "dev evaluations and best/ use the averages.")
     if run.worker.workers > 1:
         # Not tracked by the model (a plain object): checkpoints stay as they are.
-        run.model.stop_votes = controller.votes = cb.StopVotes()
+        run.model.stop_votes = controller.budget.votes = cb.StopVotes()
 
 
 def _fit(run: _Run) -> tuple[int, float]:
@@ -596,7 +596,7 @@ def _fit(run: _Run) -> tuple[int, float]:
     from nmt_tf.training import callbacks as cb
 
     config, state, controller, n_batches = run.config, run.state, run.controller, run.n_batches
-    callbacks = [controller]
+    callbacks = list(controller.callbacks)
     if not run.print_lines:
         callbacks.append(cb.TrainingProgbar())
     sampling = (config.sentencepiece_alpha, config.sentencepiece_nbest_size) if config.sentencepiece_alpha else None
@@ -604,8 +604,8 @@ def _fit(run: _Run) -> tuple[int, float]:
     encoder = None if run.prepared else data.PairEncoder(run.src_tok, run.tgt_tok, config.max_len, sampling)
     started = time.time()
     start_step = int(run.optimizer.iterations.numpy())
-    with controller.signal_handlers():
-        controller.check_budgets()
+    with controller.budget.signal_handlers():
+        controller.budget.check_budgets()
         while not controller.stop_reason and int(state.epoch.numpy()) < config.max_epochs:
             epoch, skip = int(state.epoch.numpy()), int(state.epoch_batches.numpy())
             if n_batches and skip >= n_batches:
@@ -647,7 +647,7 @@ def _fit(run: _Run) -> tuple[int, float]:
                 # 30 s), and the resumed run evaluates at the epoch end as an
                 # uninterrupted one would: an evaluation here would add one to the
                 # plateau's patience and to best/.
-                controller.evaluate(step)
+                controller.dev.evaluate(step)
             checkpoints.save_checkpoint(run.manager, step)
     controller.flush()
     return step, started
@@ -685,7 +685,7 @@ def _finish(run: _Run, step: int, started: float) -> dict:
     by_bleu = run.bleu is not None and run.config.early_stopping_metric == "bleu"
     summary = {
         "status": status,
-        "signal": controller.received_signal if status == "interrupted" else None,
+        "signal": controller.budget.received_signal if status == "interrupted" else None,
         "model_dir": os.path.abspath(run.model_dir),
         "distribution": {"strategy": type(run.strategy).__name__, "replicas": run.strategy.num_replicas_in_sync,
                          "workers": worker.workers, "worker": worker.name, "chief": worker.is_chief},
@@ -696,10 +696,11 @@ def _finish(run: _Run, step: int, started: float) -> dict:
         "wall_seconds_this_run": time.time() - started,
         "target_tokens": int(state.target_tokens.numpy()),
         "target_tokens_per_sec": int(state.target_tokens.numpy()) / max(float(state.train_seconds.numpy()), 1e-9),
-        "target_tokens_per_sec_this_run": controller.run_tokens / max(controller.run_seconds, 1e-9),
+        "target_tokens_per_sec_this_run": controller.train_log.run_tokens / max(controller.train_log.run_seconds,
+                                                                                1e-9),
         "parameters": run.model.count_params(),
-        "train": controller.epoch_train_nll(),
-        "dev": controller.last_dev,
+        "train": controller.train_log.epoch_train_nll(),
+        "dev": controller.dev.last_dev,
         "best_dev": ({"metric": "bleu" if by_bleu else "loss",
                       "step": int(state.best_step.numpy()),           # of the best by that metric
                       "bleu": float(state.best_bleu.numpy()) if run.bleu is not None else None,

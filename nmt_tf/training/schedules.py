@@ -1,8 +1,9 @@
 """Learning-rate schedules of `--lr_schedule`, as a function of the update count.
 
 - plateau (the default): --learning_rate after an optional linear warm-up,
-  multiplied by --decay_factor whenever dev stops improving (TrainingController
-  does that part, at evaluations).
+  multiplied by --decay_factor whenever dev stops improving
+  (nmt_tf.training.callbacks.LearningRateControl does that part, at
+  evaluations).
 - linear, cosine, 1-sqrt: budgeted training (Li, Yumer & Ramanan 2020, "Budgeted
   Training: Rethinking Deep Neural Network Training Under Resource
   Constraints"). After the warm-up the rate falls from --learning_rate to
