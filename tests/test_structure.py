@@ -20,14 +20,27 @@ def module_paths() -> dict[str, str]:
     return paths
 
 
+def type_checking_only(tree) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:`: imports for annotations
+    only, which never run."""
+    blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If) and isinstance(n.test, ast.Name)
+              and n.test.id == "TYPE_CHECKING"]
+    return {id(sub) for block in blocks for sub in ast.walk(block)}
+
+
 def import_graph() -> dict[str, set[str]]:
     """{module: nmt_tf modules it imports}, read from the source (imports inside
-    functions included, as they run when the function does)."""
+    functions included, as they run when the function does; those for type
+    annotations only left out)."""
     modules = module_paths()
     graph = {}
     for module, path in modules.items():
         found = set()
-        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        skipped = type_checking_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
             if isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -276,13 +289,15 @@ SLOW_OPTIONAL = {"sacremoses", "matplotlib", "sklearn", "keras_hub"}
 
 
 def imports_of(path, at_top: bool):
-    """(line, module) of a file's imports at module level, or inside functions."""
+    """(line, module) of a file's imports at module level, or inside functions
+    (those under `if TYPE_CHECKING:` left out: they never run)."""
     tree = ast.parse(open(path, encoding="utf-8").read())
     functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     inner = {id(sub) for f in functions for sub in ast.walk(f)}
+    skipped = type_checking_only(tree)
     found = []
     for node in ast.walk(tree):
-        if (id(node) in inner) == at_top:
+        if (id(node) in inner) == at_top or id(node) in skipped:
             continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]

@@ -36,6 +36,7 @@ import os
 import shutil
 import time
 import warnings
+from typing import TYPE_CHECKING, Callable
 
 from nmt_tf import config as nmt_config
 from nmt_tf import models
@@ -46,6 +47,16 @@ from nmt_tf.core.files import write_atomically
 from nmt_tf.core.hardware import step_products_choice, training_kernels, transposed_step_products
 from nmt_tf.core.precision import dtype_policy
 from nmt_tf.training import distribution, fine_tune, schedules
+
+if TYPE_CHECKING:           # the run's parts, named in _Run's fields (modules that load TensorFlow)
+    import keras
+    import tensorflow as tf
+
+    from nmt_tf.core.checkpoints import BestCheckpoints
+    from nmt_tf.data.pipeline import CorpusStats
+    from nmt_tf.data.text import Tokenizer
+    from nmt_tf.models.base import Seq2SeqModel
+    from nmt_tf.training import callbacks
 
 
 def log_line(message: str) -> None:
@@ -293,34 +304,34 @@ def train(config, explicit: set[str] | None = None, log=log_line) -> dict:
 @dataclasses.dataclass
 class _Run:
     """One training run, as `_train`'s stages hand it on: each stage reads what
-    the earlier ones set and sets its own part."""
-    config: object
-    log: object
+    the earlier ones set and sets its own part (None until then)."""
+    config: TrainingConfig
+    log: Callable[[str], None]
     model_dir: str
     resuming: bool
-    init: object = None             # fine_tune.Source with --init_from
+    init: fine_tune.Source | None = None            # --init_from's weights
     # _start: where it runs
-    strategy: object = None
-    worker: object = None
+    strategy: tf.distribute.Strategy | None = None
+    worker: distribution.Worker | None = None
     write_dir: str = ""             # the chief writes model_dir; another worker its own part of it
     # _read_corpus: the data
-    src_tok: object = None
-    tgt_tok: object = None
-    stats: object = None
-    dev_stats: object = None
+    src_tok: Tokenizer | None = None
+    tgt_tok: Tokenizer | None = None
+    stats: CorpusStats | None = None
+    dev_stats: CorpusStats | None = None
     prepared: str | None = None     # --prepared_shards: the shards' folder
     own_data: bool = False          # several workers, each reading its own part of the data
-    context: object = None          # with own_data: this worker's tf.distribute.InputContext
+    context: tf.distribute.InputContext | None = None      # with own_data: this worker's
     n_batches: int | None = None    # per epoch (None: data-dependent, token batches)
     # _build, _restore, _controller: the model and its training
-    model: object = None
-    optimizer: object = None
-    state: object = None            # callbacks.TrainingState
-    manager: object = None          # tf.train.CheckpointManager of checkpoints/
-    evaluator: object = None
-    bleu: object = None
-    best_checkpoints: object = None
-    controller: object = None
+    model: Seq2SeqModel | None = None
+    optimizer: keras.optimizers.Optimizer | None = None
+    state: callbacks.TrainingState | None = None
+    manager: tf.train.CheckpointManager | None = None      # of checkpoints/
+    evaluator: callbacks.DevEvaluator | None = None
+    bleu: callbacks.DevBleu | None = None
+    best_checkpoints: BestCheckpoints | None = None
+    controller: callbacks.TrainingCallbacks | None = None
     print_lines: bool = False
     dropout_factor: float | None = None     # --early_dropout_epochs: the factor the model's rates have now
 
