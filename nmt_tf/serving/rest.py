@@ -435,17 +435,18 @@ def predict_request_from_json(registry: ModelRegistry, model_spec, body: bytes, 
     body over _LARGE_BODY_BYTES waits for its turn (`_large_body_turn`)."""
     with _large_body_turn(len(body)):
         doc = _parse_json_object(body)
-        request, row = _predict_request(registry, model_spec, doc, max_batch_size)
-        return request, row, _take_text_options(registry, request, doc)
+        request, row, signature = _predict_request(registry, model_spec, doc, max_batch_size)
+        return request, row, _take_text_options(signature, request, doc)
 
 
 PUT_BACK_OUTPUTS = ("translation",) + ALIGNMENT_OUTPUTS       # what puts markup and placeholders back
 
 
-def _take_text_options(registry: ModelRegistry, request, doc: dict):
+def _take_text_options(signature, request, doc: dict):
     """With "markup" or "protect" in `doc`: the "text" input's tags taken out
     and its items masked (the request then carries the prepared sentences),
-    the Prepared lines returned (else None)."""
+    the Prepared lines returned (else None). `signature`: the SignatureDef
+    the request calls."""
     if "markup" not in doc and "protect" not in doc:
         return None
     kind = doc.get("markup")
@@ -458,12 +459,12 @@ def _take_text_options(registry: ModelRegistry, request, doc: dict):
     if kind is None and not kinds:
         return None
     name = "'markup'" if kind else "'protect'"
-    loaded = registry.get(request.model_spec)
-    outputs = loaded.signature_defs[request.model_spec.signature_name or DEFAULT_SIGNATURE].outputs
+    outputs = signature.outputs
     text = request.inputs["text"] if "text" in request.inputs else None
     if text is None or text.dtype != serving_protos.DT.DT_STRING or not all(k in outputs for k in PUT_BACK_OUTPUTS):
         raise _invalid(f"{name} needs a signature with a string input 'text' and the outputs "
-                       f"{', '.join(PUT_BACK_OUTPUTS)} (serving_default, translate_constrained)")
+                       f"{', '.join(PUT_BACK_OUTPUTS)} (serving_default, translate_with_options, "
+                       "translate_constrained)")
     prepared = [prepare(value.decode("utf-8", "replace"), kind, kinds) for value in text.string_val]
     del text.string_val[:]
     text.string_val.extend(p.text.encode("utf-8") for p in prepared)
@@ -516,10 +517,10 @@ def _predict_request(registry: ModelRegistry, model_spec, doc: dict, max_batch_s
         rows = {alias: info for alias, info in infos.items() if alias not in signature.defaults} or infos
         check_batch_size(min(rows), len(doc["instances"]), max_batch_size)
         _inputs_from_instances(doc["instances"], rows, request.inputs)
-        return request, True
+        return request, True, signature
     if "inputs" in doc:
         _inputs_from_columns(doc["inputs"], infos, request.inputs, max_batch_size, set(signature.defaults))
-        return request, False
+        return request, False, signature
     raise _invalid("Missing 'inputs' or 'instances' key")
 
 
