@@ -490,6 +490,8 @@ def _put_back(outputs, prepared: list):
 
 
 def _predict_request(registry: ModelRegistry, model_spec, doc: dict, max_batch_size: int):
+    """(the PredictRequest of a predict body's JSON object, whether it was in
+    row format, the SignatureDef it calls on the version it names)."""
     request = serving_protos.PredictRequest()
     request.model_spec.CopyFrom(model_spec)
     if "signature_name" in doc:
