@@ -112,6 +112,31 @@ def test_a_full_queue_is_refused_at_once_and_a_large_request_is_refused():
     batcher.stop()
 
 
+def test_one_client_holds_at_most_its_share_of_the_queues_and_gets_it_back():
+    """Issue 95: with batching, one client's flood could fill every queue.
+    A client address holds at most 3/4 of the sentences the queues can hold
+    (here 2 batches x 4 = 8: 6); one more of its requests is refused at
+    once, another client's is queued, and the share comes back as its
+    requests finish."""
+    batcher = Batcher(BatchingParameters(max_batch_size=4, max_enqueued_batches=2, num_batch_threads=1))
+    assert batcher.client_share == 6
+    slow = Recorder(delay=0.6)
+    flood = [threading.Thread(target=batcher.run, args=("k", slow, {"x": np.array([i, i])}, 2, 5.0, "10.0.0.1"))
+             for i in range(3)]
+    for thread in flood:
+        thread.start()
+    time.sleep(0.2)
+    start = time.perf_counter()
+    with pytest.raises(batching.OverShare, match="this client has 6 sentences queued or running, its share"):
+        batcher.run("k", slow, {"x": np.array([9])}, 1, 5.0, "10.0.0.1")
+    assert time.perf_counter() - start < 0.1
+    np.testing.assert_array_equal(batcher.run("k", slow, {"x": np.array([7])}, 1, 5.0, "10.0.0.2")["y"], [14])
+    for thread in flood:
+        thread.join()
+    np.testing.assert_array_equal(batcher.run("k", slow, {"x": np.array([9])}, 1, 5.0, "10.0.0.1")["y"], [18])
+    batcher.stop()
+
+
 def test_a_request_that_fails_in_a_merged_batch_fails_only_itself():
     batcher = Batcher(BatchingParameters(max_batch_size=16, batch_timeout_micros=200_000, num_batch_threads=1))
     results = submit_all(batcher, Recorder(fail_on=7), [[1], [7], [3]])

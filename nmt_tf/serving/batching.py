@@ -29,6 +29,12 @@ of its requests runs again alone, so a request that makes the signature fail
 fails only itself. A request waits at most `timeout` seconds (its gRPC
 deadline, or a bound) and then gets DEADLINE_EXCEEDED; a batch not yet
 started leaves it out.
+
+No client takes more than its share: one client address holds at most 3/4
+of the sentences the queues can hold (max_enqueued_batches x
+max_batch_size; at least one full batch) queued or running; one more of its requests is refused at
+once (RESOURCE_EXHAUSTED), so a client that floods the server leaves room
+in the queues for the others.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ class QueueFull(Exception):
 
 class TooLarge(Exception):
     """The request holds more sentences than max_batch_size."""
+
+
+class OverShare(Exception):
+    """A client holds its share of the queues already."""
 
 
 class WaitedTooLong(Exception):
@@ -180,6 +190,9 @@ class Batcher:
     def __init__(self, params: BatchingParameters):
         self.params = params
         self._queues: dict = {}                       # key -> deque of _Batch
+        self._held: collections.Counter = collections.Counter()     # client -> its sentences queued or running
+        # 3/4 of the queues, and at least a full batch
+        self.client_share = max(params.max_batch_size, params.max_enqueued_batches * params.max_batch_size * 3 // 4)
         self._cond = threading.Condition()
         self._stopped = False
         self.batches_run = 0                          # merged calls made, for tests and logs
@@ -188,11 +201,12 @@ class Batcher:
         for thread in self._threads:
             thread.start()
 
-    def run(self, key, call, feeds: dict, size: int, timeout: float) -> dict:
+    def run(self, key, call, feeds: dict, size: int, timeout: float, client: str = "") -> dict:
         """Runs `call(feeds)` (a dict of [batch, ...] numpy arrays in, a dict of
         numpy arrays out) merged with other calls of the same `key`; returns
         this call's rows of the outputs, or raises what the call raised,
-        TooLarge, QueueFull or WaitedTooLong."""
+        TooLarge, QueueFull, OverShare (`client`, its address, holds its
+        share; "": a caller in this process, not counted) or WaitedTooLong."""
         if size > self.params.max_batch_size:
             raise TooLarge(f"Task size {size} is larger than maximum input batch size "
                            f"{self.params.max_batch_size}")
@@ -200,6 +214,9 @@ class Batcher:
         with self._cond:
             if self._stopped:
                 raise QueueFull("the server is stopping")
+            if client and self._held[client] + size > self.client_share:
+                raise OverShare(f"this client has {self._held[client]} sentences queued or running, its share of "
+                                f"this server's batch queues ({self.client_share}); send more when they are done")
             queue = self._queues.setdefault(key, collections.deque())
             if queue and queue[-1].size + size <= self.params.max_batch_size:
                 batch = queue[-1]
@@ -210,12 +227,19 @@ class Batcher:
                 queue.append(batch)
             batch.tasks.append(task)
             batch.size += size
+            self._held[client] += size
             self._cond.notify()
-        if not task.done.wait(timeout):
+        try:
+            if not task.done.wait(timeout):
+                with self._cond:
+                    task.abandoned = True                 # a batch not yet started leaves it out
+                if not task.done.is_set():
+                    raise WaitedTooLong(f"the request's batch did not finish within {timeout:g} s")
+        finally:
             with self._cond:
-                task.abandoned = True                 # a batch not yet started leaves it out
-            if not task.done.is_set():
-                raise WaitedTooLong(f"the request's batch did not finish within {timeout:g} s")
+                self._held[client] -= size
+                if self._held[client] <= 0:
+                    del self._held[client]
         if task.error is not None:
             raise task.error
         return task.result

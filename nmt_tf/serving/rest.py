@@ -636,7 +636,7 @@ def _rest_answer(registry: ModelRegistry, method: str, path: str, body: bytes, m
             turn = gate.turn(client, BATCH_WAIT_SECONDS) if gate is not None else contextlib.nullcontext()
             with turn:
                 response = run_predict(registry, request, max_batch_size, max_message_bytes, can_filter=False,
-                                       batcher=batcher)
+                                       batcher=batcher, client=client)
             if prepared is not None:
                 _put_back(response.outputs, prepared)
             return predict_response_json(response.outputs, row)

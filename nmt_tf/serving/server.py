@@ -74,11 +74,12 @@ def make_servicers(registry: ModelRegistry, max_batch_size: int, max_message_byt
         @guarded
         def Predict(self, request, context):
             remaining = context.time_remaining() if context is not None else None
+            client = client_address(context.peer()) if context is not None else ""
             if gate is None:
                 return run_predict(registry, request, max_batch_size, max_message_bytes, batcher=batcher,
-                                   timeout=remaining)
+                                   timeout=remaining, client=client)
             wait = BATCH_WAIT_SECONDS if remaining is None else min(remaining, BATCH_WAIT_SECONDS)
-            with gate.turn(client_address(context.peer()) if context is not None else "", wait):
+            with gate.turn(client, wait):
                 return run_predict(registry, request, max_batch_size, max_message_bytes, timeout=remaining)
 
         @guarded

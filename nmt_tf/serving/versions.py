@@ -805,17 +805,19 @@ BATCH_WAIT_SECONDS = float(batching.MAX_BATCH_WAIT_SECONDS)
 
 
 def run_predict(registry: ModelRegistry, request, max_batch_size: int, max_message_bytes: int | None = None,
-                can_filter: bool = True, batcher: batching.Batcher | None = None, timeout: float | None = None):
+                can_filter: bool = True, batcher: batching.Batcher | None = None, timeout: float | None = None,
+                client: str = ""):
     """Predict, following TF Serving's checks and messages (predict_util.cc);
     `can_filter` as in check_reply_size. With a `batcher`, the call is joined
-    with concurrent ones of the same version, signature and outputs
+    with concurrent ones of the same version, signature and search settings
     (nmt_tf.serving.batching), waiting at most `timeout` seconds (default
-    BATCH_WAIT_SECONDS)."""
+    BATCH_WAIT_SECONDS), within its `client`'s (address) share of the queues."""
     with registry.use(request.model_spec) as loaded:
-        return _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_filter, batcher, timeout)
+        return _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_filter, batcher, timeout,
+                        client)
 
 
-def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_filter, batcher, timeout):
+def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_filter, batcher, timeout, client):
     """run_predict on the version `loaded`, held by the caller."""
     name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     if name not in loaded.signatures:
@@ -881,11 +883,13 @@ def _predict(registry, loaded, request, max_batch_size, max_message_bytes, can_f
         key = (loaded, name, tuple((alias, settings[alias].item()) for alias in sorted(settings)))
         try:
             result = batcher.run(key, lambda arrays: loaded.run(name, {**arrays, **settings}, everything), rows,
-                                 sizes.pop(), wait)
+                                 sizes.pop(), wait, client)
         except batching.TooLarge as e:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         except batching.QueueFull as e:
             raise ServingError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+        except batching.OverShare as e:
+            raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         except batching.WaitedTooLong as e:
             raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
     response = serving_protos.PredictResponse()
