@@ -54,7 +54,7 @@ def exports(model_dir: str, checkpoint: str, settings: dict, beams: list[int], w
 
     folders = {}
     for beam in beams:
-        search = {k: v for k, v in settings.items() if k != "max_input_length"}
+        search = {k: v for k, v in settings.items() if k not in ("max_input_length", "max_beam_size")}
         search.update(beam_size=beam, n_best=1)
         config = nmt_config.ExportConfig(nmt_config.SearchOptions(**search), weights=checkpoint,
                                          max_input_length=settings["max_input_length"])
