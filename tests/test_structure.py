@@ -237,6 +237,31 @@ def test_the_tools_hold_their_command_line_only():
         assert not long, f"{module}: {long}"
 
 
+def test_every_tool_is_a_console_script_too():
+    """pyproject.toml's [project.scripts] give every tool a command
+    (nmt-tf-translate, ...) that runs `python -m nmt_tf.<tool>`
+    (nmt_tf.core.console); an installed one answers --help as the module does."""
+    import subprocess
+    import sys
+    import tomllib
+
+    from nmt_tf.core import console
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    tools = tool_modules(import_graph())
+    assert {f"nmt_tf.{tool}" for tool in console.TOOLS} == {t.removesuffix(".__main__") for t in tools}
+    assert scripts == {f"nmt-tf-{tool.replace('_', '-')}": f"nmt_tf.core.console:{tool}" for tool in console.TOOLS}
+    assert all(callable(getattr(console, tool)) for tool in console.TOOLS)
+    installed = os.path.join(os.path.dirname(sys.executable), "nmt-tf-translate")
+    if os.path.exists(installed):           # `pip install -e .` made it (make setup, CI)
+        shown = subprocess.run([installed, "--help"], capture_output=True, text=True, timeout=120)
+        as_module = subprocess.run([sys.executable, "-m", "nmt_tf.translate", "--help"], capture_output=True,
+                                   text=True, timeout=120)
+        assert shown.returncode == 0 and "--preset" in shown.stdout, shown.stderr[-2000:]
+        assert shown.stdout == as_module.stdout
+
+
 def tool_modules(graph):
     """The modules run as `python -m nmt_tf.<tool>`."""
     paths = module_paths()
