@@ -880,7 +880,7 @@ def test_nmt_tf_serve_runtime_litert_answers_like_the_litert_client_without_tens
             f"http://127.0.0.1:{rest_port}/v1/models/nmt:predict", data=body), timeout=60).read())
         assert rest["predictions"][0]["translation"] == want["translation"][0].decode()
         page = urllib.request.urlopen(f"http://127.0.0.1:{rest_port}/", timeout=60).read().decode()
-        assert "English" in page and "French" in page
+        assert "English" in page and "French" in page and 'data-max-beam-size="3"' in page     # the beam list
         # A damaged version 2 (its model truncated) is refused; version 1 goes on serving.
         shutil.copytree(litert_export, tmp_path / "2")
         with open(tmp_path / "2" / "model.tflite", "r+b") as f:

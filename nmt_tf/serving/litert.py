@@ -120,6 +120,8 @@ class LiteRTVersion(ServedVersion):
                                                   self.max_beam_size)
         self.metadata = {key: manifest[key] for key in ("src_lang", "tgt_lang", "model", "architecture",
                                                         "max_input_length") if key in manifest}
+        # what the page offers: the beams of translate_with_options
+        self.metadata.update(search={"beam_size": int(search["beam_size"])}, max_beam_size=self.max_beam_size)
         self.client([WARM_UP_LINE])
         self.warmed_up = 1
 
