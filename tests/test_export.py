@@ -529,17 +529,29 @@ def litert_export(sentencepiece_export, tmp_path_factory):
                               ExportConfig(OPTIONS, max_input_length=400), weights="float32", log=lambda *a: None)
 
 
-def _litert_agrees(got: dict, want: dict, lines) -> None:
-    """LiteRTClient's outputs against a SavedModel's on `lines`: the same
-    n-best translations on >= 90 % of the lines, and on those the same tokens,
-    scores and alignments to rounding. (This model has had two updates, with
-    sampled segmentations that differ from run to run: its near ties let
-    XNNPACK's and TensorFlow's rounding part on a few lines: one run of three fell below 98 %.
+def _litert_agrees(got: dict, want: dict, lines, client=None, score_fn=None, targets=None) -> None:
+    """LiteRTClient's outputs against a SavedModel's on `lines`. The numbers
+    first, free of search ties: with `client`, `score_fn` and `targets` (the
+    lines' references), both runtimes score every pair by forced decoding, and
+    the token log-probabilities agree to rounding at every step. Then the search: the
+    same n-best translations on >= 2/3 of the lines, and on those the same
+    tokens, scores and alignments to rounding. (This model has had two updates,
+    with sampled segmentations that differ from run to run: it is nearly
+    uniform, and its near ties let XNNPACK's and TensorFlow's rounding part the
+    beams on some lines, more on some CPUs: 77 of 103 agreed on one CI machine.
     The shipped model's float32 LiteRT gives the SavedModel's translation on
     every line of test 2016: BUILD_NOTES.md.)"""
     want = {name: value.numpy() for name, value in want.items()}
+    if client is not None:
+        forced = client.score(source=lines, target=targets)
+        reference = {name: value.numpy() for name, value in score_fn(source=tf.constant(lines),
+                                                                      target=tf.constant(targets)).items()}
+        assert forced["target_length"].mean() > 10
+        np.testing.assert_array_equal(forced["target_length"], reference["target_length"])
+        steps = forced["token_log_probs"].shape[1]
+        np.testing.assert_allclose(forced["token_log_probs"], reference["token_log_probs"][:, :steps], atol=2e-4)
     same = [i for i in range(len(lines)) if list(got["nbest_translations"][i]) == list(want["nbest_translations"][i])]
-    assert len(same) >= 0.9 * len(lines), len(same)
+    assert len(same) >= 2 / 3 * len(lines), len(same)
     np.testing.assert_allclose(got["nbest_scores"][same], want["nbest_scores"][same], atol=2e-4)
     assert (got["truncated"] == want["truncated"]).all()
     for i in same:
@@ -564,9 +576,12 @@ def test_the_litert_model_translates_as_the_saved_model(sentencepiece_export, li
                                                  "sentencepiece.tgt.model", "vocab.src.txt", "vocab.tgt.txt"]
     with gzip.open(os.path.join(REPO, "data", "multi30k", "val.en.gz"), "rb") as f:
         lines = f.read().splitlines()[:100] + [b"", b"   ", b"caf\xe9 \xe2\x80\xa8 au lait"]
+    with gzip.open(os.path.join(REPO, "data", "multi30k", "val.fr.gz"), "rb") as f:
+        references = f.read().splitlines()[:100] + [b"", b"Un homme.", b"caf\xe9 au lait"]
     client = LiteRTClient(litert_export)
     got = client(text=lines)
-    _litert_agrees(got, sentencepiece_signatures["serving_default"](text=tf.constant(lines)), lines)
+    _litert_agrees(got, sentencepiece_signatures["serving_default"](text=tf.constant(lines)), lines,
+                   client, sentencepiece_signatures["score"], references)
     assert got["translation"][-3] == got["translation"][-2] == b"" and got["score"][-2] == 0.0
     assert got["nbest_translations"].shape == (len(lines), 2)
     greedy = exporter.export(sentencepiece_export[0], str(tmp_path / "greedy"),
