@@ -26,6 +26,11 @@ restores standard error:
 - everything else (warnings, errors, Python's own output) is passed on as it
   comes, line by line.
 
+- oneDNN's once-per-process notice that an op type falls back to Eigen
+  ("oneDNN supports DT_INT64 only on platforms with AVX-512", printed as an
+  ERROR the first time a graph holds such an op) is made to come now, by a
+  tiny graph session, and dropped.
+
 Later TensorFlow messages are not filtered.
 
 While that import runs, scikit-learn looks missing (`_WithoutScikitLearn`):
@@ -47,6 +52,10 @@ _LOG_PREFIX = re.compile(r"^([IWEF])\d{4} ")                 # absl / glog: I112
 _PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 # Known second lines of multi-line start-up messages.
 _CONTINUATION = re.compile(r"^To enable the following instructions:")
+# TensorFlow's oneDNN graph pass says this once per process, as an ERROR, the
+# first time a graph holds an op it cannot run for that type (an int64
+# Transpose does it even on AVX-512 machines): it only says Eigen runs the op.
+_ONEDNN_FALLBACK = re.compile(r"oneDNN supports DT_\w+ only on platforms with AVX-512")
 _CUDA_PROBE = re.compile(r"(cudart_stub\.cc|cuda_platform\.cc|cuda_executor\.cc|cuda_diagnostics\.cc)"
                          r"|failed call to cuInit|Could not find cuda drivers")
 
@@ -77,6 +86,8 @@ class LineFilter:
             self.dropping = False
             return [line]
         self.dropping = False
+        if _ONEDNN_FALLBACK.search(text):
+            return []
         if _CUDA_PROBE.search(text):
             self.held.append(line)
             self.dropping = True
@@ -174,12 +185,30 @@ class _QuietLoader(importlib.abc.Loader):
         try:
             self.loader.exec_module(module)
             gpu_found = bool(module.config.list_physical_devices("GPU"))
+            _say_onednn_fallbacks_now(module)
         finally:
             sys.meta_path[:] = [f for f in sys.meta_path if f is not deferred]
             capture.close(gpu_found)
 
     def __getattr__(self, name):         # get_resource_reader, is_package, ...
         return getattr(self.loader, name)
+
+
+def _say_onednn_fallbacks_now(tf) -> None:
+    """Runs int64 and bool Transposes in a graph session of their own, so
+    that oneDNN's once-per-process fallback notice comes while standard error
+    is filtered, not in the middle of a tool's output. A v1 session leaves the
+    eager context uninitialised: thread pools, logical CPU devices and
+    collectives can still be configured afterwards. About 20 ms."""
+    if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") in ("0", "false", "False"):
+        return
+    graph = tf.Graph()
+    with graph.as_default():
+        numbers = tf.compat.v1.placeholder(tf.int64, [1, 1])
+        flags = tf.compat.v1.placeholder(tf.bool, [1, 1])
+        transposed = [tf.transpose(numbers), tf.transpose(flags)]
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(transposed, {numbers: [[1]], flags: [[True]]})
 
 
 class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
