@@ -18,6 +18,15 @@ all the folders side by side in one run on test 2016 (one sentence at a time
 for the first 200 sentences, and batches of 64 sorted by length; --runs
 runs, the median). Choose the served beam on val only.
 
+--shortlist_size=C searches over a per-batch vocabulary shortlist of at
+least C target tokens (the model directory needs its lexical table:
+`python -m nmt_tf.shortlist --model_dir=...`; SavedModel only, since a
+LiteRT export has no shortlist yet, so the LiteRT column is left out):
+
+  python -m nmt_tf.shortlist --model_dir=runs/preset_model      # a copy of the preset's model/ folder
+  python pipelines/multi30k_en_fr/beam_sweep.py --name=r10_shortlist1000 --model_dir=runs/preset_model \
+      --beams=5 --shortlist_size=1000 --no-speed
+
 Writes beams/<name>.json beside this script (the figures, the CPU flags, the
 date) and prints a table.
 """
@@ -46,8 +55,9 @@ def read(path: str) -> list[str]:
         return f.read().splitlines()
 
 
-def exports(model_dir: str, checkpoint: str, settings: dict, beams: list[int], where: str) -> dict:
-    """{(runtime, beam): folder} of a SavedModel and a LiteRT int8 export per beam."""
+def exports(model_dir: str, checkpoint: str, settings: dict, beams: list[int], where: str,
+            runtimes=("savedmodel", "litert")) -> dict:
+    """{(runtime, beam): folder} of a SavedModel and a LiteRT int8 export per beam (`runtimes`)."""
     from nmt_tf import config as nmt_config
     from nmt_tf.exporting.litert import export_litert
     from nmt_tf.exporting.saved_model import export
@@ -59,6 +69,8 @@ def exports(model_dir: str, checkpoint: str, settings: dict, beams: list[int], w
         config = nmt_config.ExportConfig(nmt_config.SearchOptions(**search), weights=checkpoint,
                                          max_input_length=settings["max_input_length"])
         for runtime, write in (("savedmodel", export), ("litert", functools.partial(export_litert, weights="int8"))):
+            if runtime not in runtimes:
+                continue
             folder = os.path.join(where, f"{runtime}-{beam}")
             if not os.path.isdir(os.path.join(folder, "1")):         # else kept in --work_dir by an earlier run
                 write(model_dir, folder, config, version=1, log=lambda *a: None)
@@ -91,6 +103,8 @@ def main():
     parser.add_argument("--sets", default="val", help="Comma-separated Multi30k sets (file stems under data/multi30k).")
     parser.add_argument("--speed", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--shortlist_size", type=int, default=0, help="Search over a per-batch shortlist of at least "
+                        "this many target tokens (SavedModel only; needs the model directory's lexical table).")
     parser.add_argument("--work_dir", help="Keep the exports here and reuse those already there (default: a "
                         "temporary directory): a later run can measure the speed alone with --sets=.")
     args = parser.parse_args()
@@ -105,29 +119,35 @@ def main():
         model_dir = os.path.join(os.path.dirname(os.path.dirname(saved_model)), "model")
     beams = [int(b) for b in args.beams.split(",")]
     sets = [name for name in args.sets.split(",") if name]
+    settings = dict(manifest["export"])
+    runtimes = ("savedmodel", "litert")
+    if args.shortlist_size:
+        settings["shortlist_size"] = args.shortlist_size
+        runtimes = ("savedmodel",)
     record = {"name": args.name, "model_dir": args.model_dir or "preset multi30k_en_fr", "checkpoint": args.checkpoint,
-              "search": {k: v for k, v in manifest["export"].items() if k not in ("beam_size", "n_best")},
+              "search": {k: v for k, v in settings.items() if k not in ("beam_size", "n_best")},
               "cpu_flags": " ".join(vector_flags()),
               "date": time.strftime("%Y-%m-%d %H:%M"), "quality": {}, "speed": None}
     with tempfile.TemporaryDirectory() as tmp:
-        folders = exports(model_dir, args.checkpoint, manifest["export"], beams, args.work_dir or tmp)
+        folders = exports(model_dir, args.checkpoint, settings, beams, args.work_dir or tmp, runtimes)
         for name in sets:
             sources, references = read(os.path.join(DATA, f"{name}.en.gz")), read(os.path.join(DATA, f"{name}.fr.gz"))
             for beam in beams:
                 row = {}
                 outputs = {}
-                for runtime in ("savedmodel", "litert"):
+                for runtime in runtimes:
                     outputs[runtime], seconds = translations(runtime, folders[runtime, beam], sources)
                     scores = corpus_scores(outputs[runtime], references, "fr")
                     row[runtime] = {"sacrebleu_13a": round(scores["bleu"], 3),
                                     "lc_moses_tok": round(scores["bleu_lc_moses"], 3), "seconds": round(seconds, 1)}
                     row["signature"] = scores["bleu_signature"]
-                row["litert_lines_differ"] = sum(a != b for a, b in zip(outputs["savedmodel"], outputs["litert"]))
+                if "litert" in outputs:
+                    row["litert_lines_differ"] = sum(a != b for a, b in zip(outputs["savedmodel"], outputs["litert"]))
                 record["quality"].setdefault(name, {})[beam] = row
                 print(f"{name} beam {beam}: {json.dumps(row)}", file=sys.stderr)
         if args.speed:
             # one sentence at a time: the first 200 of test 2016 in file order; files: batches of 64 by length
-            compare = ",".join(folders[runtime, beam] for beam in beams for runtime in ("savedmodel", "litert"))
+            compare = ",".join(folders[runtime, beam] for beam in beams for runtime in runtimes)
             names = {folders[key]: f"{key[0]}-{key[1]}" for key in folders}
             record["speed"] = {}
             for options in (["--batch_sizes=1", "--limit_batch1=200"], ["--batch_sizes=64", "--sort_by_length"]):
