@@ -9,6 +9,7 @@ import shutil
 import socket
 import threading
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
 
@@ -351,7 +352,6 @@ def test_an_error_message_writes_only_the_start_of_a_bad_document():
     first 1,000 characters, and only those are ever written: the probe's body
     ('[' x 300, a million "", ']' x 300; 2.86 MB) took 12.4 s and 2.3 GB when
     the whole text was made and then cut."""
-    import tracemalloc
 
     deep = json.loads("[" * 300 + ",".join(['""'] * 1_000_000) + "]" * 300)
     small = json.loads("[" * 300 + '""' + "]" * 300)      # the same first 1,000 characters
@@ -491,6 +491,34 @@ def test_rest_predictions_decode_in_their_clients_turn_at_the_shared_gate(server
     assert done and done[0][0] == 200 and "predictions" in json.loads(done[0][1])
 
 
+def test_a_large_body_of_more_json_than_its_rows_can_need_is_refused_unparsed(server):
+    """Issue 95: a 32 MB object with a junk array beside "instances" cost
+    0.3 s and 117-159 MB to parse. Over _LARGE_BODY_BYTES, a body's JSON
+    tokens are counted first, up to what --max_batch_size rows can need:
+    past that it is refused with the limit named, nothing parsed; a large
+    body of that many rows is served."""
+    answer = lambda body: rest_api.rest_response(server["registry"], "POST", "/v1/models/nmt:predict", body,
+                                                 max_batch_size=50)
+    junk = json.dumps({"instances": "a", "junk": [0] * 600_000}).encode()
+    assert len(junk) > rest_api._LARGE_BODY_BYTES
+    tracemalloc.start()
+    try:
+        status, reply = answer(junk)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert status == 400 and peak < 2**20
+    assert (f"a body of {len(junk):,} bytes with more than 1,856 JSON tokens" in json.loads(reply)["error"]
+            and "--max_batch_size=50" in json.loads(reply)["error"])
+    # b64 instances of every input of translate_constrained, 50 rows of ~25 KB each: under the count
+    row = {"text": {"b64": base64.b64encode(b"A man is sleeping." + b" " * 25_000).decode()},
+           "target_prefix": {"b64": base64.b64encode(b"Un").decode()}, "required_terms": {"b64": ""}}
+    large = json.dumps({"signature_name": "translate_constrained", "instances": [row] * 50}).encode()
+    assert len(large) > rest_api._LARGE_BODY_BYTES
+    status, reply = answer(large)
+    assert status == 200 and len(json.loads(reply)["predictions"]) == 50
+
+
 def test_large_bodies_are_parsed_one_at_a_time_and_a_long_wait_is_refused(server, monkeypatch):
     """Issue 95: a 32 MB body of junk costs ~0.4 s and ~200 MB to parse; the
     REST workers must not do that all at once. Bodies over the size parse one
@@ -500,14 +528,14 @@ def test_large_bodies_are_parsed_one_at_a_time_and_a_long_wait_is_refused(server
     lock = threading.Lock()
     parse = rest_api._parse_json_object
 
-    def slow_parse(body):
+    def slow_parse(body, max_batch_size):
         with lock:
             parsing[0] += 1
             most[0] = max(most[0], parsing[0])
         time.sleep(0.3)
         with lock:
             parsing[0] -= 1
-        return parse(body)
+        return parse(body, max_batch_size)
 
     monkeypatch.setattr(rest_api, "_parse_json_object", slow_parse)
     large = json.dumps({"instances": ["A man is sleeping." + " " * 200]}).encode()

@@ -89,6 +89,13 @@ _PARSED_NON_OBJECT_BYTES = 1 << 16
 _LARGE_BODY_BYTES = 1 << 20
 _LARGE_BODY_WAIT_SECONDS = 10.0
 _large_body = threading.BoundedSemaphore(1)
+# Before such a body is parsed, its JSON tokens (strings, and the characters [ { , : outside them) are counted,
+# up to what max_batch_size rows can need: _TOKENS_PER_ROW per row (an instance of four inputs, each as a
+# {"b64": ...} object, takes 29), and _TOKENS_OUTSIDE_ROWS for the rest. More is refused unparsed: a 32 MB
+# object with a junk array beside "instances" took 0.3 s and 117-159 MB to parse into the lists it names.
+_TOKENS_PER_ROW = 32
+_TOKENS_OUTSIDE_ROWS = 256
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{,:]')
 
 
 @contextlib.contextmanager
@@ -400,9 +407,27 @@ def _inputs_from_columns(inputs, infos, tensors, max_batch_size: int, defaulted=
         _fill(value, 0, shape, infos[name].dtype, tensors[name])
 
 
-def _parse_json_object(body: bytes) -> dict:
+def _check_json_tokens(body: bytes, max_batch_size: int) -> None:
+    """Refuses a body of more than _LARGE_BODY_BYTES whose JSON tokens are more
+    than max_batch_size rows can need (_TOKENS_PER_ROW each, and
+    _TOKENS_OUTSIDE_ROWS), counting no further than that (no copy of the
+    body, one step per token: a few milliseconds at the most)."""
+    if len(body) <= _LARGE_BODY_BYTES:
+        return
+    limit = max_batch_size * _TOKENS_PER_ROW + _TOKENS_OUTSIDE_ROWS
+    for count, _ in enumerate(_JSON_TOKEN.finditer(body), 1):
+        if count > limit:
+            raise _invalid(f"a body of {len(body):,} bytes with more than {limit:,} JSON tokens (strings, and "
+                           f"the characters '[{{,:' outside them) is not parsed: {_TOKENS_PER_ROW} per sentence "
+                           f"of --max_batch_size={max_batch_size:,} and {_TOKENS_OUTSIDE_ROWS} more are the most "
+                           "a predict request can need")
+
+
+def _parse_json_object(body: bytes, max_batch_size: int) -> dict:
     """The request body as a JSON object, or TF Serving's parse error. NaN,
-    Infinity and -Infinity are numbers, as there."""
+    Infinity and -Infinity are numbers, as there. A large body that is no
+    object, or holds more JSON than max_batch_size rows can need
+    (`_check_json_tokens`), is refused unparsed."""
     start = re.match(rb"[ \t\n\r]*", body).end()      # (body.strip() would copy the body)
     if start == len(body):
         raise _invalid("JSON Parse error: The document is empty")
@@ -412,6 +437,7 @@ def _parse_json_object(body: bytes) -> dict:
         head = body[start:start + _ERROR_ECHO_CHARS].decode("utf-8", "replace")
         raise _invalid(f"JSON Value: {head}... Is not object (a body of {len(body):,} bytes that does not start "
                        "with '{' is not parsed further)")
+    _check_json_tokens(body, max_batch_size)
     text = body.decode("utf-8", "surrogateescape")
     try:
         doc = json.loads(text)
@@ -432,9 +458,11 @@ def predict_request_from_json(registry: ModelRegistry, model_spec, body: bytes, 
     (else None; `_take_text_options`); TF Serving's
     rules and messages (json_tensor.cc, FillPredictRequestFromJson). Batches
     over `max_batch_size` are refused before their items are converted. A
-    body over _LARGE_BODY_BYTES waits for its turn (`_large_body_turn`)."""
+    body over _LARGE_BODY_BYTES waits for its turn (`_large_body_turn`), and
+    is refused unparsed if it holds more JSON than such a batch can need
+    (`_check_json_tokens`)."""
     with _large_body_turn(len(body)):
-        doc = _parse_json_object(body)
+        doc = _parse_json_object(body, max_batch_size)
         request, row, signature = _predict_request(registry, model_spec, doc, max_batch_size)
         return request, row, _take_text_options(signature, request, doc)
 
