@@ -129,6 +129,12 @@ def test_an_export_of_a_model_with_a_calibrator_has_a_confidence_output(trained_
     assert out["confidence"].shape == (3,) and out["confidence"][1] == 1.0
     np.testing.assert_allclose(out["confidence"], confidence.confidence_of_outputs(out, c), rtol=1e-4, atol=1e-5)
     assert "confidence" in load_signature(path, "translate_constrained").structured_outputs
+    # translate_with_options at the export's settings: the same confidences (its n-best width is known only
+    # when the graph runs; the n-best margin was left out of its confidence before)
+    with_options = load_signature(path, "translate_with_options")(
+        text=tf.constant(["A man is sleeping .", "", "zz qq"]), beam_size=tf.constant(3), n_best=tf.constant(2),
+        length_alpha=tf.constant(SearchOptions().length_alpha))
+    np.testing.assert_allclose(with_options["confidence"].numpy(), out["confidence"], rtol=1e-5)
     written = io.StringIO()
     translation.translate_lines(SignatureClient(saved_model=path, outputs=translation.needed_outputs(
         1, False, False, with_confidence=True)), [b"A man is sleeping .", b""], written, 2, 1, False, False,

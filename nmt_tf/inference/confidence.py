@@ -230,10 +230,13 @@ class GraphConfidence:
         t1, s1 = tf.maximum(t, 1.0), tf.maximum(s, 1.0)
         entropy = tf.reduce_sum(row_entropy * target_mask, 1) / t1 / tf.math.log(tf.maximum(s, 2.0))
         scores = tf.cast(nbest_scores, f32)
-        if scores.shape[1] is not None and scores.shape[1] > 1:
-            margin = tf.where(scores[:, 1] > DEAD, scores[:, 0] - scores[:, 1], NO_SECOND)
-        else:
+        if scores.shape[1] == 1:
             margin = tf.fill(tf.shape(t), NO_SECOND)
+        else:
+            # N may be known only when the graph runs (translate_with_options' n_best): a second column
+            # of dead slots is added where there is none.
+            scores = tf.pad(scores, [[0, 0], [0, tf.maximum(0, 2 - tf.shape(scores)[1])]], constant_values=2 * DEAD)
+            margin = tf.where(scores[:, 1] > DEAD, scores[:, 0] - scores[:, 1], NO_SECOND)
         frequent = self.table.lookup(source_tokens)
         rare = tf.reduce_sum((1.0 - frequent) * word_mask, 1) / tf.maximum(words, 1.0)
         signals = tf.stack([tf.cast(log_prob, f32) / t1, margin, coverage_dev, entropy, tf.math.log(t1 / s1), rare],

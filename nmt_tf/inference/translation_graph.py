@@ -12,6 +12,7 @@ nmt_tf.inference.restore; lines are fed through it by nmt_tf.inference.line_batc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 
@@ -143,6 +144,7 @@ class TranslationGraph:
         self.confidence = confidence        # nmt_tf.inference.confidence.GraphConfidence: a confidence output
         # The widest beam a translate_with_options request may ask for (a search is built for each width).
         self.max_beam_size = max(max_beam_size or options.beam_size, options.beam_size)
+        self._search_functions = None       # `_searches`
 
     def _ids(self, tokenizer, text, add_bos=False):
         """Raw text -> (ids [B, L] with [EOS] (and [BOS]), display tokens, truncated, empty)."""
@@ -165,7 +167,15 @@ class TranslationGraph:
         return self.tf.pad(dense, [[0, 0], [0, self.tf.maximum(0, 1 - self.tf.shape(dense)[1])]])
 
     def translate(self, text):
-        return self._translate(text)
+        """The export's search settings: its width's `_searches` function with
+        the export's n_best and length_alpha, the n-best outputs given their
+        static width again."""
+        tf = self.tf
+        n = self.options.n_best
+        out = self._searches()[self.options.beam_size](text, tf.constant(n, tf.int32),
+                                                       tf.constant(self.options.length_alpha, tf.float32))
+        return {key: tf.ensure_shape(value, [None, n]) if key.startswith("nbest_") else value
+                for key, value in out.items()}
 
     def translate_constrained(self, text, target_prefix, required_terms):
         """`translate` steered, per sentence i:
@@ -213,9 +223,26 @@ class TranslationGraph:
         with tf.control_dependencies(checks):
             index = tf.identity(beam_size) - 1
             n_best = tf.where(n_best > 0, n_best, tf.minimum(self.options.n_best, beam_size))
-        branch = lambda k: lambda: self._translate(text, options=_RequestOptions(self.options, k, n_best,
-                                                                                 length_alpha))
-        return tf.switch_case(index, [branch(k) for k in range(1, limit + 1)])
+        searches = self._searches()
+        return tf.switch_case(index, [functools.partial(searches[k], text, n_best, length_alpha)
+                                      for k in range(1, limit + 1)])
+
+    def _searches(self) -> dict:
+        """{k: tf.function(text, n_best, length_alpha)}, `_translate` at beam
+        width k with a request's n_best and length_alpha (scalar tensors),
+        for k = 1 .. max_beam_size; made once. translate_with_options
+        switches between them and `translate` calls the export's width, so
+        that width is traced (and stored) once, not twice."""
+        if self._search_functions is None:
+            tf = self.tf
+            spec = [tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)]
+            self._search_functions = {
+                k: tf.function(functools.partial(self._translate_at, k), autograph=False, input_signature=spec)
+                for k in range(1, self.max_beam_size + 1)}
+        return self._search_functions
+
+    def _translate_at(self, beam_size: int, text, n_best, length_alpha):
+        return self._translate(text, options=_RequestOptions(self.options, beam_size, n_best, length_alpha))
 
     def _required_terms(self, required_terms):
         """Tab-separated terms -> (ids [B, C, L] 0-padded, their tokens [B, C, L]
