@@ -91,6 +91,7 @@ from nmt_tf.inference.client import ClientError, SignatureClient
 from nmt_tf.inference.glossary import Glossary
 from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.markup import KINDS
+from nmt_tf.inference.saved_models import read_metadata
 from nmt_tf.inference.translation_graph import WITH_OPTIONS_SIGNATURE
 from nmt_tf.inference.translation import (
     CONSTRAINED_SIGNATURE,
@@ -158,6 +159,22 @@ def request_settings() -> dict:
     return settings
 
 
+def check_beam_against_export(saved_model: str, settings: dict) -> None:
+    """A --beam_size over the export's widest (nmt_tf.json's max_beam_size)
+    is the signature's own error, said before TensorFlow loads the
+    SavedModel (seconds) rather than after; exports that do not record the
+    bound are left to the signature."""
+    if "beam_size" not in settings:
+        return
+    try:
+        limit = read_metadata(saved_model).get("max_beam_size")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(limit, int) and limit > 0 and settings["beam_size"] > limit:
+        raise ValueError(f"beam_size must be at most {limit}, the widest beam of this export (nmt_tf.export "
+                         "--max_beam_size)")
+
+
 def litert_client(outputs: list[str]):
     """The LiteRT model of --litert_model or --preset (built on first use), as
     a client with the search flags given (LITERT_SEARCH_FLAGS, --n_best)."""
@@ -198,6 +215,8 @@ def main(argv):
             if settings and steering:
                 raise ValueError("--beam_size and --length_alpha choose the search of plain translation: with "
                                  "--target_prefix, --required_terms or --glossary the export's search serves")
+            if saved_model:
+                check_beam_against_export(saved_model, settings)
             signature = (CONSTRAINED_SIGNATURE if steering else WITH_OPTIONS_SIGNATURE if settings
                          else "serving_default")
             client = SignatureClient(signature, saved_model=saved_model, server=FLAGS.server,

@@ -432,6 +432,24 @@ def test_translate_cli_chooses_the_search_through_the_server_and_locally(server,
     assert len([line for line in wide.stderr.splitlines() if not line.startswith("E0000")]) == 1, wide.stderr
 
 
+def test_a_beam_over_the_exports_widest_is_refused_from_its_metadata(tmp_path):
+    """translate --beam_size over nmt_tf.json's max_beam_size is the
+    signature's own error, said before TensorFlow loads the SavedModel; an
+    export that records no bound is left to the signature."""
+    from nmt_tf import translate as translate_tool
+
+    export = tmp_path / "export"
+    (export / "assets.extra").mkdir(parents=True)
+    metadata = export / "assets.extra" / "nmt_tf.json"
+    metadata.write_text(json.dumps({"format_version": 1, "max_beam_size": 3}))
+    with pytest.raises(ValueError, match=r"beam_size must be at most 3, the widest beam of this export"):
+        translate_tool.check_beam_against_export(str(export), {"beam_size": 4})
+    translate_tool.check_beam_against_export(str(export), {"beam_size": 3, "length_alpha": 0.5})
+    translate_tool.check_beam_against_export(str(export), {"length_alpha": 0.5})
+    metadata.write_text(json.dumps({"format_version": 1}))
+    translate_tool.check_beam_against_export(str(export), {"beam_size": 40})
+
+
 def test_translate_cli_with_target_prefixes_through_the_server_and_locally(server, exported, cli_source,
                                                                           translated_locally, tmp_path):
     """Prefixes locally and through the server; required terms, a glossary and
