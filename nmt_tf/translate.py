@@ -92,7 +92,7 @@ from nmt_tf.inference.glossary import Glossary
 from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.markup import KINDS
 from nmt_tf.inference.saved_models import read_metadata
-from nmt_tf.inference.translation_graph import WITH_OPTIONS_SIGNATURE
+from nmt_tf.inference.translation_graph import WITH_OPTIONS_SIGNATURE, beam_bound_text
 from nmt_tf.inference.translation import (
     CONSTRAINED_SIGNATURE,
     TranslationError,
@@ -171,8 +171,7 @@ def check_beam_against_export(saved_model: str, settings: dict) -> None:
     except (OSError, ValueError, AttributeError):
         return
     if isinstance(limit, int) and limit > 0 and settings["beam_size"] > limit:
-        raise ValueError(f"beam_size must be at most {limit}, the widest beam of this export (nmt_tf.export "
-                         "--max_beam_size)")
+        raise ValueError(beam_bound_text(limit))
 
 
 def litert_client(outputs: list[str]):

@@ -23,6 +23,13 @@ WITH_OPTIONS_SIGNATURE = "translate_with_options"
 SEARCH_SETTINGS = {"beam_size": "int32", "n_best": "int32", "length_alpha": "float32"}
 
 
+def beam_bound_text(max_beam_size: int) -> str:
+    """The one message for a beam over an export's widest, wherever it is
+    checked: the graph, nmt_tf.serve, the LiteRT server and nmt_tf.translate."""
+    return (f"beam_size must be at most {max_beam_size}, the widest beam of this export (nmt_tf.export "
+            "--max_beam_size)")
+
+
 def failed_check_text(message: str) -> str:
     """A graph's failed check as its own words ("beam_size must be at most
     10, ...") instead of TensorFlow's wrapping of them (the function's node
@@ -210,9 +217,7 @@ class TranslationGraph:
         limit = self.max_beam_size
         checks = [
             tf.debugging.assert_greater_equal(beam_size, 1, message="beam_size must be at least 1"),
-            tf.debugging.assert_less_equal(beam_size, limit, message=(
-                f"beam_size must be at most {limit}, the widest beam of this export (nmt_tf.export "
-                "--max_beam_size)")),
+            tf.debugging.assert_less_equal(beam_size, limit, message=beam_bound_text(limit)),
             tf.debugging.assert_greater_equal(n_best, 0, message=(
                 "n_best must be at least 1 (or 0: the n-best of the export, at most beam_size)")),
             tf.debugging.assert_less_equal(n_best, beam_size, message="n_best must be at most beam_size"),

@@ -20,7 +20,12 @@ import grpc
 import numpy as np
 
 from nmt_tf.inference.litert_runtime import CONFIDENCE_OUTPUT, MANIFEST, OUTPUTS, LiteRTClient
-from nmt_tf.inference.translation_graph import MAX_LENGTH_ALPHA, SEARCH_SETTINGS, WITH_OPTIONS_SIGNATURE
+from nmt_tf.inference.translation_graph import (
+    MAX_LENGTH_ALPHA,
+    SEARCH_SETTINGS,
+    WITH_OPTIONS_SIGNATURE,
+    beam_bound_text,
+)
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving.versions import DEFAULT_SIGNATURE, SearchCost, ServedVersion, ServingError, alignment_bound
 
@@ -61,8 +66,7 @@ def request_search(feeds: dict, options: dict, max_beam_size: int) -> dict:
     (INVALID_ARGUMENT) naming the setting and its bound."""
     beam, n_best, alpha = (feeds[name].item() for name in SEARCH_SETTINGS)
     problem = ("beam_size must be at least 1" if beam < 1 else
-               f"beam_size must be at most {max_beam_size}, the widest beam of this export (nmt_tf.export "
-               "--max_beam_size)" if beam > max_beam_size else
+               beam_bound_text(max_beam_size) if beam > max_beam_size else
                "n_best must be at least 1 (or 0: the n-best of the export, at most beam_size)" if n_best < 0 else
                "n_best must be at most beam_size" if n_best > beam else
                "length_alpha must be at least 0" if not alpha >= 0 else

@@ -27,7 +27,7 @@ from absl import logging
 from nmt_tf.core.files import files_stamp, sha256
 from nmt_tf.inference.host_text import source_counter
 from nmt_tf.inference.saved_models import load_session, read_metadata
-from nmt_tf.inference.translation_graph import failed_check_text
+from nmt_tf.inference.translation_graph import beam_bound_text, failed_check_text
 from nmt_tf.serving import api_protos as serving_protos
 from nmt_tf.serving import batching
 from nmt_tf.serving import config_protos as protos
@@ -712,9 +712,7 @@ def check_search_work(loaded: ServedVersion, inputs, limit: int) -> None:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "tensor parsing error: beam_size") from None
         if not 1 <= beam <= cost.max_beam_size:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, (
-                "beam_size must be at least 1" if beam < 1 else
-                f"beam_size must be at most {cost.max_beam_size}, the widest beam of this export (nmt_tf.export "
-                "--max_beam_size)"))
+                "beam_size must be at least 1" if beam < 1 else beam_bound_text(cost.max_beam_size)))
     cost.check(dims[0], inputs["text"].string_val, prefixed, limit, beam)
 
 

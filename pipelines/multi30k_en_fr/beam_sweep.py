@@ -48,6 +48,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
 DATA = os.path.join(REPO, "data", "multi30k")
 OUT = os.path.join(HERE, "beams")
+RUNTIMES = ("savedmodel", "litert")
 
 
 def read(path: str) -> list[str]:
@@ -56,7 +57,7 @@ def read(path: str) -> list[str]:
 
 
 def exports(model_dir: str, checkpoint: str, settings: dict, beams: list[int], where: str,
-            runtimes=("savedmodel", "litert")) -> dict:
+            runtimes=RUNTIMES) -> dict:
     """{(runtime, beam): folder} of a SavedModel and a LiteRT int8 export per beam (`runtimes`)."""
     from nmt_tf import config as nmt_config
     from nmt_tf.exporting.litert import export_litert
@@ -120,7 +121,7 @@ def main():
     beams = [int(b) for b in args.beams.split(",")]
     sets = [name for name in args.sets.split(",") if name]
     settings = dict(manifest["export"])
-    runtimes = ("savedmodel", "litert")
+    runtimes = RUNTIMES
     if args.shortlist_size:
         settings["shortlist_size"] = args.shortlist_size
         runtimes = ("savedmodel",)
