@@ -45,6 +45,7 @@ from nmt_tf.data.lexicon import for_search
 from nmt_tf.exporting import saved_model as exporter
 from nmt_tf.inference import placeholders
 from nmt_tf.inference.client import ClientError, SignatureClient
+from nmt_tf.inference.glossary import reads_term_sources, sourced_term
 from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line, scored_pairs
 from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.restore import restore_model
@@ -255,7 +256,10 @@ class Translator:
         `target_prefix`: text each translation starts with (a str for a
         str, a list as long as `sentences`; "" for none).
         `required_terms`: target terms each translation must contain (a list
-        of str for a str, a list of such lists as long as `sentences`);
+        for a str, a list of such lists as long as `sentences`), each a
+        target term, or a (source term, target term) pair: then the term is
+        written where the attention is on its source term, not after the
+        sentence (nmt_tf.inference.constraints, "Placement");
         `Translation.terms_met` says whether they all fit.
         `markup` ("html" or "xml"): the sentences hold inline markup; it is
         taken out, the plain sentences translated, and put back into
@@ -307,6 +311,9 @@ class Translator:
             for name, values in (("target prefixes", prefixes), ("lists of required terms", terms)):
                 if len(values) != len(lines):
                     raise ValueError(f"{len(lines)} sentences but {len(values)} {name}")
+            if not reads_term_sources(self.metadata):      # an export before nmt_tf 0.4: the target terms only
+                terms = [[t[1] if isinstance(t, (tuple, list)) else t for t in ([ts] if isinstance(ts, (str, bytes))
+                                                                                else ts)] for ts in terms]
             items = [(s, _bytes(p), _bytes(join_terms(t))) for (s,), p, t in zip(items, prefixes, terms)]
             call = lambda batch: self._constrained(*([item[i] for item in batch] for i in range(3)))
         batched = batches_by_length(call, items, batch_size, parallel_batches, length=lambda item: len(item[0].split()))
@@ -346,9 +353,11 @@ class Translator:
 
 
 def join_terms(terms) -> str:
-    """A sentence's required terms as the signature takes them: tab-separated."""
+    """A sentence's required terms as the signature takes them: tab-separated;
+    a (source term, target term) pair as "source|||target"."""
     terms = [terms] if isinstance(terms, (str, bytes)) else list(terms)
-    terms = [t.decode("utf-8") if isinstance(t, bytes) else t for t in terms]
+    text = lambda t: t.decode("utf-8") if isinstance(t, bytes) else t
+    terms = [sourced_term(text(t[0]), text(t[1])) if isinstance(t, (tuple, list)) else text(t) for t in terms]
     for term in terms:
         if any(c in term for c in "\t\r\n"):
             raise ValueError(f"a required term holds a tab or a line break: {term[:60]!r}")

@@ -381,6 +381,11 @@ class SearchOptions:
     shortlist_per_word: int = setting(
         "integer", 10, "With --shortlist_size: translations per source token taken into the shortlist (by "
         "IBM Model 1 probability).", lower=1)
+    term_placement: float = setting(
+        "float", 2.0, "How strongly a required term given with its source words ('dog|||toutou', and every "
+        "--glossary entry) is written where the attention is on them rather than appended: the weight of the "
+        "placement costs in the beam's ranking (chosen on val; docs/translating.md, 'Placement'). 0: Post & "
+        "Vilar's placement anywhere.", lower=0.0)
 
     def __post_init__(self):
         check_limits(self)      # the choices and bounds above (alpha >= 0: beam search's early stop needs it)

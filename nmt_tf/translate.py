@@ -41,8 +41,10 @@ for input line i; an empty line: none): its translation starts with that
 text byte for byte (trailing whitespace dropped) and the model continues
 it, for interactive translation. --required_terms=FILE gives each input
 line target terms (tab-separated; an empty line: none) that its translation
-must contain; --glossary=FILE ("source term<TAB>target term" lines) adds the
-target term of every source term found in a line as whole words. Terms
+must contain (a term written "source|||target" is placed where the attention
+is on its source words); --glossary=FILE ("source term<TAB>target term"
+lines) adds the target term of every source term found in a line as whole
+words, placed so. Terms
 that do not fit in the length limit give the best partial translation
 ("terms_met": false in JSON lines; in plain-text mode a warning on
 stderr). These lines go through the export's translate_constrained
@@ -88,7 +90,7 @@ from nmt_tf.core.files import count_lines
 from nmt_tf.core.progress import Progress
 from nmt_tf.inference import placeholders
 from nmt_tf.inference.client import ClientError, SignatureClient
-from nmt_tf.inference.glossary import Glossary
+from nmt_tf.inference.glossary import Glossary, reads_term_sources
 from nmt_tf.inference.litert_runtime import LiteRTClient
 from nmt_tf.inference.markup import KINDS
 from nmt_tf.inference.saved_models import read_metadata
@@ -116,13 +118,14 @@ absl_flags.DEFINE_string(
 absl_flags.DEFINE_string(
     "required_terms", None,
     "A file (plain or gzip) with the target terms each input line's translation must contain, tab-separated, "
+    "each 'target' or 'source|||target' (placed where the source words are translated), "
     "one line per input line (empty line: none); a line with more than 16, with the --glossary's, keeps its first "
     "16 and a warning says so: lexically constrained beam search.")
 absl_flags.DEFINE_string(
     "glossary", None,
     "A 'source term<TAB>target term' file: wherever a source term occurs in an input line (whole words, "
     "case-sensitive unless --glossary_ignore_case), its target term is required in the translation (as "
-    "--required_terms).")
+    "--required_terms), and placed where the source term is translated (the export's --term_placement).")
 absl_flags.DEFINE_boolean(
     "glossary_ignore_case", False,
     "With --glossary: find its source terms in any case ('Snow', 'SNOW' for 'snow'); two entries that differ only "
@@ -172,6 +175,16 @@ def check_beam_against_export(saved_model: str, settings: dict) -> None:
         return
     if isinstance(limit, int) and limit > 0 and settings["beam_size"] > limit:
         raise ValueError(beam_bound_text(limit))
+
+
+def reads_sources(saved_model: str) -> bool:
+    """Whether the export takes "source|||target" terms (nmt_tf 0.4 on): the
+    glossary then sends its terms so. Through --server the export is not
+    known, and the glossary sends target terms only."""
+    try:
+        return reads_term_sources(read_metadata(saved_model))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def litert_client(outputs: list[str]):
@@ -225,7 +238,8 @@ def main(argv):
         out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
         try:
             translate_lines(client, steered_lines(read_lines(FLAGS.input), FLAGS.target_prefix,
-                                                  FLAGS.required_terms, glossary), out,
+                                                  FLAGS.required_terms, glossary,
+                                                  sourced=bool(saved_model) and reads_sources(saved_model)), out,
                             FLAGS.lines_per_batch, FLAGS.n_best,
                             FLAGS.with_scores, FLAGS.with_alignments, progress, FLAGS.sort_window,
                             FLAGS.parallel_batches, with_confidence=FLAGS.with_confidence, markup=FLAGS.markup,

@@ -248,13 +248,16 @@ def test_translate_constrained_starts_with_the_target_prefix_byte_for_byte(which
         assert kept.startswith(" ".join(["Un"] * 20)) and not kept.startswith(long_prefix), kept
 
 
-TERMS = ["chien", "", "homme\tneige", " chemise bleue \t\t"]
+TERMS = ["chien", "", "homme\tsnow ||| neige", " chemise bleue \t\t"]      # a term with its source words (issue 93)
 
 
 @pytest.mark.parametrize("which", ["word", "sentencepiece"])
 def test_translate_constrained_translations_hold_every_required_term(which, request):
     """Tab-separated terms, blanks ignored, one or two words each, with or
-    without a prefix: every n-best translation contains each term."""
+    without a prefix and with or without their source words: every n-best
+    translation contains each term."""
+    from nmt_tf.inference.glossary import target_of
+
     loaded = request.getfixturevalue("signatures" if which == "word" else "sentencepiece_signatures")
     text = tf.constant(["A man in a blue shirt.", "Two dogs run.", "Two dogs play in the snow.", "A man."])
     out = loaded["translate_constrained"](text=text, target_prefix=tf.constant(["", "", "Deux", ""]),
@@ -264,7 +267,8 @@ def test_translate_constrained_translations_hold_every_required_term(which, requ
     for i, terms in enumerate(TERMS):
         for translation, score in zip(out["nbest_translations"].numpy()[i], out["nbest_scores"].numpy()[i]):
             if score > -1e8:
-                assert all(term.strip() in translation.decode() for term in terms.split("\t")), translation
+                assert all(target_of(term) in translation.decode() for term in terms.split("\t")), translation
+                assert "|||" not in translation.decode() and "snow" not in translation.decode()
     assert out["terms_spellable"].numpy().all()   # the word model writes its unknown "neige" as the term's text
     with pytest.raises(tf.errors.InvalidArgumentError, match="more than 16 required terms"):
         loaded["translate_constrained"](text=text[:1], target_prefix=tf.constant([""]),

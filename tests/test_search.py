@@ -531,3 +531,62 @@ def test_unk_dictionary_learns_word_translations_from_a_corpus(tmp_path):
         with pytest.raises(InputError, match=rf"{shorter} \(--train_.+\) has fewer lines than the other side"):
             split_corpus([s.encode() for s in src[:src_end]], [t.encode() for t in tgt[:tgt_end]], "en", "fr",
                          50, 1000, names=("train.en (--train_src)", "train.fr (--train_tgt)"))
+
+
+class WalkingModel(ScriptedModel):
+    """A stand-in model for search whose attention walks the source: at
+    step t it attends to position t (0.9, the rest spread evenly) and wants
+    word 4 ("w") for three steps, then [EOS]: p = 0.9 after [BOS] or "w",
+    0.5 after another word (an unlikely word mid-sentence upsets what
+    follows), the rest spread evenly over the other tokens."""
+
+    target_vocab_size = 8
+
+    def decode_step(self, previous_ids, state, inputs, weights):
+        step = tf.cast(state[..., 0], tf.int32)
+        wanted = tf.where(step < 3, 4, EOS_ID)
+        p = tf.where((previous_ids == BOS_ID) | (previous_ids == 4), 0.9, 0.5)[..., None]
+        log_probs = tf.math.log(tf.where(tf.one_hot(wanted, self.target_vocab_size) > 0, p,
+                                         (1 - p) / (self.target_vocab_size - 1)))
+        width = tf.reduce_max(inputs["length"])
+        alpha = (tf.one_hot(tf.minimum(step, width - 1), width) * 0.9 + 0.1 / tf.cast(width, tf.float32))
+        return log_probs, state + 1, alpha
+
+
+def test_a_term_with_its_source_term_is_written_where_the_attention_is_on_it():
+    """Issue 93: Post & Vilar's search appends an unlikely term after the
+    sentence ("w w w z": the length penalty pays for the extra token); given
+    as "b|||z", the term costs -log(attention on "b") when started, and is
+    written at the step that attends to "b". The scores stay the model's."""
+    from nmt_tf.data import text
+    from nmt_tf.inference.translation_graph import TranslationGraph
+
+    src_tok = text.make_tokenizer(list(text.SPECIAL_TOKENS) + ["a", "b", "c", "d"], "word", "en")
+    tgt_tok = text.make_tokenizer(list(text.SPECIAL_TOKENS) + ["w", "x", "y", "z"], "word", "fr")
+    sentences = tf.constant(["a b c d", "a b c d", "a b c d", "a c d d"])
+    terms = tf.constant(["b|||z", "z", "b c ||| z", "b|||z"])      # the last sentence has no "b"
+
+    def translate(weight):
+        graph = TranslationGraph(WalkingModel(), src_tok, tgt_tok,
+                                 SearchOptions(beam_size=4, min_length_ratio=0.0, term_placement=weight), 20)
+        return graph.translate_constrained(sentences, tf.constant([""] * 4), terms)
+
+    placed, anywhere = translate(1.0), translate(0.0)
+    assert [t.decode() for t in anywhere["translation"].numpy()] == ["w w w z"] * 4
+    translations = [t.decode() for t in placed["translation"].numpy()]
+    assert translations[:2] == ["w z w", "w w w z"] and translations[3] == "w w w z"
+    assert translations[2] in ("w z w", "w w z")                        # "b c": either step attends to it
+    assert placed["terms_met"].numpy().all()
+    good, upset, low = np.log(0.9), np.log(0.5), np.log(0.1 / 7)
+    np.testing.assert_allclose(placed["log_prob"].numpy(), [2 * good + low + upset, 3 * good + low + upset,
+                                                            2 * good + low + upset, 3 * good + low + upset], rtol=1e-5)
+    np.testing.assert_allclose(placed["score"].numpy(), placed["log_prob"].numpy() / [4, 5, 4, 5], rtol=1e-5)
+    graph = TranslationGraph(WalkingModel(), src_tok, tgt_tok, SearchOptions(), 20)
+    source = src_tok.lookup(src_tok.tokenize(tf.constant(["a b c b d", "d"]))).to_tensor(0)
+    # "x" and "q" are not in the source vocabulary: [UNK] would match any unknown word, so they place nothing
+    spans = graph._term_spans(tf.ragged.constant([["b", "", "c b", "x"], ["d"]]), source, 5).numpy()
+    assert spans[0].tolist() == [[0, 1, 0, 1, 0], [0] * 5, [0, 0, 1, 1, 0], [0] * 5, [0] * 5]
+    unknown = src_tok.lookup(src_tok.tokenize(tf.constant(["a q b"]))).to_tensor(0)
+    assert graph._term_spans(tf.ragged.constant([["q", "b"]]), unknown, 2).numpy().tolist() == [[[0, 0, 0],
+                                                                                                 [0, 0, 1]]]
+    assert spans[1].tolist() == [[1, 0, 0, 0, 0]] + [[0] * 5] * 4

@@ -489,7 +489,7 @@ def test_translate_keeps_a_lines_first_16_required_terms_and_says_so():
     terms = ["t%d" % i for i in range(18)]
 
     class Glossary:
-        def terms(self, line):
+        def required_terms(self, line, sourced=True):
             return terms if line == "b" else ["x"]
 
     items = list(translation.steered_lines(iter(lines), glossary=Glossary(), warn=warnings.append))
@@ -917,6 +917,30 @@ def test_a_glossary_finds_whole_words_longest_first(tmp_path):
     assert Glossary(str(path)).terms("A DOG in the snow, a Hot Dog.") == []
     assert Glossary(str(path), ignore_case=True).terms("A DOG in the snow, a Hot Dog.") == ["chien", "neige",
                                                                                            "hot-dog"]
+    # Issue 93: the terms go to the search with the source words they translate, for placement; an export
+    # older than nmt_tf 0.4 (no term_placement in its nmt_tf.json) gets the target terms alone.
+    from nmt_tf.api import join_terms
+    from nmt_tf.inference.glossary import reads_term_sources
+
+    sourced = Glossary(str(path), ignore_case=True).required_terms("A DOG in the snow, a Hot Dog, a dog.")
+    assert sourced == ["DOG|||chien", "snow|||neige", "Hot Dog|||hot-dog"]
+    assert Glossary(str(path)).required_terms("a dog", sourced=False) == ["chien"]
+    steered = translation.steered_lines(iter([b"a dog"]), glossary=Glossary(str(path)), sourced=False)
+    assert [item[2] for item in steered] == [b"chien"]
+    terms_path = tmp_path / "terms.fr"
+    terms_path.write_bytes(b"bleu\n")
+    steered = translation.steered_lines(iter([b"a dog in the snow"]), terms_path=str(terms_path),
+                                        glossary=Glossary(str(path), ignore_case=True))
+    assert [item[2] for item in steered] == [b"bleu\tdog|||chien\tsnow|||neige"]
+    own = tmp_path / "own.fr"
+    own.write_bytes(b"chien\n")            # a target term given twice is required once, in its first form
+    steered = translation.steered_lines(iter([b"a dog"]), terms_path=str(own), glossary=Glossary(str(path)))
+    assert [item[2] for item in steered] == [b"chien"]
+    assert join_terms([("snow", "poudreuse"), "chien"]) == "snow|||poudreuse\tchien"
+    with pytest.raises(ValueError, match="holds '\\|\\|\\|'"):
+        join_terms([("a|||b", "c")])
+    assert reads_term_sources({"search": {"beam_size": 5, "term_placement": 1.0}}) and reads_term_sources({})
+    assert not reads_term_sources({"search": {"beam_size": 5}})
     path.write_text("snow\tneige\nSnow\tNeige\n", encoding="utf-8")
     assert len(Glossary(str(path))) == 2
     with pytest.raises(ValueError, match="'snow' and 'Snow' are one term when case is ignored"):

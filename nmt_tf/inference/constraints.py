@@ -26,6 +26,18 @@ beam, so that the exported graph runs it in stock TF Serving:
   terms do not fit returns its best partial hypotheses, ranked after every
   complete one, and says so (`contains_terms`).
 
+- Placement (issue 93): a term may come with the source tokens it
+  translates (`spans` [B, C, Tx]). Its first token is then offered only
+  where the hypothesis' attention is on them (PLACEMENT_GATE), or where
+  the hypothesis would end (the fallback: a term is appended rather than
+  lost); starting it with little attention on them, appending it, and
+  letting the attention leave them without it all cost rank
+  (`RequiredTerms.transition`). Without this, an unlikely term goes where
+  the model minds it least, mostly after the sentence ("... avec une
+  balle. poudreuse."). The costs are part of a hypothesis' rank only: its
+  log-probability stays the model's (`TermState.cost` carries them, to
+  take them back out).
+
 Without terms (C = 0, or every term empty) the search is the unconstrained
 one: `beam_search` then takes its usual k best extensions.
 """
@@ -34,12 +46,21 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from nmt_tf.data.text import PAD_ID
 
 NEG = -1e9          # as nmt_tf.inference.search.NEG (search imports this module)
 UNMET_COST = 1e4    # subtracted from a finished hypothesis' rank per term token it misses
+# Placement (issue 93; chosen on val, pipelines/multi30k_en_fr/terminology.py): a term's first token is
+# offered where the attention on its source tokens is at least PLACEMENT_GATE; a start with less than
+# PLACEMENT_MASS on them costs rank; a hypothesis whose attention had PLACEMENT_MASS on them and left without
+# the term is charged as missing it; appending costs APPEND_FACTOR times the most a start can cost.
+PLACEMENT_GATE = 0.2
+PLACEMENT_MASS = 0.5
+APPEND_FACTOR = 3.0
+PLACEMENT_FLOOR = 1e-4   # the least attention a cost counts: at most placement x log(0.5 / 1e-4) = 8.5 x placement
 
 
 class TermState(NamedTuple):
@@ -47,32 +68,50 @@ class TermState(NamedTuple):
     of length 0 counts as met), term [..] int32 (the term it is inside, -1:
     none), position [..] int32 (its tokens generated so far), closing [..]
     int32 (the term its last token completed, -1: none; a word-continuing
-    token next undoes it)."""
+    token next undoes it), cost [..] float32 (the placement costs of the
+    terms it started or missed, already subtracted from its score),
+    attended [.., C] bool (its attention has been on the term's source
+    tokens, at least PLACEMENT_MASS, at some step), missed [.., C] bool
+    (its attention left them with the term not written)."""
     met: tf.Tensor
     term: tf.Tensor
     position: tf.Tensor
     closing: tf.Tensor
+    cost: tf.Tensor
+    attended: tf.Tensor
+    missed: tf.Tensor
 
 
 class RequiredTerms(NamedTuple):
     """A batch's required terms: tokens [B, C, L] int32 (0-padded), lengths
     [B, C]; continuation: None, or [V] bool, the target tokens that continue
     the word before them (sub-word pieces without a word-start mark): a term
-    followed by one is not met, as "chien" is not in "chiens"."""
+    followed by one is not met, as "chien" is not in "chiens"; spans: None,
+    or [B, C, Tx] float32, 1 on the source tokens each term translates (all
+    0: a term placed anywhere); placement: the weight of the placement cost
+    (0: none)."""
     tokens: tf.Tensor
     lengths: tf.Tensor
     continuation: tf.Tensor | None = None
+    spans: tf.Tensor | None = None
+    placement: float = 0.0
 
     @classmethod
-    def from_ids(cls, ids, continuation=None) -> "RequiredTerms":
-        """From ids [B, C, L] (0-padded; C and L may be 0: padded to 1, an empty term)."""
+    def from_ids(cls, ids, continuation=None, spans=None, placement: float = 0.0) -> "RequiredTerms":
+        """From ids [B, C, L] (0-padded; C and L may be 0: padded to 1, an empty term) and spans [B, C, Tx]
+        (C as the ids')."""
         ids = tf.cast(ids, tf.int32)
-        ids = tf.pad(ids, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(ids)[1])], [0, tf.maximum(0, 1 - tf.shape(ids)[2])]])
+        pad_terms = tf.maximum(0, 1 - tf.shape(ids)[1])
+        ids = tf.pad(ids, [[0, 0], [0, pad_terms], [0, tf.maximum(0, 1 - tf.shape(ids)[2])]])
+        if spans is not None:
+            spans = tf.pad(tf.cast(spans, tf.float32), [[0, 0], [0, pad_terms], [0, 0]])
         return cls(ids, tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=2),
-                   None if continuation is None else tf.constant(continuation, tf.bool))
+                   None if continuation is None else tf.constant(continuation, tf.bool),
+                   spans if placement else None, float(placement))
 
     def rows(self, rows) -> "RequiredTerms":
-        return RequiredTerms(tf.gather(self.tokens, rows), tf.gather(self.lengths, rows), self.continuation)
+        return RequiredTerms(tf.gather(self.tokens, rows), tf.gather(self.lengths, rows), self.continuation,
+                             None if self.spans is None else tf.gather(self.spans, rows), self.placement)
 
     def continues_word(self, token):
         """Whether each token (any shape) continues the word before it."""
@@ -88,7 +127,8 @@ class RequiredTerms(NamedTuple):
         batch, terms = tf.shape(self.lengths)[0], tf.shape(self.lengths)[1]
         met = tf.broadcast_to((self.lengths == 0)[:, None, :], tf.stack([batch, slots, terms]))
         zeros = tf.zeros(tf.stack([batch, slots]), tf.int32)
-        return TermState(met, zeros - 1, zeros, zeros - 1)
+        no = tf.zeros_like(met)
+        return TermState(met, zeros - 1, zeros, zeros - 1, tf.zeros(tf.stack([batch, slots])), no, no)
 
     def met_tokens(self, state: TermState):
         """[B, K] term tokens met: whole terms met, and the progress inside one."""
@@ -99,8 +139,63 @@ class RequiredTerms(NamedTuple):
         inside = tf.gather(self.tokens, tf.maximum(state.term, 0), batch_dims=1)              # [B, K, L]
         return tf.gather(inside, tf.minimum(state.position, tf.shape(self.tokens)[2] - 1), batch_dims=2)
 
-    def step(self, state: TermState, token) -> TermState:
-        """The state after each hypothesis generates `token` [B, K]."""
+    def _mass(self, alpha):
+        """[B, K, C] each slot's attention on each term's source tokens, [B, C] whether a term has any."""
+        return (tf.einsum("bkx,bcx->bkc", tf.cast(alpha, tf.float32), self.spans),
+                tf.reduce_any(self.spans > 0, axis=2))
+
+    def open_starts(self, alpha, ending):
+        """[B, K, C] where a hypothesis may be offered the first token of a
+        term (dynamic beam allocation's extra candidates). With placement:
+        while its attention on the term's source tokens is at least
+        PLACEMENT_GATE; where it would end (`ending` [B, K]: [EOS] is its
+        likeliest token), the fallback that appends a term rather than lose
+        it; and a term with no source tokens in the sentence anywhere.
+        Without placement, everywhere."""
+        if self.spans is None or alpha is None:
+            return tf.ones_like(self.lengths[:, None, :] > 0) & tf.ones_like(ending[:, :, None])
+        mass, placed = self._mass(alpha)
+        return (mass >= PLACEMENT_GATE) | ~placed[:, None, :] | ending[:, :, None]
+
+    def transition(self, state: TermState, token, alpha=None, ending=None):
+        """(the state after each hypothesis generates `token` [B, M] from
+        its parent's `state`, the placement cost of that step [B, M]).
+
+        With placement (`alpha` [B, M, Tx], the attention that chose the
+        token; `ending` [B, M]: [EOS] was the parent's likeliest token),
+        with most = placement x log(PLACEMENT_MASS / PLACEMENT_FLOOR):
+        - starting a term costs placement x log(PLACEMENT_MASS / the
+          attention on its source tokens) where that is below
+          PLACEMENT_MASS, and APPEND_FACTOR x most where the hypothesis
+          would rather have ended (appending it);
+        - missing a term costs most, once, at the step where the attention
+          falls below PLACEMENT_GATE on its source tokens after having been
+          at least PLACEMENT_MASS there, with the term neither met nor
+          begun: so a hypothesis that wrote the term where it belongs is
+          not pushed out of its bank by one that wrote another term
+          instead and could only append this one later.
+        A term with no source tokens in the sentence costs nothing."""
+        after, started = self.step(state, token)
+        if self.spans is None or alpha is None:
+            return after, tf.zeros(tf.shape(token))
+        mass, placed = self._mass(alpha)
+        most = float(self.placement * (np.log(PLACEMENT_MASS) - np.log(PLACEMENT_FLOOR)))
+        column = tf.maximum(started, 0)
+        at_start = tf.gather(mass, column, batch_dims=2)
+        start = self.placement * tf.nn.relu(np.log(PLACEMENT_MASS) - tf.math.log(tf.maximum(at_start, PLACEMENT_FLOOR)))
+        if ending is not None:
+            start = tf.where(ending, APPEND_FACTOR * most, start)
+        start = tf.where((started >= 0) & tf.gather(placed, column, batch_dims=1), start, 0.0)
+        inside = tf.one_hot(after.term, tf.shape(self.lengths)[1], on_value=True, off_value=False)
+        missed = (state.attended & (mass < PLACEMENT_GATE) & ~after.met & ~inside & ~state.missed
+                  & placed[:, None, :])
+        cost = start + most * tf.reduce_sum(tf.cast(missed, tf.float32), axis=2)
+        return after._replace(cost=state.cost + cost, attended=state.attended | (mass >= PLACEMENT_MASS),
+                              missed=state.missed | missed), cost
+
+    def step(self, state: TermState, token):
+        """(The state after each hypothesis generates `token` [B, K], the
+        term it starts [B, K], -1: none); placement as `state`'s."""
         terms = tf.shape(self.lengths)[1]
         # A term completed by the previous token is undone if this one continues its last word.
         broken = (state.closing >= 0) & self.continues_word(token)
@@ -123,13 +218,15 @@ class RequiredTerms(NamedTuple):
         term = tf.where(inside, state.term, tf.where(opened, started, -1))
         position = tf.where(inside, state.position + 1, tf.where(opened, 1, 0))
         closing = tf.where(completes, state.term, tf.where(one_token, started, -1))
-        return TermState(met, term, position, closing)
+        return (state._replace(met=met, term=term, position=position, closing=closing),
+                tf.where(any_start, started, -1))
 
     def unmet(self, state: TermState):
         """[B, K] whether a hypothesis still misses a term."""
         return ~tf.reduce_all(state.met, axis=2)
 
-    def extensions(self, log_probs, alive_score, state: TermState, k: int, best_extensions):
+    def extensions(self, log_probs, alive_score, state: TermState, k: int, best_extensions, alpha=None,
+                   ending=None):
         """The k slots of the next beam, by dynamic beam allocation.
 
         Args:
@@ -139,11 +236,18 @@ class RequiredTerms(NamedTuple):
           state: the slots' TermState.
           best_extensions: (log_probs, alive_score, k) -> (score, token,
             parent) [B, k], the unconstrained k best.
+          alpha: [B, K, Tx] each slot's attention at this step (for the
+            placement cost), or None.
+          ending: with alpha, [B, K] bool: [EOS] is a slot's likeliest
+            token before the masks (`open_starts`).
 
         Returns:
-          (score, token, parent) [B, k], the allocated candidates first
-          (by score), then the best of the rest; dead candidates score NEG.
+          (score, token, parent, cost) [B, k], the allocated candidates
+          first (by score), then the best of the rest; dead candidates score
+          NEG. A candidate that starts a placed term scores its placement
+          cost (`cost`) less.
         """
+        ending = tf.zeros_like(alive_score, tf.bool) if ending is None else ending
         beam, vocab = log_probs.shape[1], tf.shape(log_probs)[2]
         top_score, top_token, top_parent = best_extensions(log_probs, alive_score, k)
         # Each hypothesis' best next token.
@@ -155,7 +259,9 @@ class RequiredTerms(NamedTuple):
         first = tf.broadcast_to(self.tokens[:, None, :, 0], tf.shape(state.met))
         column = tf.range(terms)[None, None, :]
         term_token = tf.where(inside[:, :, None], self._expected(state)[:, :, None], first)          # [B, K, C]
-        usable = tf.where(inside[:, :, None], column == 0, (~state.met) & (self.lengths[:, None, :] > 0))
+        usable = tf.where(inside[:, :, None], column == 0,
+                          (~state.met) & (self.lengths[:, None, :] > 0)
+                          & self.open_starts(alpha, ending))
         term_score = tf.where(usable, tf.gather(log_probs, term_token, batch_dims=2) + alive_score[:, :, None],
                               NEG)
         slots = tf.broadcast_to(tf.range(beam)[None, :], tf.shape(alive_score))
@@ -164,6 +270,12 @@ class RequiredTerms(NamedTuple):
         score = tf.concat([top_score, best_score, flat(term_score)], 1)                               # [B, M]
         token = tf.concat([top_token, best_token, flat(term_token)], 1)
         parent = tf.concat([top_parent, slots, flat(tf.broadcast_to(slots[:, :, None], tf.shape(term_token)))], 1)
+        # Banks: term tokens met after the candidate's token; a term started away from its source costs.
+        before = TermState(*(tf.gather(x, parent, batch_dims=1) for x in state))
+        after, cost = self.transition(before, token, None if alpha is None else tf.gather(alpha, parent, batch_dims=1),
+                                      tf.gather(ending, parent, batch_dims=1))
+        score -= cost
+        bank = self.met_tokens(after)                                                                  # [B, M]
         # The same extension offered twice counts once (its first offer).
         key = parent * vocab + token
         valid = score > NEG / 2
@@ -172,9 +284,6 @@ class RequiredTerms(NamedTuple):
                                                                                          dtype=tf.int32)
         duplicate = tf.reduce_any(same & tf.cast(earlier, tf.bool)[None], axis=2)
         score = tf.where(valid & ~duplicate, score, NEG)
-        # Banks: term tokens met after the candidate's token.
-        after = self.step(TermState(*(tf.gather(x, parent, batch_dims=1) for x in state)), token)
-        bank = self.met_tokens(after)                                                                  # [B, M]
         order = tf.argsort(score, axis=1, direction="DESCENDING", stable=True)
         bank, score_sorted = tf.gather(bank, order, batch_dims=1), tf.gather(score, order, batch_dims=1)
         banks = self.total() + 1                                                                       # [B]
@@ -191,7 +300,7 @@ class RequiredTerms(NamedTuple):
         chosen = (rank < capacity) & alive
         order = tf.gather(order, tf.argsort(tf.cast(chosen, tf.int32), axis=1, direction="DESCENDING", stable=True),
                           batch_dims=1)[:, :k]
-        return tuple(tf.reshape(tf.gather(x, order, batch_dims=1), [batch, k]) for x in (score, token, parent))
+        return tuple(tf.reshape(tf.gather(x, order, batch_dims=1), [batch, k]) for x in (score, token, parent, cost))
 
 
 def term_starts(tokens, term_ids, lengths):

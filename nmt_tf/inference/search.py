@@ -178,27 +178,28 @@ def _prefix(target_prefix, options: SearchOptions):
     return _Prefix(target_prefix, options)
 
 
-def _required_terms(required_terms, options: SearchOptions, word_continuation=None):
+def _required_terms(required_terms, options: SearchOptions, word_continuation=None, term_spans=None):
     """`RequiredTerms`, or None without required terms."""
     if required_terms is None:
         return None
     if options.shortlist_size:
         raise ValueError("required terms need the whole target vocabulary: search with shortlist_size=0")
-    return RequiredTerms.from_ids(required_terms, word_continuation)
+    return RequiredTerms.from_ids(required_terms, word_continuation, term_spans, options.term_placement)
 
 
-def _allocated_extensions(log_probs, alive_score, k, penalties, kind, term_state, terms):
+def _allocated_extensions(log_probs, alive_score, k, penalties, kind, term_state, terms, alpha):
     """The k slots of the next beam under required terms
     (`nmt_tf.inference.constraints.RequiredTerms.extensions`): the token masks, and
     [EOS] masked for hypotheses that miss a term, added to every
     log-probability first."""
     eos = tf.one_hot(EOS_ID, log_probs.shape[2] or tf.shape(log_probs)[2])
-    masked = (log_probs + tf.gather(penalties, kind)[:, None, :]
-              + eos_mask(terms.unmet(term_state), kind, 2)[:, :, None] * eos)
+    allowed = log_probs + tf.gather(penalties, kind)[:, None, :]
+    masked = allowed + eos_mask(terms.unmet(term_state), kind, 2)[:, :, None] * eos
     # The beam's width stays static (a beam of 1 broadcast with the mask's unknown width lost it).
     masked = tf.ensure_shape(masked, log_probs.shape)
+    ending = tf.equal(tf.argmax(allowed, axis=2, output_type=tf.int32), EOS_ID)
     return terms.extensions(masked, alive_score, term_state, k,
-                            lambda lp, score, width: _best_extensions(lp, score, width))
+                            lambda lp, score, width: _best_extensions(lp, score, width), alpha, ending)
 
 
 def _search_vocabulary(model, source_ids, weights, options: SearchOptions, shortlist):
@@ -421,7 +422,7 @@ def _backtrack(tokens, parents, alphas, t_end, slot):
 
 
 def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None,
-                required_terms=None, word_continuation=None):
+                required_terms=None, word_continuation=None, term_spans=None):
     """Beam search as in the RNNsearch papers (see the module docstring).
 
     Args:
@@ -440,6 +441,10 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
       word_continuation: with required_terms, optional [V] bool NumPy: the
         target tokens that continue the word before them (a term followed by
         one is not met).
+      term_spans: with required_terms, optional [B, C, Tx] float32: 1 on
+        the source tokens each term translates; with options.term_placement
+        a term started where the attention is off them costs rank
+        (nmt_tf.inference.constraints, "Placement").
 
     Returns:
       dict, hypotheses best first (N = options.n_best, T = longest output):
@@ -450,10 +455,11 @@ def beam_search(model, source_ids, options: SearchOptions = SearchOptions(), sho
         alignments [B, N, T, Tx] float32,
         with required_terms also terms_met [B, N] bool (False: a partial
           hypothesis, the terms did not fit in the length limit; these rank
-          after every complete one).
+          after every complete one); its hypotheses are ranked with their
+          placement costs, and scores are the model's own.
     """
     return _BeamSearch(model, source_ids, options, shortlist, target_prefix, required_terms,
-                       word_continuation).run()
+                       word_continuation, term_spans).run()
 
 
 class _BeamSearch:
@@ -467,13 +473,13 @@ class _BeamSearch:
     step), and with required terms the slots' TermState)."""
 
     def __init__(self, model, source_ids, options: SearchOptions, shortlist, target_prefix, required_terms,
-                 word_continuation):
+                 word_continuation, term_spans=None):
         self.model, self.options = model, options
         self.k, self.n = options.beam_size, options.n_best
         self.source_ids = tf.cast(source_ids, tf.int32)
         self.batch = tf.shape(self.source_ids)[0]
         self.prefix = _prefix(target_prefix, options)
-        self.terms = _required_terms(required_terms, options, word_continuation)
+        self.terms = _required_terms(required_terms, options, word_continuation, term_spans)
         prefix_lengths = self.prefix and self.prefix.lengths
         min_len, self.max_len, self.steps = _length_limits(self.source_ids, options, prefix_lengths)
         self.weights, self.vocab, self.vocabulary_ids = _search_vocabulary(
@@ -492,15 +498,23 @@ class _BeamSearch:
         self.slots = tf.range(self.k)[None, :]
         self.slot_ids = tf.zeros([self.batch, self.k], tf.int32) + self.slots
 
-    def advance(self, t, top_score, token, parent, new_state, alpha, fin_norm, fin_id, fin_count, done, history,
-                term_state=()):
+    def advance(self, t, top_score, token, parent, new_state, alpha, cost, fin_norm, fin_id, fin_count, done,
+                history, term_state=()):
         """Step t's bookkeeping, given the best extensions of the beam."""
         k, terms = self.k, self.terms
         # The beam shrinks by one for every finished hypothesis (docs/SPEC.md §6).
         valid = (self.slots < (k - fin_count)[:, None]) & (top_score > NEG / 2) & ~done[:, None]
         is_eos = token == EOS_ID
+        log_prob = top_score
+        if terms:
+            # (the placement costs in the score are taken back out of the log-probability kept)
+            parents = TermState(*(tf.gather(x, parent, batch_dims=1) for x in term_state))
+            term_state, _ = terms.transition(parents, token, tf.gather(alpha, parent, batch_dims=1))
+            # (the cost as the candidates were ranked with it: it depends on the parent's `ending` too)
+            term_state = term_state._replace(cost=parents.cost + cost)
+            log_prob = top_score + term_state.cost
         # Histories are kept as back-pointers (read once, at the end).
-        history = tuple(h.write(t, x) for h, x in zip(history, (token, parent, alpha, top_score)))
+        history = tuple(h.write(t, x) for h, x in zip(history, (token, parent, alpha, log_prob)))
 
         # The finished pool: the K best finished so far (by normalised score),
         # each known by where it ended, t * K + slot; with required terms, a
@@ -509,7 +523,6 @@ class _BeamSearch:
         finished_now = valid & is_eos
         rank = top_score / self.finish_penalty[t]
         if terms:
-            term_state = terms.step(TermState(*(tf.gather(x, parent, batch_dims=1) for x in term_state)), token)
             rank -= UNMET_COST * tf.cast(terms.total()[:, None] - terms.met_tokens(term_state), tf.float32)
         pool_norm = tf.concat([fin_norm, tf.where(finished_now, rank, NEG)], 1)
         fin_norm, pick = tf.math.top_k(pool_norm, k=k)                    # at most K valid: none lost
@@ -540,13 +553,14 @@ class _BeamSearch:
                                         None if self.vocabulary_ids is None else self.vocab)
         if self.terms:
             allocated = lambda: _allocated_extensions(log_probs, alive_score, self.k, self.penalties, kind,
-                                                      term_state, sentence_terms)
-            top_score, token, parent = tf.cond(tf.reduce_any(sentence_terms.lengths > 0), allocated, best)
+                                                      term_state, sentence_terms, alpha)
+            unplaced = lambda: (*best(), tf.zeros([tf.shape(alive_score)[0], self.k]))
+            top_score, token, parent, cost = tf.cond(tf.reduce_any(sentence_terms.lengths > 0), allocated, unplaced)
         else:
-            top_score, token, parent = best()
+            (top_score, token, parent), cost = best(), tf.zeros([tf.shape(alive_score)[0], self.k])
         if self.vocabulary_ids is not None:
             token = tf.gather(self.vocabulary_ids, token)
-        return top_score, token, parent, tf.cast(new_state, self.encoded["state"].dtype), alpha
+        return top_score, token, parent, tf.cast(new_state, self.encoded["state"].dtype), alpha, cost
 
     def expand_unfinished(self, t, previous, state, alive_score, done, term_state):
         """`expand` for the sentences not done yet only, the others filled in
@@ -561,7 +575,7 @@ class _BeamSearch:
                           self.terms and self.terms.rows(rows))
         fill = lambda x, value: tf.tensor_scatter_nd_update(
             tf.fill(tf.concat([[self.batch], tf.shape(x)[1:]], 0), tf.cast(value, x.dtype)), rows[:, None], x)
-        return tuple(fill(x, value) for x, value in zip(out, (NEG, 0, 0, 0, 0)))
+        return tuple(fill(x, value) for x, value in zip(out, (NEG, 0, 0, 0, 0, 0)))
 
     def body(self, t, previous, state, alive_score, fin_norm, fin_id, fin_count, done, history, term_state):
         # All K slots of every unfinished sentence are computed (a [batch, K]
@@ -586,12 +600,12 @@ class _BeamSearch:
             # Step 0 has one hypothesis per sentence ([BOS]): computed for it
             # alone, its k best extensions fill the beam.
             first = tf.constant(0)
-            top_score, token, parent, new_state, alpha = self.expand(
+            top_score, token, parent, new_state, alpha, cost = self.expand(
                 first, tf.fill([batch, 1], BOS_ID), self.encoded["state"][:, None], tf.zeros([batch, 1]),
                 self.per_sentence, self.kinds[0], self.prefix and self.prefix.at(first),
                 terms and terms.initial(1), terms)
-            return self.advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), *pool,
-                                terms.initial(1) if terms else ())
+            return self.advance(first, top_score, token, parent, new_state, tf.repeat(alpha, k, axis=1), cost,
+                                *pool, terms.initial(1) if terms else ())
         # fewer words than slots: step 0 runs in the loop, K - 1 slots dead
         first_live = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG)], axis=1)
         return (tf.constant(0), tf.fill([batch, k], BOS_ID), tf.repeat(self.encoded["state"][:, None], k, axis=1),
@@ -650,13 +664,14 @@ def _complete_first(result: dict, met, found, options: SearchOptions) -> dict:
 
 
 def search(model, source_ids, options: SearchOptions = SearchOptions(), shortlist=None, target_prefix=None,
-           required_terms=None, word_continuation=None):
+           required_terms=None, word_continuation=None, term_spans=None):
     """Greedy search for beam_size 1, beam search otherwise (always with
     required terms); beam-shaped results.
 
     Returns the dict of `beam_search` ([B, N, ...] tensors) in both cases.
     """
     if options.beam_size > 1 or required_terms is not None:
-        return beam_search(model, source_ids, options, shortlist, target_prefix, required_terms, word_continuation)
+        return beam_search(model, source_ids, options, shortlist, target_prefix, required_terms, word_continuation,
+                           term_spans)
     out = greedy_search(model, source_ids, options, shortlist, target_prefix)
     return {key: v[:, None] for key, v in out.items()}

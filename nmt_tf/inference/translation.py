@@ -32,6 +32,7 @@ from nmt_tf.core.files import InputError, input_lines
 from nmt_tf.core.progress import Progress
 from nmt_tf.inference import markup as markup_module
 from nmt_tf.inference import placeholders
+from nmt_tf.inference.glossary import target_of
 from nmt_tf.inference.line_batches import as_text, batches_by_length, rows_by_line
 from nmt_tf.inference.translation_graph import MAX_REQUIRED_TERMS
 
@@ -88,13 +89,14 @@ def _beside(lines, path: str | None, flag: str):
 
 
 def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None = None, glossary=None,
-                  warn=lambda message: print(message, file=sys.stderr)):
+                  warn=lambda message: print(message, file=sys.stderr), sourced: bool = True):
     """(line, target prefix, required terms) items for the translate_constrained
     signature: the prefixes and terms from the lines of their files, and the
     glossary's (a `nmt_tf.inference.glossary.Glossary`) terms of each line; the lines
     themselves when none of these is given. A line with more than
     MAX_REQUIRED_TERMS terms keeps its first ones (its own before the
-    glossary's), with a warning naming it."""
+    glossary's), with a warning naming it. The glossary's terms name their
+    source terms ("source|||target") if `sourced`."""
     if not (prefix_path or terms_path or glossary):
         yield from lines
         return
@@ -102,8 +104,11 @@ def steered_lines(lines, prefix_path: str | None = None, terms_path: str | None 
     for number, ((line, prefix), terms) in enumerate(pairs, 1):
         wanted = [t for t in terms.decode("utf-8", errors="replace").split("\t") if t.strip()]
         if glossary is not None:
-            wanted += glossary.terms(line.decode("utf-8", errors="replace"))
-        wanted = list(dict.fromkeys(wanted))
+            wanted += glossary.required_terms(line.decode("utf-8", errors="replace"), sourced)
+        first = {}          # each target term once, in its first form (the line's own before the glossary's)
+        for term in wanted:
+            first.setdefault(target_of(term), term)
+        wanted = list(first.values())
         if len(wanted) > MAX_REQUIRED_TERMS:
             warn(f"warning: line {number} has {len(wanted)} required terms; the model takes {MAX_REQUIRED_TERMS}, "
                  f"the first ones (dropped: {', '.join(wanted[MAX_REQUIRED_TERMS:])})")

@@ -17,6 +17,8 @@ import os
 import re
 
 MAX_REQUIRED_TERMS = 16      # per sentence: each term adds a bank to its beam (nmt_tf.inference.constraints)
+# A required term may name the source term it translates: "source|||target" (nmt_tf.inference.constraints).
+TERM_SOURCE_SEPARATOR = "|||"
 MAX_LENGTH_ALPHA = 10.0      # the largest length_alpha a translate_with_options request may ask for
 # The signature whose requests choose their search, and its settings' dtypes (scalar inputs with defaults).
 WITH_OPTIONS_SIGNATURE = "translate_with_options"
@@ -195,7 +197,10 @@ class TranslationGraph:
           most MAX_REQUIRED_TERMS; every returned hypothesis contains each
           (lexically constrained beam search, nmt_tf.inference.constraints), unless
           they do not fit in the length limit: then the best partial
-          hypothesis, with terms_met False.
+          hypothesis, with terms_met False. A term written
+          "source|||target" names the source words it translates: the
+          search prefers to write it while attending to them
+          (SearchOptions.term_placement), not after the sentence.
         Adds the outputs terms_met [batch] and nbest_terms_met [batch, N].
         An empty source gives an empty translation, prefix or not. Searches
         the whole target vocabulary (no shortlist)."""
@@ -249,9 +254,12 @@ class TranslationGraph:
     def _translate_at(self, beam_size: int, text, n_best, length_alpha):
         return self._translate(text, options=_RequestOptions(self.options, beam_size, n_best, length_alpha))
 
-    def _required_terms(self, required_terms):
-        """Tab-separated terms -> (ids [B, C, L] 0-padded, their tokens [B, C, L]
-        "" padded, spellable [B]), C <= MAX_REQUIRED_TERMS. A term the model
+    def _required_terms(self, required_terms, source):
+        """Tab-separated terms, each "target" or "source|||target" -> (ids
+        [B, C, L] 0-padded, their tokens [B, C, L] "" padded, spellable [B],
+        spans [B, C, Tx] float32: 1 on the tokens of `source` [B, Tx] (ids)
+        where the term's source term occurs as whole tokens, 0 where it has
+        none or it is not there), C <= MAX_REQUIRED_TERMS. A term the model
         cannot write is left out of the search, and its sentence's
         `spellable` is False (issue 95: three foreign terms came back as one
         repeated [UNK], terms_met true): one that holds a control character
@@ -262,8 +270,15 @@ class TranslationGraph:
         from nmt_tf.data.text import UNK_ID
 
         tf = self.tf
-        terms = tf.strings.strip(tf.strings.split(required_terms, "\t"))
-        terms = tf.ragged.boolean_mask(terms, terms != "")
+        given = tf.strings.split(required_terms, "\t")
+        # "source|||target": the target term, and the source term it translates ("" without one).
+        halves = tf.strings.split(given.flat_values, TERM_SOURCE_SEPARATOR, maxsplit=1).to_tensor("", shape=[None, 2])
+        sourced = tf.strings.regex_full_match(given.flat_values, f"(?s).*{re.escape(TERM_SOURCE_SEPARATOR)}.*")
+        targets = tf.strings.strip(tf.where(sourced, halves[:, 1], given.flat_values))
+        named = tf.strings.strip(tf.where(sourced, halves[:, 0], ""))
+        wanted = given.with_flat_values(targets != "")
+        terms = tf.ragged.boolean_mask(given.with_flat_values(targets), wanted)
+        term_sources = tf.ragged.boolean_mask(given.with_flat_values(named), wanted)
         tf.debugging.assert_less_equal(
             tf.reduce_max(tf.concat([terms.row_lengths(), [0]], 0)), tf.constant(MAX_REQUIRED_TERMS, tf.int64),
             message=f"more than {MAX_REQUIRED_TERMS} required terms for one sentence")
@@ -281,8 +296,32 @@ class TranslationGraph:
         spellable = ~tf.reduce_any(terms.with_flat_values(unspellable), axis=1)
         at_least_one = lambda x: tf.pad(x, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(x)[1])],
                                             [0, tf.maximum(0, 1 - tf.shape(x)[2])]])      # no terms: one empty
-        return (at_least_one(terms.with_flat_values(ids).to_tensor(0)),
-                at_least_one(terms.with_flat_values(tokens).to_tensor("")), spellable)
+        ids = at_least_one(terms.with_flat_values(ids).to_tensor(0))
+        return (ids, at_least_one(terms.with_flat_values(tokens).to_tensor("")), spellable,
+                self._term_spans(term_sources, source, tf.shape(ids)[1]))
+
+    def _term_spans(self, term_sources, source, width):
+        """[B, C, Tx] float32: 1 where each term's source term (ragged [B, C]
+        strings, "" none; tokenized as the source, so whole words match
+        whole words) occurs in `source` [B, Tx], C padded to `width`; none
+        for a source term with a word outside the source vocabulary."""
+        from nmt_tf.data.text import UNK_ID
+        from nmt_tf.inference.constraints import term_starts
+
+        tf = self.tf
+        ids = term_sources.with_flat_values(
+            self.source_tokenizer.lookup(self.source_tokenizer.tokenize(term_sources.flat_values)))
+        ids = tf.cast(ids.to_tensor(0), tf.int32)                                                     # [B, C', Ls]
+        ids = tf.pad(ids, [[0, 0], [0, width - tf.shape(ids)[1]], [0, tf.maximum(0, 1 - tf.shape(ids)[2])]])
+        lengths = tf.reduce_sum(tf.cast(ids != 0, tf.int32), axis=2)                                  # [B, C]
+        lengths = tf.where(tf.reduce_any(ids == UNK_ID, axis=2), 0, lengths)     # [UNK] would match any unknown word
+        source = tf.cast(source, tf.int32)
+        starts = tf.transpose(term_starts(source[:, None], ids, lengths)[:, 0], [0, 2, 1])           # [B, C, Tx]
+        # position x is covered where a match starts in (x - length, x]
+        covered = tf.cumsum(tf.cast(starts, tf.int32), axis=2)
+        back = tf.range(tf.shape(source)[1])[None, None, :] - lengths[:, :, None]                      # [B, C, Tx]
+        earlier = tf.where(back >= 0, tf.gather(covered, tf.maximum(back, 0), batch_dims=2), 0)
+        return tf.cast(covered - earlier > 0, tf.float32)
 
     def _target_ids(self, tokens):
         """Ragged target tokens -> ids, a special token's text in them read as a
@@ -315,9 +354,10 @@ class TranslationGraph:
             options, shortlist = dataclasses.replace(options, shortlist_size=0), None
             prefix_ids, prefix_tokens, given, prefix_cut = self._prefix(target_prefix)
             truncated = truncated | prefix_cut         # issue 95: a cut prefix said truncated=false
-            term_ids, term_tokens, spellable = self._required_terms(required_terms)
+            term_ids, term_tokens, spellable, term_spans = self._required_terms(required_terms, source)
         out = search(self.model, source, options, shortlist, prefix_ids, term_ids,
-                     None if term_ids is None else self.target_tokenizer.word_continuation())
+                     None if term_ids is None else self.target_tokenizer.word_continuation(),
+                     None if term_ids is None else term_spans)
         batch, n = tf.shape(out["tokens"])[0], tf.shape(out["tokens"])[1]
         flat = tf.reshape(out["tokens"], [batch * n, -1])
         replaced = None
