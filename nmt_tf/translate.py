@@ -215,6 +215,7 @@ def main(argv):
         protect = placeholders.parse_kinds(FLAGS.protect)
         outputs = needed_outputs(FLAGS.n_best, FLAGS.with_scores, FLAGS.with_alignments, bool(steering),
                                  with_confidence=FLAGS.with_confidence, markup=FLAGS.markup)
+        saved_model = None
         if litert:
             if steering:
                 raise ValueError("--runtime=litert has no target prefixes or required terms yet: translate them "

@@ -54,7 +54,7 @@ from nmt_tf.data.text import PAD_ID
 NEG = -1e9          # as nmt_tf.inference.search.NEG (search imports this module)
 UNMET_COST = 1e4    # subtracted from a finished hypothesis' rank per term token it misses
 # Placement (issue 93; chosen on val, pipelines/multi30k_en_fr/terminology.py): a term's first token is
-# offered where the attention on its source tokens is at least PLACEMENT_GATE; a start with less than
+# offered where the attention on its source tokens is at least PLACEMENT_GATE and the most; a start with less than
 # PLACEMENT_MASS on them costs rank; a hypothesis whose attention had PLACEMENT_MASS on them and left without
 # the term is charged as missing it; appending costs APPEND_FACTOR times the most a start can cost.
 PLACEMENT_GATE = 0.2
@@ -148,14 +148,16 @@ class RequiredTerms(NamedTuple):
         """[B, K, C] where a hypothesis may be offered the first token of a
         term (dynamic beam allocation's extra candidates). With placement:
         while its attention on the term's source tokens is at least
-        PLACEMENT_GATE; where it would end (`ending` [B, K]: [EOS] is its
+        PLACEMENT_GATE and at least that on any other source token (not at
+        the article before the noun); where it would end (`ending` [B, K]: [EOS] is its
         likeliest token), the fallback that appends a term rather than lose
         it; and a term with no source tokens in the sentence anywhere.
         Without placement, everywhere."""
         if self.spans is None or alpha is None:
             return tf.ones_like(self.lengths[:, None, :] > 0) & tf.ones_like(ending[:, :, None])
         mass, placed = self._mass(alpha)
-        return (mass >= PLACEMENT_GATE) | ~placed[:, None, :] | ending[:, :, None]
+        outside = tf.reduce_max(tf.cast(alpha, tf.float32)[:, :, None, :] * (1.0 - self.spans[:, None]), axis=3)
+        return ((mass >= PLACEMENT_GATE) & (mass >= outside)) | ~placed[:, None, :] | ending[:, :, None]
 
     def transition(self, state: TermState, token, alpha=None, ending=None):
         """(the state after each hypothesis generates `token` [B, M] from
