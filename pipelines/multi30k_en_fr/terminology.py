@@ -1,7 +1,8 @@
 r"""Required terms on Multi30k: how often a glossary's terms reach the output, with and without constraints.
 
-  python pipelines/multi30k_en_fr/terminology.py [--preset=multi30k_en_fr | --saved_model=DIR]
+  python pipelines/multi30k_en_fr/terminology.py [--preset=multi30k_en_fr | --saved_model=DIR | --model_dir=DIR]
       [--set=test_2016_flickr] [--out=pipelines/multi30k_en_fr/terminology/test_2016_flickr.json]
+      [--glossary_file=FILE --noreference_filter --ignore_case] [--placement_weights=0.5,1,2]
 
 The protocol of Dinu et al. (2019, "Training Neural Machine Translation to
 Apply Terminology Constraints"), with a glossary nobody chose by hand:
@@ -37,12 +38,15 @@ the report counts
 - `last_word_unaligned`: the term is the output's last word, its source
   term is not the source's last word, and it is not aligned (appended
   before the final full stop).
-`--glossary=terminology/unlikely.en-fr.tsv --no_reference_filter
---ignore_case` runs unlikely terms (snow -> poudreuse, dog -> toutou, ...)
-on every sentence that has their source word, whatever the reference says:
-its BLEU is not a quality figure. `--model_dir` (with --checkpoint) and
-`--term_placement=w1,w2,...` run the third run at several weights without
-an export, to choose the weight on val.
+A term counts as present when its words are found among the output's
+words (pieces joined), whole words as above.
+`--glossary_file=pipelines/multi30k_en_fr/terminology/unlikely.en-fr.tsv
+--noreference_filter --ignore_case` runs unlikely terms (snow ->
+poudreuse, dog -> toutou, ...) on every sentence that has their source
+word, whatever the reference says: its BLEU is not a quality figure.
+`--model_dir` (with --checkpoint and --beam_size) and
+`--placement_weights=w1,w2,...` run the third run at several weights in
+process, without an export, to choose the weight on val.
 """
 
 from __future__ import annotations
